@@ -1,0 +1,1 @@
+"""Call-chain trees: events → per-step, per-request trees on one clock."""

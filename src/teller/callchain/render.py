@@ -1,0 +1,133 @@
+"""Text rendering of call-chain trees and run summaries, for `teller tree` and `teller info`.
+
+A step's tree holds thousands of nodes; a person reads a few dozen lines. The renderer folds runs of
+same-named siblings into one line with a count, cuts at a depth, and lists the GPU work an
+operator launched on the operator's own line so "which kernels did this op run" is one glance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from teller.callchain.tree import EDGE_LAUNCH, CallTree
+from teller.ingest.schema import LAYER_CODE, EventTable
+
+_GPU_CODES = {LAYER_CODE[n] for n in ("kernel", "memcpy", "memset", "sync")}
+_MAX_NAME = 90
+
+
+def format_ns(value: float) -> str:
+    """Human units: 950 ns, 12.3 µs, 4.56 ms, 1.23 s."""
+    value = float(value)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(value) >= scale:
+            return (
+                f"{value / scale:.3g} {unit}"
+                if value / scale < 100
+                else f"{value / scale:.0f} {unit}"
+            )
+    return f"{value:.0f} ns"
+
+
+def short_name(name: str, limit: int = _MAX_NAME) -> str:
+    """Kernel names run to kilobytes of template arguments; keep the readable head."""
+    name = name.removeprefix("void ")
+    cut = name.find("<")
+    if cut > 0 and len(name) > limit:
+        name = name[:cut] + "<…>"
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def render_tree(tree: CallTree, root: int, max_depth: int = 4, max_children: int = 40) -> str:
+    """Indented text of the subtree at `root`, to `max_depth` levels below it."""
+    return "\n".join(_lines(tree, root, 0, max_depth, max_children))
+
+
+def _lines(
+    tree: CallTree, node: int, level: int, max_depth: int, max_children: int
+) -> Iterator[str]:
+    children = tree.children(node)
+    gpu = [
+        c for c in children.tolist() if tree.edge[c] == EDGE_LAUNCH and tree.layer[c] in _GPU_CODES
+    ]
+    launched = ""
+    if gpu:
+        kernel_names = sorted({short_name(tree.node_name(c), 50) for c in gpu})
+        gpu_ns = int(tree.dur[gpu].sum())
+        shown = ", ".join(kernel_names[:3]) + (
+            f", +{len(kernel_names) - 3}" if len(kernel_names) > 3 else ""
+        )
+        launched = f"  ⇒ GPU {format_ns(gpu_ns)} [{shown}]"
+    yield (
+        f"{'  ' * level}{short_name(tree.node_name(node))}  "
+        f"{format_ns(tree.dur[node])} (self {format_ns(tree.self_ns[node])}) "
+        f"[{tree.layer_name(node)}]{launched}"
+    )
+    if level >= max_depth:
+        return
+    rest = [c for c in children.tolist() if c not in set(gpu)]
+    for group in _fold(tree, rest)[:max_children]:
+        first, count, total = group
+        if count == 1:
+            yield from _lines(tree, first, level + 1, max_depth, max_children)
+        else:
+            yield (
+                f"{'  ' * (level + 1)}{short_name(tree.node_name(first))}  ×{count}  "
+                f"total {format_ns(total)} [{tree.layer_name(first)}]"
+            )
+    if len(_fold(tree, rest)) > max_children:
+        yield f"{'  ' * (level + 1)}… {len(_fold(tree, rest)) - max_children} more"
+
+
+def _fold(tree: CallTree, nodes: list[int]) -> list[tuple[int, int, int]]:
+    """Runs of consecutive same-named leaves fold into (first node, count, total duration)."""
+    groups: list[tuple[int, int, int]] = []
+    for node in nodes:
+        is_leafish = tree.child_offsets[node + 1] == tree.child_offsets[node]
+        if groups and is_leafish and tree.name[groups[-1][0]] == tree.name[node]:
+            first, count, total = groups[-1]
+            groups[-1] = (first, count + 1, total + int(tree.dur[node]))
+        else:
+            groups.append((node, 1, int(tree.dur[node])))
+    return groups
+
+
+def render_info(events: EventTable, tree: CallTree) -> str:
+    """Summary of a run: files, ranks, layers, steps, collectives, span, warnings."""
+    lines = []
+    for source in events.sources:
+        lines.append(
+            f"file  {source.path}\n      format {source.format}, rank {source.rank} "
+            f"(from {source.rank_source}), clock {source.clock}"
+            + (f", host {source.host}" if source.host else "")
+        )
+    ts = events.table.column("ts_ns").to_numpy()
+    dur = events.table.column("dur_ns").to_numpy()
+    span = int((ts + dur).max() - ts.min()) if len(ts) else 0
+    lines.append(f"ranks {events.ranks}  events {len(events):,}  span {format_ns(span)}")
+    layers = events.layer_counts()
+    lines.append("layers " + ", ".join(f"{name} {count:,}" for name, count in layers.items()))
+    lines.append(
+        f"tree  {len(tree):,} nodes, max depth {int(tree.depth.max()) if len(tree) else 0}"
+    )
+    steps = tree.steps
+    if len(steps):
+        for rank in np.unique(steps.rank).tolist():
+            mask = steps.rank == rank
+            kinds = sorted(set(np.asarray(steps.kind, dtype=object)[mask].tolist()))
+            durations = steps.dur_ns[mask]
+            lines.append(
+                f"steps rank {rank}: {int(mask.sum())} ({', '.join(kinds)}), "
+                f"median {format_ns(float(np.median(durations)))}, max {format_ns(float(durations.max()))}"
+            )
+    else:
+        lines.append("steps none found")
+    if len(tree.comm):
+        lines.append(
+            f"comm  {tree.comm.num_instances} collective instances over {len(set(tree.comm.rank.tolist()))} rank(s)"
+        )
+    for warning in events.warnings + tree.warnings:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)

@@ -1,0 +1,432 @@
+"""Build call-chain trees from an event table: nesting, launches, steps and collective instances.
+
+A tree is columns, not objects (DESIGN.md §2): `parent`, `depth`, `layer`, `name`, `rank`, `start`,
+`dur`, `self` arrays over the event table's call-chain rows, with three kinds of edge:
+
+* *call*: an event nested inside another on the same CPU thread (or GPU annotation on a stream);
+* *launch*: a runtime call → the GPU work it launched, by correlation id (a CUDA/HIP graph launch
+  shares its id with every kernel it replays, so it fans out naturally);
+* *comm*: the same collective instance on every rank of its group (`CommInstances`).
+
+Node order puts every parent before its children, so depth, step membership and self time are
+one pass each. One function builds it all and keeps one stack per (rank, pid, tid).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from teller.callchain.steps import StepTable, find_steps
+from teller.ingest.comm_names import collective_kind
+from teller.ingest.schema import LAYER_CODE, LAYERS, TREE_LAYERS, EventTable
+
+#: Real Kineto files round start and duration separately (to µs, or ns in "ns" files), so a child
+#: can end up to a rounding step after its parent. Ends within this much still nest.
+NESTING_TOLERANCE_NS = 1_000
+
+EDGE_ROOT, EDGE_CALL, EDGE_LAUNCH = 0, 1, 2
+EDGE_KINDS = ("root", "call", "launch")
+
+
+@dataclass
+class CommInstances:
+    """One row per (collective instance, rank): the comm edges of the horizontal view.
+
+    `instance` numbers the collective instances of the run; all rows with one instance number are
+    the same collective seen from each rank, and `node` is that rank's root node of it.
+    """
+
+    instance: np.ndarray
+    rank: np.ndarray
+    node: np.ndarray
+    kind: list[str]
+    group: list[str]
+    seq: np.ndarray
+    bytes: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.instance)
+
+    @property
+    def num_instances(self) -> int:
+        return int(self.instance.max()) + 1 if len(self.instance) else 0
+
+    def to_arrow(self) -> pa.Table:
+        return pa.table(
+            {
+                "instance": self.instance,
+                "rank": self.rank,
+                "node": self.node,
+                "kind": self.kind,
+                "group": self.group,
+                "seq": self.seq,
+                "bytes": self.bytes,
+                "start_ns": self.start_ns,
+                "end_ns": self.end_ns,
+            }
+        )
+
+
+@dataclass
+class CallTree:
+    """Call-chain forest of a run: struct-of-arrays, one entry per node, parents before children."""
+
+    row: np.ndarray  # index of the node's row in the event table
+    parent: np.ndarray  # -1 for roots
+    edge: np.ndarray  # EDGE_* kind of the edge to the parent
+    depth: np.ndarray
+    layer: np.ndarray  # codes into LAYERS
+    name: np.ndarray  # ids into `names`
+    rank: np.ndarray
+    stream: np.ndarray  # -1 on the CPU
+    start: np.ndarray  # ns
+    dur: np.ndarray  # inclusive ns
+    self_ns: np.ndarray  # dur minus the call-children's durations
+    step: np.ndarray  # index into `steps`, -1 outside any step
+    names: list[str]
+    steps: StepTable
+    comm: CommInstances
+    child_offsets: np.ndarray = field(repr=False)
+    child_index: np.ndarray = field(repr=False)
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    def children(self, node: int) -> np.ndarray:
+        return self.child_index[self.child_offsets[node] : self.child_offsets[node + 1]]
+
+    def roots(self) -> np.ndarray:
+        return np.flatnonzero(self.parent < 0)
+
+    def node_name(self, node: int) -> str:
+        return self.names[self.name[node]]
+
+    def layer_name(self, node: int) -> str:
+        return LAYERS[self.layer[node]]
+
+    def to_arrow(self) -> pa.Table:
+        return pa.table(
+            {
+                "row": self.row,
+                "parent": self.parent,
+                "edge": pa.DictionaryArray.from_arrays(
+                    pa.array(self.edge, pa.int8()), pa.array(EDGE_KINDS)
+                ),
+                "depth": self.depth,
+                "layer": pa.DictionaryArray.from_arrays(
+                    pa.array(self.layer, pa.int8()), pa.array(LAYERS)
+                ),
+                "name": pa.DictionaryArray.from_arrays(
+                    pa.array(self.name, pa.int32()), pa.array(self.names, pa.string())
+                ),
+                "rank": self.rank,
+                "stream": self.stream,
+                "start_ns": self.start,
+                "dur_ns": self.dur,
+                "self_ns": self.self_ns,
+                "step": self.step,
+            }
+        )
+
+
+def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = None) -> CallTree:
+    """Build the call-chain forest of every rank in `events`.
+
+    `step_regex` overrides the built-in step annotations (ProfilerStep#N, vLLM execute_…, SGLang
+    step[…]): any engine-layer node whose name matches it is a step.
+    """
+    table = events.table
+    layer_codes = table.column("layer").combine_chunks().indices.to_numpy().astype(np.int8)
+    tree_codes = np.array([LAYER_CODE[name] for name in TREE_LAYERS], dtype=np.int8)
+    selected = np.flatnonzero(np.isin(layer_codes, tree_codes))
+
+    def col(name: str) -> np.ndarray:
+        return table.column(name).to_numpy()[selected]
+
+    rank, pid, tid = col("rank"), col("pid"), col("tid")
+    stream = col("stream")
+    start, dur = col("ts_ns"), col("dur_ns")
+    correlation, external = col("correlation"), col("external_id")
+    layer = layer_codes[selected]
+    names_column = table.column("name").combine_chunks()
+    names = names_column.dictionary.to_pylist()
+    name = names_column.indices.to_numpy(zero_copy_only=False)[selected]
+
+    on_gpu = stream >= 0
+    # CPU rows first, grouped by thread, in time order, outer before inner; then GPU rows.
+    order = np.lexsort((layer, -dur, start, tid, pid, rank, on_gpu))
+    count = len(order)
+    rank, pid, tid, stream = rank[order], pid[order], tid[order], stream[order]
+    start, dur, layer, name = start[order], dur[order], layer[order], name[order]
+    correlation, external, on_gpu = correlation[order], external[order], on_gpu[order]
+    rows = selected[order]
+
+    parent = np.full(count, -1, dtype=np.int64)
+    edge = np.zeros(count, dtype=np.int8)
+    warnings: list[str] = []
+    num_cpu = int(np.count_nonzero(~on_gpu))
+    overlaps = _nest_cpu(rank, pid, tid, start, dur, parent, edge, num_cpu)
+    if overlaps:
+        warnings.append(
+            f"{overlaps} CPU events overlap a sibling beyond {NESTING_TOLERANCE_NS} ns "
+            "and were placed as siblings"
+        )
+    unlaunched = _attach_gpu(
+        rank, layer, correlation, external, start, dur, stream, parent, edge, num_cpu, name, names
+    )
+    if unlaunched:
+        warnings.append(
+            f"{unlaunched} GPU activities have no launching runtime call in the trace "
+            "(launched before the profiling window or by an untraced thread)"
+        )
+
+    parent_list = parent.tolist()
+    depth_list = [0] * count
+    for i, p in enumerate(parent_list):  # parents precede children
+        if p >= 0:
+            depth_list[i] = depth_list[p] + 1
+    depth = np.asarray(depth_list, dtype=np.int32)
+    call_child = (parent >= 0) & (edge == EDGE_CALL)
+    self_ns = dur.copy()
+    np.subtract.at(self_ns, parent[call_child], dur[call_child])
+    np.maximum(self_ns, 0, out=self_ns)
+
+    child_offsets, child_index = _children_csr(parent)
+    steps, step = find_steps(
+        names, name, layer, rank, start, dur, parent, on_gpu, step_regex=step_regex
+    )
+    if len(steps) == 0:
+        warnings.append(
+            "no step annotations found (ProfilerStep#N, vLLM execute_…, SGLang step[…]); "
+            "pass a step regex to name them"
+        )
+    tree = CallTree(
+        row=rows,
+        parent=parent,
+        edge=edge,
+        depth=depth,
+        layer=layer,
+        name=name.astype(np.int32),
+        rank=rank.astype(np.int32),
+        stream=stream.astype(np.int32),
+        start=start,
+        dur=dur,
+        self_ns=self_ns,
+        step=step,
+        names=names,
+        steps=steps,
+        comm=_empty_comm(),
+        child_offsets=child_offsets,
+        child_index=child_index,
+        warnings=warnings,
+    )
+    tree.comm = _join_collectives(tree, table)
+    return tree
+
+
+def _nest_cpu(
+    rank: np.ndarray,
+    pid: np.ndarray,
+    tid: np.ndarray,
+    start: np.ndarray,
+    dur: np.ndarray,
+    parent: np.ndarray,
+    edge: np.ndarray,
+    num_cpu: int,
+) -> int:
+    """Nest CPU events per thread with one stack, tolerating rounding overlaps."""
+    overlaps = 0
+    end = (start + dur).tolist()
+    starts = start.tolist()
+    threads = list(
+        zip(rank[:num_cpu].tolist(), pid[:num_cpu].tolist(), tid[:num_cpu].tolist(), strict=True)
+    )
+    stack: list[int] = []
+    current = None
+    tolerance = NESTING_TOLERANCE_NS
+    parents = parent  # numpy writes are the slow part; collect then assign
+    found: list[tuple[int, int]] = []
+    for i in range(num_cpu):
+        if threads[i] != current:
+            current = threads[i]
+            stack = []
+        s, e = starts[i], end[i]
+        while stack:
+            top = stack[-1]
+            if s >= end[top]:
+                stack.pop()
+            elif e > end[top] + tolerance:
+                overlaps += 1
+                stack.pop()
+            else:
+                break
+        if stack:
+            found.append((i, stack[-1]))
+        stack.append(i)
+    if found:
+        children, parents_found = zip(*found, strict=True)
+        parents[list(children)] = parents_found
+        edge[list(children)] = EDGE_CALL
+    return overlaps
+
+
+def _attach_gpu(
+    rank: np.ndarray,
+    layer: np.ndarray,
+    correlation: np.ndarray,
+    external: np.ndarray,
+    start: np.ndarray,
+    dur: np.ndarray,
+    stream: np.ndarray,
+    parent: np.ndarray,
+    edge: np.ndarray,
+    num_cpu: int,
+    name: np.ndarray,
+    names: list[str],
+) -> int:
+    """Launch edges by correlation id; GPU annotations hang under their CPU annotation."""
+    runtime_code, engine_code = LAYER_CODE["runtime"], LAYER_CODE["engine"]
+    launcher: dict[tuple[int, int], int] = {}
+    annotation: dict[tuple[int, int, int], int] = {}
+    cpu_rank, cpu_layer = rank[:num_cpu].tolist(), layer[:num_cpu].tolist()
+    cpu_corr, cpu_ext, cpu_name = (
+        correlation[:num_cpu].tolist(),
+        external[:num_cpu].tolist(),
+        name[:num_cpu].tolist(),
+    )
+    for i in range(num_cpu):
+        if cpu_layer[i] == runtime_code and cpu_corr[i] >= 0:
+            launcher.setdefault((cpu_rank[i], cpu_corr[i]), i)
+        elif cpu_layer[i] == engine_code and cpu_ext[i] >= 0:
+            annotation.setdefault((cpu_rank[i], cpu_name[i], cpu_ext[i]), i)
+    unlaunched = 0
+    gpu_rank, gpu_layer = rank[num_cpu:].tolist(), layer[num_cpu:].tolist()
+    gpu_corr, gpu_ext, gpu_name = (
+        correlation[num_cpu:].tolist(),
+        external[num_cpu:].tolist(),
+        name[num_cpu:].tolist(),
+    )
+    for k in range(len(gpu_rank)):
+        i = num_cpu + k
+        if gpu_layer[k] == engine_code:
+            p = annotation.get((gpu_rank[k], gpu_name[k], gpu_ext[k]), -1)
+        else:
+            p = launcher.get((gpu_rank[k], gpu_corr[k]), -1) if gpu_corr[k] >= 0 else -1
+            if p < 0:
+                unlaunched += 1
+        if p >= 0:
+            parent[i] = p
+            edge[i] = EDGE_LAUNCH
+    return unlaunched
+
+
+def _children_csr(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    count = len(parent)
+    has_parent = parent >= 0
+    counts = np.bincount(parent[has_parent], minlength=count)
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    children = np.flatnonzero(has_parent)
+    # stable sort by parent keeps children in node order (time order within a thread)
+    index = children[np.argsort(parent[children], kind="stable")]
+    return offsets, index
+
+
+def _empty_comm() -> CommInstances:
+    empty = np.zeros(0, dtype=np.int64)
+    return CommInstances(empty, empty, empty, [], [], empty, empty, empty, empty)
+
+
+def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
+    """Group each rank's collectives into instances shared across the ranks of their group.
+
+    A collective's root is its outermost comm node (the annotation, c10d op or record_param_comms
+    on the host, or a bare comm kernel). Its kind, group and sequence number come from any node
+    inside it that carries them (record_param_comms); without a sequence number, the n-th
+    collective of a (group, kind) on each rank is the same instance.
+    """
+    comm_code = LAYER_CODE["comm"]
+    count = len(tree)
+    is_comm = tree.layer == comm_code
+    if not is_comm.any():
+        return _empty_comm()
+    root_of = np.full(count, -1, dtype=np.int64)
+    parent = tree.parent.tolist()
+    comm_flags = is_comm.tolist()
+    roots_list = [-1] * count
+    for i, p in enumerate(parent):
+        if p >= 0 and roots_list[p] >= 0:
+            roots_list[i] = roots_list[p]
+        elif comm_flags[i]:
+            roots_list[i] = i
+    root_of = np.asarray(roots_list, dtype=np.int64)
+    rows = tree.row
+    coll_col = table.column("coll_name").combine_chunks()
+    group_col = table.column("group").combine_chunks()
+    seq_col = table.column("seq").to_numpy()
+    bytes_col = table.column("bytes").to_numpy()
+    coll_values = coll_col.dictionary.to_pylist()
+    group_values = group_col.dictionary.to_pylist()
+    coll_idx = coll_col.indices.to_numpy(zero_copy_only=False)
+    coll_valid = pc.is_valid(coll_col).to_numpy(zero_copy_only=False)
+    group_idx = group_col.indices.to_numpy(zero_copy_only=False)
+    group_valid = pc.is_valid(group_col).to_numpy(zero_copy_only=False)
+
+    info: dict[int, dict] = {}
+    for i in np.flatnonzero(root_of >= 0).tolist():
+        root = int(root_of[i])
+        facts = info.setdefault(root, {"kind": None, "group": None, "seq": -1, "bytes": -1})
+        row = rows[i]
+        if group_valid[row] and facts["group"] is None:
+            facts["group"] = group_values[group_idx[row]]
+            if coll_valid[row]:
+                facts["kind"] = coll_values[coll_idx[row]]
+        if seq_col[row] >= 0 and facts["seq"] < 0:
+            facts["seq"] = int(seq_col[row])
+        if bytes_col[row] >= 0 and facts["bytes"] < 0 and tree.stream[i] < 0:
+            facts["bytes"] = int(bytes_col[row])
+    roots = sorted(info, key=lambda r: (tree.rank[r], tree.start[r]))
+    ordinal: dict[tuple, int] = {}
+    instance_of_key: dict[tuple, int] = {}
+    out: dict[str, list] = {k: [] for k in CommInstances.__dataclass_fields__}
+    for root in roots:
+        facts = info[root]
+        kind = facts["kind"] or collective_kind(tree.names[tree.name[root]])
+        group = facts["group"] or ""
+        r = int(tree.rank[root])
+        if facts["seq"] >= 0:
+            key = (group, "seq", facts["seq"])
+        else:
+            counter_key = (r, group, kind)
+            n = ordinal.get(counter_key, 0)
+            ordinal[counter_key] = n + 1
+            key = (group, kind, n)
+        instance = instance_of_key.setdefault(key, len(instance_of_key))
+        out["instance"].append(instance)
+        out["rank"].append(r)
+        out["node"].append(root)
+        out["kind"].append(kind)
+        out["group"].append(group)
+        out["seq"].append(facts["seq"])
+        out["bytes"].append(facts["bytes"])
+        out["start_ns"].append(int(tree.start[root]))
+        out["end_ns"].append(int(tree.start[root] + tree.dur[root]))
+    return CommInstances(
+        instance=np.asarray(out["instance"], dtype=np.int64),
+        rank=np.asarray(out["rank"], dtype=np.int32),
+        node=np.asarray(out["node"], dtype=np.int64),
+        kind=out["kind"],
+        group=out["group"],
+        seq=np.asarray(out["seq"], dtype=np.int64),
+        bytes=np.asarray(out["bytes"], dtype=np.int64),
+        start_ns=np.asarray(out["start_ns"], dtype=np.int64),
+        end_ns=np.asarray(out["end_ns"], dtype=np.int64),
+    )

@@ -1,0 +1,123 @@
+"""The `teller` command: one subcommand per public operation, each a thin layer over the library.
+
+`main(argv)` returns an exit status so tests call it in-process. Results go to stdout; progress,
+warnings and errors go to stderr. One place (`main`) maps errors to a one-line message and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from teller.errors import TellerError
+
+EXIT_OK, EXIT_ERROR = 0, 2
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from teller.callchain.render import render_info
+    from teller.callchain.tree import build_tree
+    from teller.ingest import read_run
+
+    events = read_run(args.paths, progress=not args.quiet)
+    tree = build_tree(events, step_regex=args.step_regex)
+    print(render_info(events, tree))
+    return EXIT_OK
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from teller.ingest import find_trace_files, read_trace
+    from teller.ingest.schema import write_parquet
+
+    files = find_trace_files(args.paths)
+    if not files:
+        raise TellerError(f"{', '.join(args.paths)}: no trace files found")
+    tables = [(f, read_trace(f)) for f in files]  # read all first: bad input writes nothing
+    out = Path(args.out)
+    for path, events in tables:
+        target = out / f"rank{events.sources[0].rank}.{path.name.split('.')[0]}.parquet"
+        write_parquet(events, target)
+        print(f"{path} -> {target} ({len(events):,} events)")
+        for warning in events.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    from teller.callchain.render import render_tree
+    from teller.callchain.tree import build_tree
+    from teller.ingest import read_run
+
+    events = read_run([args.path], progress=not args.quiet)
+    tree = build_tree(events, step_regex=args.step_regex)
+    rank = args.rank if args.rank is not None else (events.ranks[0] if events.ranks else 0)
+    steps = tree.steps
+    if args.step is not None:
+        match = [
+            k for k in range(len(steps)) if steps.rank[k] == rank and steps.index[k] == args.step
+        ]
+        if not match:
+            available = int((steps.rank == rank).sum())
+            raise TellerError(
+                f"{args.path}: rank {rank} has no step {args.step} ({available} steps found)"
+            )
+        roots = [int(steps.node[match[0]])]
+    else:
+        roots = [r for r in tree.roots().tolist() if tree.rank[r] == rank and tree.stream[r] < 0]
+        if not roots:
+            raise TellerError(f"{args.path}: rank {rank} has no call-chain nodes")
+        roots = sorted(roots, key=lambda r: -int(tree.dur[r]))[: args.roots]
+    for root in roots:
+        print(render_tree(tree, root, max_depth=args.depth))
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="teller", description="Find out why an LLM inference service is slow."
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str):
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        sub.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+        return sub
+
+    info = command("info", cmd_info, "summarise traces: ranks, steps, layers, span, warnings")
+    info.add_argument("paths", nargs="+", help="trace files or directories of rank files")
+    info.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
+
+    ingest = command("ingest", cmd_ingest, "convert traces to Parquet event tables")
+    ingest.add_argument("paths", nargs="+", help="trace files or directories of rank files")
+    ingest.add_argument("-o", "--out", required=True, help="output directory")
+
+    tree = command("tree", cmd_tree, "print the call-chain tree of a step (or of a rank)")
+    tree.add_argument("path", help="trace file or directory of rank files")
+    tree.add_argument("--rank", type=int, help="rank to show (default: the first)")
+    tree.add_argument("--step", type=int, help="step index on that rank (default: whole rank)")
+    tree.add_argument("--depth", type=int, default=4, help="levels to print (default 4)")
+    tree.add_argument("--roots", type=int, default=3, help="without --step: longest N roots")
+    tree.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except TellerError as error:
+        print(f"teller: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("teller: interrupted", file=sys.stderr)
+        return 130
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

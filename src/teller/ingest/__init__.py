@@ -1,0 +1,88 @@
+"""Ingest: trace files → event tables (DESIGN.md §1, §3).
+
+`read_trace(path)` reads one file of any supported format; `read_run(paths)` reads every rank file
+of one run (directories are searched) into one table. Per-rank files are independent, so reading is
+a map over files; only the horizontal view later joins them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from teller.errors import TraceError
+from teller.ingest import kineto
+from teller.ingest.schema import EventTable, concat
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+#: How much of a file's (decompressed) head is enough to tell a Kineto trace from other JSON.
+_SNIFF_BYTES = 1 << 16
+
+
+def read_trace(path: str | Path) -> EventTable:
+    """Read one trace file (Kineto JSON / .json.gz, or Nsight Systems SQLite export)."""
+    path = Path(path)
+    if _is_sqlite(path):
+        from teller.ingest import nsys  # local: sqlite is only needed for nsys exports
+
+        return nsys.read(path)
+    return kineto.read(path)
+
+
+def read_run(paths: Iterable[str | Path], progress: bool = False) -> EventTable:
+    """Read every trace file of one run; directories are searched for rank files."""
+    files = find_trace_files(paths)
+    if not files:
+        shown = ", ".join(str(p) for p in paths)
+        raise TraceError(shown, "no trace files found (looked for *.json, *.json.gz, *.sqlite)")
+    iterator: Iterable[Path] = files
+    if progress and len(files) > 1:
+        from tqdm import tqdm
+
+        iterator = tqdm(files, desc="reading traces", unit="file", leave=False)
+    return concat([read_trace(f) for f in iterator])
+
+
+def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand directories into the trace files under them, sorted; plain files pass through."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            candidates = sorted(p for p in path.rglob("*") if p.is_file())
+            found.extend(p for p in candidates if looks_like_trace(p))
+        else:
+            found.append(path)
+    return found
+
+
+def looks_like_trace(path: Path) -> bool:
+    """True for files teller can read as traces; other JSON (labels, manifests, ET) is skipped."""
+    name = path.name.lower()
+    if name.endswith((".sqlite", ".sqlite3")):
+        return _is_sqlite(path)
+    if not name.endswith((".json", ".json.gz")):
+        return False
+    head = _head(path)
+    return b'"traceEvents"' in head or (head.lstrip().startswith(b"[") and b'"ph"' in head)
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def _head(path: Path) -> bytes:
+    try:
+        with path.open("rb") as handle:
+            start = handle.read(_SNIFF_BYTES)
+        if start[:2] == b"\x1f\x8b":
+            with gzip.open(path, "rb") as handle:
+                return handle.read(_SNIFF_BYTES)
+        return start
+    except (OSError, EOFError, zlib.error):
+        return b""

@@ -1,0 +1,677 @@
+"""Reader for PyTorch-profiler / Kineto Chrome-trace JSON (`.json`, `.json.gz`, bare event lists).
+
+This is what vLLM, SGLang, TensorRT-LLM and Hugging Face write when their profiler is on, so it is
+the format users have most. Kineto has changed over the years and the reader accepts every shape
+seen in real files: modern categories and the legacy aliases (`Kernel`, `Runtime`, `async_gpu`
+flows, lower-case `external id`), ROCm `hip*` runtimes, `displayTimeUnit: "ns"` files whose
+sub-microsecond digits do not survive a float, integers beyond int64, raw control characters in
+strings, string pids, and `baseTimeNanoseconds` offsets. Anything it cannot place is counted in
+`SourceInfo.skipped` and named in a warning; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import orjson
+
+from teller.errors import TraceError
+from teller.ingest.comm_names import collective_kind, is_comm_cpu_op, is_comm_kernel
+from teller.ingest.schema import LAYER_CODE, EventTable, SourceInfo, build_table
+
+#: Kineto category → layer. Legacy (pre-2021) names map to the same layers as today's.
+CATEGORY_LAYER: dict[str, str] = {
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "Operator": "cpu_op",
+    "user_annotation": "engine",
+    "gpu_user_annotation": "engine",
+    "python_function": "python",
+    "cuda_runtime": "runtime",
+    "Runtime": "runtime",
+    "cuda_driver": "runtime",
+    "xpu_runtime": "runtime",
+    "privateuse1_runtime": "runtime",
+    "privateuse1_driver": "runtime",
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "cuda_profiler_range": "kernel",
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+    "cuda_sync": "sync",
+    "Trace": "profiler",
+    "overhead": "profiler",
+    "Overhead": "profiler",
+    "cpu_instant_event": "instant",
+}
+#: Categories recorded on a GPU stream: pid is the device and tid the stream.
+GPU_CATEGORIES = frozenset(
+    {
+        "kernel",
+        "Kernel",
+        "cuda_profiler_range",
+        "gpu_memcpy",
+        "Memcpy",
+        "gpu_memset",
+        "Memset",
+        "cuda_sync",
+        "gpu_user_annotation",
+    }
+)
+#: Flow categories that tie a runtime call to the GPU activity it launched.
+LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async_gpu", "async_cpu_to_gpu"})
+_DTYPE_BYTES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Int": 4,
+    "Long": 8,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+}
+_RANK_IN_FILE_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_FIRST_CONTENT = re.compile(rb"\s*\S")
+_RAW_TS = re.compile(rb'"ts"\s*:\s*(-?\d+)(?:\.(\d+))?')
+_INT64_MAX = 2**63 - 1
+#: Stream id for GPU activity that names no single stream (device-wide synchronisation).
+_ALL_STREAMS = 2**31 - 1
+#: Traces whose microsecond timestamps exceed this have lost sub-ns digits in a float64.
+_FLOAT_EXACT_US = 2.0e12
+#: Microsecond timestamps above this are unix epoch (after 2001), not a trace-relative clock.
+_EPOCH_US = 1.0e15
+
+
+class _Event(msgspec.Struct):
+    """The fields of a Chrome-trace event the reader uses; `args` stays raw until needed."""
+
+    ph: str = ""
+    cat: str = ""
+    name: Any = ""
+    pid: Any = -1
+    tid: Any = -1
+    ts: Any = None
+    dur: Any = 0
+    id: Any = None
+    bp: str = ""
+    args: msgspec.Raw = msgspec.Raw(b"")
+
+
+class _Document(msgspec.Struct):
+    traceEvents: list[_Event] | None = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+    host_name: Any = None
+
+
+class _LiftedArgs(msgspec.Struct):
+    """Arguments that become columns; anything else stays in the raw `args` JSON."""
+
+    correlation: Any = -1
+    stream: Any = -1
+    device: Any = -1
+    external_id: Any = msgspec.field(default=None, name="External id")
+    external_id_legacy: Any = msgspec.field(default=-1, name="external id")
+    bytes: Any = -1
+
+
+_NO_ARGS = _LiftedArgs()
+_DOCUMENT = msgspec.json.Decoder(_Document)
+_EVENT_LIST = msgspec.json.Decoder(list[_Event])
+_LIFTED = msgspec.json.Decoder(_LiftedArgs)
+_ANY = msgspec.json.Decoder()
+
+
+def read(path: str | Path, rank: int | None = None) -> EventTable:
+    """Read one Kineto trace file into an event table.
+
+    `rank` overrides what the file says (for callers that know better, e.g. the collector).
+    Raises TraceError for a missing, empty, truncated, non-JSON or wrong-schema file.
+    """
+    path = Path(path)
+    raw = _load_bytes(path)
+    events, top, notes = _parse(path, raw)
+    reader = _KinetoEvents(path, events, top)
+    reader.source.warnings.extend(notes)
+    reader.run(raw)
+    if rank is not None:
+        reader.source.rank, reader.source.rank_source = rank, "caller"
+    return reader.finish()
+
+
+def _load_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceError(path, "is a directory, expected a trace file") from None
+    except OSError as error:
+        raise TraceError(path, f"cannot read: {error.strerror}") from None
+    if _FIRST_CONTENT.match(raw) is None:
+        raise TraceError(path, "empty file, expected a Kineto/Chrome trace (JSON)")
+    if raw[:2] == b"\x1f\x8b":
+        return _gunzip(path, raw)
+    return raw
+
+
+def _gunzip(path: Path, raw: bytes) -> bytes:
+    try:
+        data = gzip.decompress(raw)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        decompressor = zlib.decompressobj(wbits=31)
+        try:
+            partial = decompressor.decompress(raw)
+        except zlib.error:
+            partial = b""
+        raise TraceError(
+            path,
+            f"gzip stream is truncated or corrupt ({error}); {len(partial)} bytes of JSON "
+            "could be recovered, expected a complete .json.gz",
+            where=f"byte {len(raw)} of compressed input",
+        ) from None
+    if _FIRST_CONTENT.match(data) is None:
+        raise TraceError(path, "empty file (after gunzip), expected a Kineto/Chrome trace (JSON)")
+    return data
+
+
+def _parse(path: Path, raw: bytes) -> tuple[list[_Event], dict, list[str]]:
+    """Typed fast path (msgspec); on anything unusual, a tolerant path that counts what it skips."""
+    is_list = raw.lstrip()[:1] == b"["
+    try:
+        if is_list:
+            return _EVENT_LIST.decode(raw), {}, []
+        document = _DOCUMENT.decode(raw)
+    except msgspec.ValidationError:
+        return _parse_tolerant(path, _ANY.decode(raw), [])
+    except msgspec.DecodeError:
+        return _parse_tolerant(path, _lenient_json(path, raw), [_LENIENT_NOTE])
+    if document.traceEvents is None:
+        return _parse_tolerant(path, _ANY.decode(raw), [])
+    top = {f: getattr(document, f) for f in document.__struct_fields__ if f != "traceEvents"}
+    if not document.traceEvents:
+        raise TraceError(path, "'traceEvents' is empty: the trace holds no events")
+    return document.traceEvents, top, []
+
+
+_LENIENT_NOTE = (
+    "file is not strict JSON (raw control characters or integers beyond 64 bits); parsed leniently"
+)
+
+
+def _lenient_json(path: Path, raw: bytes) -> object:
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        return json.loads(text, strict=False)
+    except json.JSONDecodeError as error:
+        at_end = error.pos >= len(text.rstrip()) - 1
+        what = (
+            "JSON ends before the trace is complete (truncated file?); expected the rest of "
+            "the traceEvents list and a closing '}'"
+            if at_end
+            else f"not valid JSON ({error.msg}); expected a Kineto/Chrome trace"
+        )
+        position = len(text[: error.pos].encode("utf-8"))
+        raise TraceError(path, what, where=f"byte {position}") from None
+
+
+def _parse_tolerant(
+    path: Path, doc: object, notes: list[str]
+) -> tuple[list[_Event], dict, list[str]]:
+    """Validate event by event; events of the wrong shape are counted, never fatal on their own."""
+    if isinstance(doc, dict):
+        events = doc.get("traceEvents")
+        if events is None:
+            keys = ", ".join(sorted(map(str, doc))[:8]) or "none"
+            raise TraceError(
+                path, f"no 'traceEvents' key (keys: {keys}); expected a Kineto/Chrome trace object"
+            )
+        if not isinstance(events, list):
+            raise TraceError(path, f"'traceEvents' is a {type(events).__name__}, expected a list")
+        top = {key: doc.get(key) for key in _Document.__struct_fields__ if key != "traceEvents"}
+    elif isinstance(doc, list):
+        events, top = doc, {}
+    else:
+        raise TraceError(
+            path, f"top level is a JSON {type(doc).__name__}, expected an object with traceEvents"
+        )
+    if not events:
+        raise TraceError(path, "'traceEvents' is empty: the trace holds no events")
+    typed: list[_Event] = []
+    bad: list[int] = []
+    for index, event in enumerate(events):
+        try:
+            if not isinstance(event, dict):
+                raise msgspec.ValidationError("not an object")
+            args = event.get("args")
+            fields = {
+                k: v for k, v in event.items() if k in _Event.__struct_fields__ and k != "args"
+            }
+            typed_event = msgspec.convert(fields, _Event)
+            if args is not None:
+                typed_event.args = msgspec.Raw(_dumps(args).encode())
+            typed.append(typed_event)
+        except msgspec.ValidationError:
+            bad.append(index)
+    if bad:
+        if not typed:
+            raise TraceError(
+                path,
+                "no event has the Chrome-trace shape (objects with string ph/cat and numeric ts)",
+                where=f"event {bad[0]}",
+            )
+        notes = [*notes, f"skipped {len(bad)} malformed events (first at event {bad[0]})"]
+    return typed, top, notes
+
+
+def _as_int(value: object, default: int = -1) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if -_INT64_MAX <= value <= _INT64_MAX else default
+    if isinstance(value, float) and value == value:
+        return int(value)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return _as_int(int(value), default)
+    return default
+
+
+def _dumps(value: object) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # integers beyond 64 bits
+        return json.dumps(value)
+
+
+class _KinetoEvents:
+    """One pass over a trace's events, filling plain lists that become Arrow columns."""
+
+    def __init__(self, path: Path, events: list, top: dict) -> None:
+        self.path = path
+        self.events = events
+        self.top = top
+        distributed = (
+            top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
+        )
+        self.source = SourceInfo(
+            path=str(path),
+            format="kineto",
+            rank=-1,
+            rank_source="",
+            host=str(top.get("host_name", "") or ""),
+            world_size=_as_int(distributed.get("world_size"), 0),
+            distributed=distributed,
+        )
+        self.names: dict[str, int] = {}
+        self.cats: dict[str, int] = {}
+        self.coll_names: dict[str, int] = {}
+        self.groups: dict[str, int] = {}
+        self.string_ids: dict[str, int] = {}
+        self.columns: dict[str, list] = {
+            key: []
+            for key in [
+                "rank",
+                "pid",
+                "tid",
+                "stream",
+                "device",
+                "layer",
+                "name",
+                "cat",
+                "ts",
+                "dur",
+                "correlation",
+                "external_id",
+                "coll_name",
+                "group",
+                "seq",
+                "bytes",
+                "args",
+            ]
+        }
+        self.flow_starts: dict[tuple, int] = {}
+        self.flow_ends: dict[tuple, int] = {}
+        self.rank_from_comms: int | None = None
+
+    # -- the pass -------------------------------------------------------------------------------
+    def run(self, raw: bytes) -> None:
+        columns = self.columns
+        pid_col, tid_col, stream_col, device_col = (
+            columns["pid"],
+            columns["tid"],
+            columns["stream"],
+            columns["device"],
+        )
+        layer_col, name_col, cat_col = columns["layer"], columns["name"], columns["cat"]
+        ts_col, dur_col = columns["ts"], columns["dur"]
+        corr_col, ext_col, args_col = (
+            columns["correlation"],
+            columns["external_id"],
+            columns["args"],
+        )
+        coll_col, group_col, seq_col, bytes_col = (
+            columns["coll_name"],
+            columns["group"],
+            columns["seq"],
+            columns["bytes"],
+        )
+        names, cats = self.names, self.cats
+        category_counts: dict[str, int] = {}
+        skipped: dict[str, int] = {}
+        first_bad: dict[str, int] = {}
+        unknown_categories: dict[str, int] = {}
+        layer_codes = {cat: LAYER_CODE[layer] for cat, layer in CATEGORY_LAYER.items()}
+        kernel_code, comm_code, cpu_code = (
+            LAYER_CODE["kernel"],
+            LAYER_CODE["comm"],
+            LAYER_CODE["cpu_op"],
+        )
+        engine_code, instant_code, counter_code = (
+            LAYER_CODE["engine"],
+            LAYER_CODE["instant"],
+            LAYER_CODE["counter"],
+        )
+        comm_kernel_names: dict[int, bool] = {}
+        comm_cpu_names: dict[int, bool] = {}
+        self.ts_event_index: list[int] = []
+        ts_index = self.ts_event_index
+        pid_of = self._int_id
+
+        def skip(reason: str, index: int) -> None:
+            skipped[reason] = skipped.get(reason, 0) + 1
+            first_bad.setdefault(reason, index)
+
+        lifted_decode = _LIFTED.decode
+        # rows whose args never hold link ids: skip decoding them (python frames, instants)
+        unlinked_codes = {LAYER_CODE["python"], instant_code, counter_code, LAYER_CODE["profiler"]}
+        for index, event in enumerate(self.events):
+            ph = event.ph
+            cat = event.cat
+            if ph == "X" or ph == "i" or ph == "I" or ph == "C":
+                ts = event.ts
+                if type(ts) is not float and type(ts) is not int:
+                    skip("missing or non-numeric ts", index)
+                    continue
+                if ph == "X":
+                    dur = event.dur
+                    if (type(dur) is not float and type(dur) is not int) or dur < 0:
+                        skip("missing or negative dur", index)
+                        continue
+                    code = layer_codes.get(cat)
+                    if code is None:
+                        unknown_categories[cat] = unknown_categories.get(cat, 0) + 1
+                        code = cpu_code
+                else:
+                    dur = 0
+                    code = instant_code if ph != "C" else counter_code
+                name = event.name
+                if type(name) is not str:
+                    name = str(name)
+                name_id = names.get(name)
+                if name_id is None:
+                    name_id = names[name] = len(names)
+                cat_id = cats.get(cat)
+                if cat_id is None:
+                    cat_id = cats[cat] = len(cats)
+                category_counts[cat or ph] = category_counts.get(cat or ph, 0) + 1
+                raw_args = event.args
+                if raw_args:
+                    lifted = _NO_ARGS
+                    if code not in unlinked_codes:
+                        with contextlib.suppress(msgspec.DecodeError):  # args not an object
+                            lifted = lifted_decode(raw_args)
+                    args_text = bytes(raw_args)
+                else:
+                    lifted = _NO_ARGS
+                    args_text = None
+                pid = event.pid
+                tid = event.tid
+                if type(pid) is not int:
+                    pid = pid_of(pid)
+                if type(tid) is not int:
+                    tid = pid_of(tid)
+                coll = group = -1
+                seq = nbytes = -1
+                if cat in GPU_CATEGORIES:
+                    stream = lifted.stream if lifted.stream != -1 else tid
+                    device = lifted.device if lifted.device != -1 else pid
+                    stream = stream if type(stream) is int else _as_int(stream)
+                    device = device if type(device) is int else _as_int(device)
+                    if not 0 <= stream < _ALL_STREAMS:  # CUPTI writes uint32(-1) for "any stream"
+                        stream = _ALL_STREAMS
+                    nbytes = lifted.bytes if type(lifted.bytes) is int else _as_int(lifted.bytes)
+                    if code == kernel_code:
+                        is_comm = comm_kernel_names.get(name_id)
+                        if is_comm is None:
+                            is_comm = comm_kernel_names[name_id] = is_comm_kernel(name)
+                        if is_comm:
+                            code = comm_code
+                            coll = self._symbol(self.coll_names, collective_kind(name))
+                else:
+                    stream = device = -1
+                    if code in (cpu_code, engine_code):
+                        is_comm = comm_cpu_names.get(name_id)
+                        if is_comm is None:
+                            is_comm = comm_cpu_names[name_id] = is_comm_cpu_op(name)
+                        if is_comm:
+                            code = comm_code
+                            args = _ANY.decode(raw_args) if raw_args else {}
+                            coll, group, seq, nbytes = self._collective(
+                                name, args if isinstance(args, dict) else {}
+                            )
+                correlation = lifted.correlation
+                external = lifted.external_id
+                if external is None:
+                    external = lifted.external_id_legacy
+                pid_col.append(pid)
+                tid_col.append(tid)
+                stream_col.append(stream)
+                device_col.append(device)
+                layer_col.append(code)
+                name_col.append(name_id)
+                cat_col.append(cat_id)
+                ts_col.append(ts)
+                dur_col.append(dur)
+                corr_col.append(correlation if type(correlation) is int else _as_int(correlation))
+                ext_col.append(external if type(external) is int else _as_int(external))
+                coll_col.append(coll)
+                group_col.append(group)
+                seq_col.append(seq)
+                bytes_col.append(nbytes)
+                args_col.append(args_text)
+                ts_index.append(index)
+            elif ph == "s" or ph == "f" or ph == "t":
+                category_counts[cat or "flow"] = category_counts.get(cat or "flow", 0) + 1
+                if cat in LAUNCH_FLOW_CATEGORIES:
+                    key = (event.pid, event.tid, event.ts)
+                    target = self.flow_starts if ph == "s" else self.flow_ends
+                    target[key] = _as_int(event.id)
+                else:
+                    skipped[f"{cat or 'uncategorised'} flow events (not launch links)"] = (
+                        skipped.get(f"{cat or 'uncategorised'} flow events (not launch links)", 0)
+                        + 1
+                    )
+            elif ph == "M":
+                category_counts["metadata"] = category_counts.get("metadata", 0) + 1
+                self._metadata(event)
+            elif ph == "B" or ph == "E":
+                skip("unpaired B/E duration events (only complete X events are read)", index)
+            else:
+                skip(f"event phase {ph!r} not understood", index)
+
+        self.source.events_by_category = category_counts
+        self.source.skipped = skipped
+        for reason, count in skipped.items():
+            where = f" (first at event {first_bad[reason]})" if reason in first_bad else ""
+            self.source.warnings.append(f"skipped {count} events: {reason}{where}")
+        for cat, count in unknown_categories.items():
+            self.source.warnings.append(
+                f"{count} events of unknown category {cat!r} read as cpu_op"
+            )
+        if not ts_col:
+            first = min(first_bad.values(), default=0)
+            raise TraceError(
+                self.path,
+                "no event could be placed: expected Chrome-trace events with ph, ts and dur",
+                where=f"event {first}",
+            )
+        self._apply_flows()
+        self._timestamps(raw)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _int_id(self, value: object) -> int:
+        """Stable negative ids for string pids/tids ("Spans", "PyTorch Profiler")."""
+        if isinstance(value, float):
+            return int(value)
+        key = str(value)
+        if key.lstrip("-").isdigit():
+            return _as_int(int(key))
+        known = self.string_ids.get(key)
+        if known is None:
+            known = self.string_ids[key] = -1000 - len(self.string_ids)
+            self.source.thread_names.setdefault(str(known), key)
+        return known
+
+    @staticmethod
+    def _symbol(table: dict[str, int], value: str) -> int:
+        known = table.get(value)
+        if known is None:
+            known = table[value] = len(table)
+        return known
+
+    def _collective(self, name: str, args: dict) -> tuple[int, int, int, int]:
+        coll = self._symbol(
+            self.coll_names, collective_kind(str(args.get("Collective name") or name))
+        )
+        group_value = args.get("Process Group Name", args.get("Process Group ID"))
+        group = self._symbol(self.groups, str(group_value)) if group_value is not None else -1
+        seq = _as_int(args.get("Seq", args.get("seq")))
+        nelems = _as_int(args.get("In msg nelems"))
+        nbytes = nelems * _DTYPE_BYTES.get(str(args.get("dtype")), 0) if nelems >= 0 else -1
+        if nbytes == 0 and nelems > 0:
+            nbytes = -1
+        if "Rank" in args and self.rank_from_comms is None:
+            self.rank_from_comms = _as_int(args["Rank"], None)  # type: ignore[arg-type]
+        return coll, group, seq, nbytes
+
+    def _metadata(self, event: _Event) -> None:
+        args = _ANY.decode(event.args) if event.args else {}
+        if not isinstance(args, dict):
+            args = {}
+        kind = event.name
+        key = f"{event.pid}"
+        if kind == "process_name":
+            self.source.process_names[key] = str(args.get("name", ""))
+        elif kind == "process_labels":
+            self.source.process_names[key + ":labels"] = str(args.get("labels", ""))
+        elif kind == "thread_name":
+            self.source.thread_names[f"{key}:{event.tid}"] = str(args.get("name", ""))
+
+    def _apply_flows(self) -> None:
+        """Legacy files may link launches only by flow events: lift their ids into `correlation`."""
+        if not self.flow_starts and not self.flow_ends:
+            return
+        columns = self.columns
+        corr = columns["correlation"]
+        runtime_code = LAYER_CODE["runtime"]
+        linked = [
+            LAYER_CODE[name] for name in ("runtime", "kernel", "memcpy", "memset", "sync", "comm")
+        ]
+        missing = np.flatnonzero(
+            (np.asarray(corr) < 0) & np.isin(np.asarray(columns["layer"]), linked)
+        ).tolist()
+        if not missing:
+            return
+        raw_pids = {v: k for k, v in self.string_ids.items()}
+        for i in missing:
+            pid, tid = columns["pid"][i], columns["tid"][i]
+            key = (raw_pids.get(pid, pid), raw_pids.get(tid, tid), columns["ts"][i])
+            flows = self.flow_starts if columns["layer"][i] == runtime_code else self.flow_ends
+            flow_id = flows.get(key, -1)
+            if flow_id >= 0:
+                corr[i] = flow_id
+
+    def _timestamps(self, raw: bytes) -> None:
+        """Convert µs floats to int64 ns, exactly even where a float64 cannot hold the digits."""
+        ts = np.asarray(self.columns["ts"], dtype=np.float64)
+        dur = np.asarray(self.columns["dur"], dtype=np.float64)
+        self.columns["dur_ns"] = np.rint(dur * 1000.0).astype(np.int64)
+        whole = np.floor(ts)
+        ts_ns = whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000.0).astype(np.int64)
+        if ts.size and np.abs(ts).max() > _FLOAT_EXACT_US and not np.all(ts == whole):
+            exact = self._exact_timestamps(raw)
+            if exact is not None:
+                ts_ns = exact
+            else:
+                self.source.warnings.append(
+                    "could not recover exact sub-microsecond timestamps; they are rounded to "
+                    "float64 precision (about 0.25 µs)"
+                )
+        base = _as_int(self.top.get("baseTimeNanoseconds"), 0)
+        if base > 0:
+            self.source.base_time_ns = base
+            ts_ns = ts_ns + base
+            self.source.clock = "unix"
+        elif ts.size and ts.max() > _EPOCH_US:
+            self.source.clock = "unix"
+        else:
+            self.source.clock = "trace"
+            self.source.warnings.append(
+                "timestamps are on the profiler's own clock (no baseTimeNanoseconds): "
+                "wall-clock alignment needs a clock anchor"
+            )
+        self.columns["ts_ns"] = ts_ns
+
+    def _exact_timestamps(self, raw: bytes) -> np.ndarray | None:
+        """Re-read every top-level `"ts"` from the raw text, in order, to keep all ns digits."""
+        matches = _RAW_TS.findall(raw)
+        every_ts = [i for i, e in enumerate(self.events) if e.ts is not None]
+        if len(matches) != len(every_ts):
+            return None
+        position = {event_index: k for k, event_index in enumerate(every_ts)}
+        out = np.empty(len(self.ts_event_index), dtype=np.int64)
+        for row, event_index in enumerate(self.ts_event_index):
+            whole, frac = matches[position[event_index]]
+            frac = (frac + b"000")[:3]
+            value = int(whole) * 1000
+            out[row] = value - int(frac) if value < 0 else value + int(frac)
+        return out
+
+    def finish(self) -> EventTable:
+        source = self.source
+        if source.rank < 0:
+            distributed_rank = _as_int(source.distributed.get("rank"), -1)
+            file_match = _RANK_IN_FILE_NAME.search(Path(source.path).name)
+            if distributed_rank >= 0:
+                source.rank, source.rank_source = distributed_rank, "distributedInfo"
+            elif file_match:
+                source.rank, source.rank_source = int(file_match.group(1)), "file name"
+            elif self.rank_from_comms is not None and self.rank_from_comms >= 0:
+                source.rank, source.rank_source = self.rank_from_comms, "record_param_comms"
+            else:
+                source.rank, source.rank_source = 0, "assumed"
+                source.warnings.append("rank not stated in the file or its name; assumed rank 0")
+        columns = self.columns
+        columns["rank"] = np.full(len(columns["ts_ns"]), source.rank, dtype=np.int32)
+        table = build_table(
+            columns,
+            names=list(self.names),
+            cats=list(self.cats),
+            coll_names=list(self.coll_names),
+            groups=list(self.groups),
+            host=source.host,
+        )
+        return EventTable(table=table, sources=[source])

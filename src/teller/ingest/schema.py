@@ -1,0 +1,244 @@
+"""The event table: one Arrow row per trace event, the common currency of every later stage.
+
+Every reader (Kineto JSON, Nsight Systems SQLite, the lab, the simulator) produces this one table,
+so the call-chain builder, the localizer and the reports never see a file format. Columns
+(DESIGN.md §2); integer "absent" values are -1 rather than null so stages can use numpy directly:
+
+| column       | type                       | meaning                                                   |
+|--------------|----------------------------|-----------------------------------------------------------|
+| rank         | int32                      | global rank of the process that recorded the event        |
+| host         | dictionary<int32, string>  | host name ("" when the file does not say)                 |
+| pid, tid     | int64                      | CPU process/thread; for GPU rows pid = device, tid = stream |
+| stream       | int32                      | GPU stream, -1 on the CPU                                 |
+| device       | int32                      | GPU index, -1 on the CPU                                  |
+| layer        | dictionary<int8, string>   | one of LAYERS                                             |
+| name         | dictionary<int32, string>  | event name (one symbol table per table)                   |
+| cat          | dictionary<int32, string>  | the source's own category, kept for audits                |
+| ts_ns        | int64                      | start, ns on the table's clock (unix ns when known)       |
+| dur_ns       | int64                      | duration in ns (0 for instants)                           |
+| correlation  | int64                      | runtime-call ↔ GPU-activity link id, -1 if none           |
+| external_id  | int64                      | CPU op ↔ runtime link id (Kineto "External id"), -1       |
+| coll_name    | dictionary<int32, string>  | collective kind (allreduce, …), null unless comm          |
+| group        | dictionary<int32, string>  | process-group id/name, null unless known                  |
+| seq          | int64                      | collective sequence number within its group, -1 unknown   |
+| bytes        | int64                      | message size (collectives) or copy size, -1 unknown       |
+| args         | string (JSON)              | the source's remaining arguments, null for most rows      |
+
+Layers run outermost first; `instant`, `counter` and `profiler` rows are kept (nothing is dropped)
+but are not call-chain nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+LAYERS: tuple[str, ...] = (
+    "request",
+    "engine",
+    "python",
+    "cpu_op",
+    "runtime",
+    "kernel",
+    "memcpy",
+    "memset",
+    "comm",
+    "sync",
+    "instant",
+    "counter",
+    "profiler",
+)
+LAYER_CODE: dict[str, int] = {name: code for code, name in enumerate(LAYERS)}
+#: Layers whose rows become call-chain tree nodes.
+TREE_LAYERS: frozenset[str] = frozenset(LAYERS) - {"instant", "counter", "profiler"}
+#: Layers recorded on a GPU stream (or on the CPU for host-side collectives, see `comm`).
+GPU_ACTIVITY_LAYERS: frozenset[str] = frozenset({"kernel", "memcpy", "memset", "sync"})
+
+_STR_DICT = pa.dictionary(pa.int32(), pa.string())
+
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32()),
+        pa.field("host", _STR_DICT),
+        pa.field("pid", pa.int64()),
+        pa.field("tid", pa.int64()),
+        pa.field("stream", pa.int32()),
+        pa.field("device", pa.int32()),
+        pa.field("layer", pa.dictionary(pa.int8(), pa.string())),
+        pa.field("name", _STR_DICT),
+        pa.field("cat", _STR_DICT),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("dur_ns", pa.int64()),
+        pa.field("correlation", pa.int64()),
+        pa.field("external_id", pa.int64()),
+        pa.field("coll_name", _STR_DICT),
+        pa.field("group", _STR_DICT),
+        pa.field("seq", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("args", pa.string()),
+    ]
+)
+
+_METADATA_KEY = b"teller.sources"
+
+
+@dataclass
+class SourceInfo:
+    """What one input file said about itself, and what the reader could not place.
+
+    `base_time_ns` is added to the file's own clock to get unix ns; the reader has already applied
+    it to `ts_ns`, and `clock` says which clock the rows are on ("unix" or "trace" when the file gave
+    no way to reach wall-clock time).
+    """
+
+    path: str
+    format: str
+    rank: int
+    rank_source: str
+    host: str = ""
+    world_size: int = 0
+    clock: str = "unix"
+    base_time_ns: int = 0
+    events_by_category: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    process_names: dict[str, str] = field(default_factory=dict)
+    thread_names: dict[str, str] = field(default_factory=dict)
+    distributed: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EventTable:
+    """An Arrow table of events plus the facts about the files it came from."""
+
+    table: pa.Table
+    sources: list[SourceInfo]
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({source.rank for source in self.sources})
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{Path(s.path).name}: {w}" for s in self.sources for w in s.warnings]
+
+    def layer_counts(self) -> dict[str, int]:
+        codes = self.table.column("layer").combine_chunks().indices.to_numpy()
+        counts = np.bincount(codes, minlength=len(LAYERS))
+        return {LAYERS[i]: int(n) for i, n in enumerate(counts) if n}
+
+    def to_pandas(self):
+        return self.table.to_pandas()
+
+
+def build_table(
+    columns: dict[str, object],
+    names: list[str],
+    cats: list[str],
+    coll_names: list[str],
+    groups: list[str],
+    host: str,
+) -> pa.Table:
+    """Assemble an event table from per-column sequences (lists or numpy arrays).
+
+    `name`, `cat`, `coll_name` and `group` arrive as integer ids into the given symbol lists (-1 =
+    null), `layer` as codes into LAYERS; this keeps readers to cheap integer appends.
+    """
+    n = len(columns["ts_ns"])  # type: ignore[arg-type]
+
+    def ints(key: str, dtype: pa.DataType) -> pa.Array:
+        return pa.array(np.asarray(columns[key], dtype=dtype.to_pandas_dtype()), type=dtype)
+
+    def dictionary(key: str, symbols: list[str]) -> pa.Array:
+        ids = np.asarray(columns[key], dtype=np.int32)
+        mask = ids < 0
+        return pa.DictionaryArray.from_arrays(
+            pa.array(np.where(mask, 0, ids), type=pa.int32(), mask=mask if mask.any() else None),
+            pa.array(symbols if symbols else [""], type=pa.string()),
+        )
+
+    layer = pa.DictionaryArray.from_arrays(
+        pa.array(np.asarray(columns["layer"], dtype=np.int8), type=pa.int8()),
+        pa.array(LAYERS, type=pa.string()),
+    )
+    host_col = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, dtype=np.int32), type=pa.int32()), pa.array([host], type=pa.string())
+    )
+    arrays = [
+        ints("rank", pa.int32()),
+        host_col,
+        ints("pid", pa.int64()),
+        ints("tid", pa.int64()),
+        ints("stream", pa.int32()),
+        ints("device", pa.int32()),
+        layer,
+        dictionary("name", names),
+        dictionary("cat", cats),
+        ints("ts_ns", pa.int64()),
+        ints("dur_ns", pa.int64()),
+        ints("correlation", pa.int64()),
+        ints("external_id", pa.int64()),
+        dictionary("coll_name", coll_names),
+        dictionary("group", groups),
+        ints("seq", pa.int64()),
+        ints("bytes", pa.int64()),
+        _args_array(columns["args"]),
+    ]
+    return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA)
+
+
+def _args_array(values: object) -> pa.Array:
+    """Args arrive as raw JSON bytes (or str) per row; Arrow validates UTF-8 in one C pass."""
+    try:
+        return pa.array(values, type=pa.binary()).cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        fixed = [
+            v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+            for v in values  # type: ignore[attr-defined]
+        ]
+        return pa.array(fixed, type=pa.string())
+
+
+def concat(tables: list[EventTable]) -> EventTable:
+    """Join per-rank tables into one run (dictionaries are unified so names stay one symbol table)."""
+    if len(tables) == 1:
+        return tables[0]
+    table = pa.concat_tables([t.table for t in tables]).unify_dictionaries()
+    return EventTable(table=table, sources=[s for t in tables for s in t.sources])
+
+
+def write_parquet(events: EventTable, path: str | Path) -> None:
+    """Write atomically: a crash or bad input never leaves a half-written file at `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {_METADATA_KEY: json.dumps([s.to_json() for s in events.sources]).encode()}
+    table = events.table.replace_schema_metadata(metadata)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_parquet(path: str | Path) -> EventTable:
+    table = pq.read_table(path)
+    raw = (table.schema.metadata or {}).get(_METADATA_KEY, b"[]")
+    sources = [SourceInfo(**s) for s in json.loads(raw)]
+    table = table.replace_schema_metadata(None)
+    return EventTable(table=table.cast(EVENT_SCHEMA), sources=sources)

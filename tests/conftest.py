@@ -1,0 +1,35 @@
+"""Shared test settings: where the real traces live (one setting, TELLER_TRACES)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def traces_root() -> Path:
+    """TELLER_TRACES, else ../shared/traces beside the checkout, else .traces from `make traces`."""
+    configured = os.environ.get("TELLER_TRACES")
+    if configured:
+        return Path(configured)
+    shared = REPO.parent / "shared" / "traces"
+    return shared if shared.is_dir() else REPO / ".traces"
+
+
+def real_trace(relative: str) -> Path:
+    """Path of a real trace file, or skip the test naming `make traces` when it is absent."""
+    path = traces_root() / relative
+    if not path.exists():
+        pytest.skip(f"real trace {relative} not found under {traces_root()}: run `make traces`")
+    return path
+
+
+@pytest.fixture
+def traces() -> Path:
+    root = traces_root()
+    if not root.is_dir():
+        pytest.skip(f"real traces not found at {root}: run `make traces`")
+    return root
