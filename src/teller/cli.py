@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     tree.add_argument("--depth", type=int, default=4, help="levels to print (default 4)")
     tree.add_argument("--roots", type=int, default=3, help="without --step: longest N roots")
     tree.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
+
+    lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
+    lab_commands = lab.add_subparsers(dest="lab_command", required=True)  # noqa: F841 - filled below
     return parser
 
 
