@@ -1,0 +1,49 @@
+"""Build the lab's Llama: random seeded weights, sharded by transformers' own tensor-parallel plan.
+
+Nothing is downloaded: the weights come from a `LlamaConfig` built in code and a seed, identical on
+every rank before sharding. Tensor parallelism is transformers 5.x's path without `from_pretrained`:
+`initialize_distributed_mesh(DistributedConfig(tp_size=N))` builds the device mesh on the running
+process group (gloo on CPU, nccl on GPUs) and `maybe_distribute_model` applies the model's
+`base_model_tp_plan` (q/k/v/gate/up colwise, o/down rowwise with an all-reduce, embedding rowwise).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from teller.lab.serve.config import ModelConfig
+
+
+def llama_config(config: ModelConfig) -> LlamaConfig:
+    hf_config = LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        hidden_act=config.hidden_act,
+    )
+    hf_config._attn_implementation = config.attn_implementation
+    return hf_config
+
+
+def build_model(config: ModelConfig, tp: int) -> LlamaForCausalLM:
+    """The model on this rank: full seeded weights, then this rank's shard when `tp` > 1."""
+    torch.manual_seed(config.weight_seed)
+    model = LlamaForCausalLM(llama_config(config)).eval()
+    if tp > 1:
+        from transformers.distributed.configuration_utils import DistributedConfig
+        from transformers.distributed.utils import initialize_distributed_mesh
+
+        distributed = DistributedConfig(tp_size=tp)
+        _, mesh = initialize_distributed_mesh(distributed)
+        model = LlamaForCausalLM.maybe_distribute_model(model, distributed, mesh)
+    return model
+
+
+def set_attention(model: LlamaForCausalLM, implementation: str) -> None:
+    """Switch the attention kernel path ("sdpa" or "eager"); Llama reads it on every forward."""
+    model.config._attn_implementation = implementation

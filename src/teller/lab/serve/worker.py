@@ -1,0 +1,219 @@
+"""One rank of the served model: `python -m teller.lab.serve.worker DIR/run/serve.json` (RANK set).
+
+Rank 0 is also the engine core: it admits requests as they arrive, schedules each step, publishes
+the plan through the rendezvous TCP store (out of band, like vLLM's shared-memory broadcast, so it
+is not a collective in the trace), runs the step, and logs. Every rank wraps a step in
+`record_function("execute_context_N(T)_generation_M(G)")`; a profiler started from outside (the
+collector) records it, and without one the annotation costs next to nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from teller.lab.faults import inprocess
+from teller.lab.serve.config import ServeConfig
+from teller.lab.serve.executor import Executor
+from teller.lab.serve.logs import iteration_line, process_logger, stats_line
+from teller.lab.serve.model import build_model
+from teller.lab.serve.scheduler import Scheduler, StepPlan
+from teller.lab.serve.workload import generate_requests
+
+#: Nominal KV capacity the "GPU KV cache usage" figure is computed against.
+KV_CAPACITY_TOKENS = 32_768
+STORE_TIMEOUT = timedelta(seconds=300)
+#: Longest idle sleep between arrival checks, so a new request waits at most this long.
+IDLE_POLL_S = 0.005
+
+
+def main(argv: list[str]) -> int:
+    config = ServeConfig.read(argv[0])
+    rank = int(os.environ["RANK"])
+    run_dir = Path(config.run_dir)
+    (run_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    torch.set_num_threads(config.threads_per_rank)
+    worker_log = process_logger(f"Worker_TP{rank}")
+    store = dist.TCPStore(
+        config.master_addr, config.master_port, config.tp, rank == 0, timeout=STORE_TIMEOUT
+    )
+    if config.tp > 1:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(
+            backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=config.tp
+        )
+    model = build_model(config.model, config.tp)
+    worker_log.info(
+        "Loaded Llama (%d layers, hidden %d) as TP rank %d of %d, attention %s",
+        config.model.num_hidden_layers,
+        config.model.hidden_size,
+        rank,
+        config.tp,
+        config.model.attn_implementation,
+    )
+    executor = Executor(model)
+    _warm_up(executor, config.warmup_steps)
+    if config.tp > 1:
+        dist.barrier()
+    if rank == 0:
+        t0_ns = time.time_ns()
+        store.set("t0_ns", str(t0_ns))
+        _write_atomic(run_dir / "t0_ns", str(t0_ns))
+    else:
+        t0_ns = int(store.get("t0_ns"))
+    worker_log.info("Warm-up done; serving")
+    faults = inprocess.start(config.fault, rank, model, t0_ns)
+    try:
+        if rank == 0:
+            _engine_core(config, executor, store, faults, t0_ns, run_dir)
+        else:
+            _follow(executor, store, faults, rank)
+    finally:
+        faults.stop()
+    worker_log.info("Stopped")
+    if config.tp > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+def _warm_up(executor: Executor, steps: int) -> None:
+    """Run a few unannotated steps so first-call costs do not land in the first served step."""
+    for k in range(steps):
+        ids = [f"warmup-{k}-{i}" for i in range(2)]
+        executor.execute(StepPlan(k, prefill_ids=ids, prefill_prompts=[[1] * 32, [2] * 16]))
+        executor.execute(StepPlan(k, decode_ids=ids))
+        executor.execute(StepPlan(k, free_ids=ids))
+
+
+def _follow(executor: Executor, store: dist.Store, faults: inprocess.Faults, rank: int) -> None:
+    step = 0
+    while True:
+        plan = StepPlan.from_dict(json.loads(store.get(f"plan/{step}")))
+        if plan.stop:
+            return
+        faults.before_step()
+        with torch.profiler.record_function(plan.annotation):
+            executor.execute(plan)
+        step += 1
+
+
+def _engine_core(
+    config: ServeConfig,
+    executor: Executor,
+    store: dist.Store,
+    faults: inprocess.Faults,
+    t0_ns: int,
+    run_dir: Path,
+) -> None:
+    log = process_logger("EngineCore_0")
+    requests = generate_requests(config.workload, config.model.vocab_size)
+    by_id = {r.request_id: r for r in requests}
+    scheduler = Scheduler(config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
+    arrivals = iter(requests)
+    pending = next(arrivals, None)
+    ground_truth: list[dict] = []
+    request_times: dict[str, dict] = {}
+    stats_start_s, stats_prompt, stats_generation = 0.0, 0, 0
+    step = 0
+    while True:
+        now_s = (time.time_ns() - t0_ns) / 1e9
+        while pending is not None and pending.arrival_s <= now_s:
+            scheduler.add(pending)
+            request_times[pending.request_id] = {"arrival_ns": t0_ns + int(pending.arrival_s * 1e9)}
+            log.info("Added request %s.", pending.request_id)
+            pending = next(arrivals, None)
+        if now_s - stats_start_s >= config.scheduler.stats_interval_s:
+            elapsed_s = now_s - stats_start_s
+            log.info(
+                stats_line(
+                    stats_prompt / elapsed_s,
+                    stats_generation / elapsed_s,
+                    len(scheduler.running),
+                    len(scheduler.waiting),
+                    executor.cached_tokens / KV_CAPACITY_TOKENS,
+                )
+            )
+            stats_start_s, stats_prompt, stats_generation = now_s, 0, 0
+        if not scheduler.has_work:
+            if pending is None:
+                break
+            time.sleep(min(IDLE_POLL_S, max(0.0, pending.arrival_s - now_s)))
+            continue
+        plan = scheduler.schedule(
+            *faults.scheduler_limits(
+                config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
+            )
+        )
+        store.set(f"plan/{step}", json.dumps(plan.to_dict()))
+        faults.before_step()
+        start_ns = time.time_ns()
+        with torch.profiler.record_function(plan.annotation):
+            executor.execute(plan)
+        end_ns = time.time_ns()
+        finished = scheduler.complete(plan, by_id)
+        for request_id in plan.prefill_ids:
+            request_times[request_id]["first_token_ns"] = end_ns
+        for request_id in finished:
+            request_times[request_id]["finish_ns"] = end_ns
+            log.info("Finished request %s.", request_id)
+        stats_prompt += plan.context_tokens
+        stats_generation += len(plan.decode_ids) + len(plan.prefill_ids)
+        log.info(
+            iteration_line(
+                step,
+                len(plan.prefill_ids),
+                plan.context_tokens,
+                len(plan.decode_ids),
+                len(plan.decode_ids),
+                (end_ns - start_ns) / 1e6,
+                executor.cached_tokens / KV_CAPACITY_TOKENS,
+            )
+        )
+        ground_truth.append(_step_record(plan, start_ns, end_ns))
+        if step and step % 50 == 0:
+            store.delete_key(f"plan/{step - 50}")
+        step += 1
+    store.set(f"plan/{step}", json.dumps(StepPlan(step, stop=True).to_dict()))
+    truth_dir = run_dir.parent / "ground_truth"
+    _write_atomic(truth_dir / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in ground_truth))
+    _write_atomic(
+        truth_dir / "requests.jsonl",
+        "".join(
+            json.dumps({"request_id": request_id, **times}) + "\n"
+            for request_id, times in request_times.items()
+        ),
+    )
+
+
+def _step_record(plan: StepPlan, start_ns: int, end_ns: int) -> dict:
+    """One line of ground_truth/steps.jsonl: which request ran in which step, with its tokens."""
+    return {
+        "step": plan.index,
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "annotation": plan.annotation,
+        "requests": [
+            {"request_id": r, "phase": "prefill", "tokens": len(p)}
+            for r, p in zip(plan.prefill_ids, plan.prefill_prompts, strict=True)
+        ]
+        + [{"request_id": r, "phase": "decode", "tokens": 1} for r in plan.decode_ids],
+    }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
