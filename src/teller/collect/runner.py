@@ -1,0 +1,238 @@
+"""Run a command with the profiler injected from outside it, and gather what it left behind.
+
+The command is not edited. Its environment gets `inject/` prepended to PYTHONPATH (so every Python
+process it starts runs our `sitecustomize`) and TELLER_COLLECT_* variables that tell the agent where
+to write. The runner itself only starts the command in its own process group, forwards Ctrl-C /
+SIGTERM / SIGHUP to that group, copies the command's console to `logs/launcher.log` (passing it
+through to our stdout/stderr unchanged), waits, and writes `manifest.json`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from teller.collect.inject import _teller_collect_agent as agent
+from teller.collect.inject._teller_collect_tee import tee
+from teller.collect.manifest import (
+    Manifest,
+    ranks_from_records,
+    read_process_records,
+    write_manifest,
+)
+from teller.errors import TellerError
+
+INJECT_DIR = Path(__file__).resolve().parent / "inject"
+BACKENDS = ("torch", "nsys")
+#: After the command exits, how long to keep reading output that its orphans still write.
+DRAIN_TIMEOUT_S = 10.0
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class CollectError(TellerError):
+    """The collection could not start (bad arguments, missing tool, occupied output folder)."""
+
+
+@dataclass
+class CollectResult:
+    exit_code: int
+    out_dir: Path
+    traces: list[Path]
+    logs: list[Path]
+    manifest: Path
+
+
+def collect(
+    command: list[str],
+    out_dir: Path,
+    steps: tuple[int, int] | None = None,
+    env: dict[str, str] | None = None,
+    backend: str = "torch",
+) -> CollectResult:
+    """Run `command` under collection into `out_dir`; returns the command's exit status and files.
+
+    `steps=(A, B)` profiles only steps A..B of each process (0-based, inclusive; see
+    `StepWindow`). `env` adds to (and overrides) the inherited environment. `backend="nsys"` wraps
+    the command in Nsight Systems instead of injecting torch.profiler (logs and manifest as usual).
+    A command killed by signal N exits 128+N, as in a shell.
+    """
+    out_dir = Path(out_dir)
+    command = [str(part) for part in command]
+    _check_arguments(command, out_dir, steps, backend)
+    for sub in ("traces", "logs", "procs"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+    child_env = _child_env(out_dir, steps, env, backend)
+    argv = nsys_command(command, out_dir) if backend == "nsys" else command
+    launcher_log = out_dir / "logs" / "launcher.log"
+    _status(f"collecting into {out_dir}: {' '.join(command)}")
+    start_wall_ns = time.time_ns()
+    try:
+        child = subprocess.Popen(
+            argv,
+            env=child_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            process_group=0,
+        )
+    except OSError as error:
+        raise CollectError(f"cannot start {argv[0]!r}: {error.strerror or error}") from None
+    reader = threading.Thread(
+        target=tee,
+        args=(
+            [
+                (child.stdout.fileno(), _console_fd(sys.stdout, 1)),
+                (child.stderr.fileno(), _console_fd(sys.stderr, 2)),
+            ],
+            str(launcher_log),
+        ),
+        name="teller-collect-launcher-log",
+        daemon=True,
+    )
+    reader.start()
+    with _forward_signals(child):
+        returncode = child.wait()
+    reader.join(DRAIN_TIMEOUT_S)
+    end_wall_ns = time.time_ns()
+    notes = []
+    if reader.is_alive():
+        notes.append(
+            f"launcher output still open {DRAIN_TIMEOUT_S:.0f} s after the command exited "
+            "(a background child holds it); log may be incomplete"
+        )
+    exit_code = returncode if returncode >= 0 else 128 - returncode
+    if backend == "nsys":
+        notes.extend(_export_nsys(out_dir))
+    manifest_path = out_dir / "manifest.json"
+    records = read_process_records(out_dir / "procs", out_dir)
+    manifest = Manifest(
+        command=command,
+        cwd=os.getcwd(),
+        backend=backend,
+        steps=list(steps) if steps else None,
+        start_wall_ns=start_wall_ns,
+        end_wall_ns=end_wall_ns,
+        exit_code=exit_code,
+        launcher_log=os.path.relpath(launcher_log, out_dir),
+        hosts=sorted({socket.gethostname(), *(r["host"] for r in records)}),
+        ranks=ranks_from_records(records),
+        processes=records,
+        notes=notes + [f"{r['name']}: {r['trace_note']}" for r in records if r.get("trace_note")],
+    )
+    write_manifest(manifest, manifest_path)
+    traces = sorted(p for p in (out_dir / "traces").iterdir() if not p.name.startswith("."))
+    logs = sorted((out_dir / "logs").glob("*.log"))
+    _status(f"exit {exit_code}; {len(traces)} trace(s), {len(logs)} log(s); {manifest_path}")
+    return CollectResult(exit_code, out_dir, traces, logs, manifest_path)
+
+
+def _check_arguments(
+    command: list[str], out_dir: Path, steps: tuple[int, int] | None, backend: str
+) -> None:
+    if not command:
+        raise CollectError("no command to run (put it after `--`)")
+    if backend not in BACKENDS:
+        raise CollectError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if backend == "nsys" and shutil.which("nsys") is None:
+        raise CollectError("--backend nsys: `nsys` (Nsight Systems) is not on PATH")
+    if steps is not None:
+        first, last = steps
+        if first < 0 or last < first:
+            raise CollectError(f"steps {first}:{last}: need 0 <= A <= B")
+    if (out_dir / "manifest.json").exists() or any((out_dir / "traces").glob("*")):
+        raise CollectError(f"{out_dir}: already holds a collection; choose a new --out folder")
+
+
+def _child_env(
+    out_dir: Path, steps: tuple[int, int] | None, env: dict[str, str] | None, backend: str
+) -> dict[str, str]:
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    python_path = child_env.get("PYTHONPATH", "")
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(INJECT_DIR), python_path) if p)
+    child_env[agent.ENV_DIR] = str(out_dir.resolve())
+    child_env[agent.ENV_PROFILE] = "off" if backend == "nsys" else "torch"
+    if steps is not None:
+        child_env[agent.ENV_STEPS] = f"{steps[0]}:{steps[1]}"
+    else:
+        child_env.pop(agent.ENV_STEPS, None)
+    return child_env
+
+
+def nsys_command(command: list[str], out_dir: Path) -> list[str]:
+    """The Nsight Systems command line that wraps `command` (CUDA, NVTX and OS-runtime tracing)."""
+    return [
+        "nsys",
+        "profile",
+        "-t",
+        "cuda,nvtx,osrt",
+        "--force-overwrite",
+        "true",
+        "-o",
+        str(out_dir / "traces" / "nsys"),
+        *command,
+    ]
+
+
+def nsys_export_command(out_dir: Path) -> list[str]:
+    report = out_dir / "traces" / "nsys.nsys-rep"
+    return [
+        "nsys",
+        "export",
+        "--type",
+        "sqlite",
+        "--force-overwrite",
+        "true",
+        "--output",
+        str(out_dir / "traces" / "nsys.sqlite"),
+        str(report),
+    ]
+
+
+def _export_nsys(out_dir: Path) -> list[str]:
+    if not (out_dir / "traces" / "nsys.nsys-rep").exists():
+        return ["nsys wrote no report (nsys.nsys-rep missing)"]
+    done = subprocess.run(nsys_export_command(out_dir), capture_output=True, text=True)
+    if done.returncode != 0:
+        return [f"nsys export failed ({done.returncode}): {done.stderr.strip()[-500:]}"]
+    return []
+
+
+@contextmanager
+def _forward_signals(child: subprocess.Popen):
+    """Pass Ctrl-C / SIGTERM / SIGHUP to the command's process group, then keep waiting for it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(number: int, frame) -> None:
+        _status(f"forwarding {signal.Signals(number).name} to the command; waiting for it")
+        with suppress(ProcessLookupError):
+            os.killpg(child.pid, number)
+
+    previous = {number: signal.signal(number, forward) for number in _FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _console_fd(stream, default: int) -> int:
+    try:
+        stream.flush()
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return default
+
+
+def _status(message: str) -> None:
+    print(f"teller collect: {message}", file=sys.stderr, flush=True)
