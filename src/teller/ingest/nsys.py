@@ -190,10 +190,16 @@ class _Export:
         """All rows of one query; any SQLite failure becomes a TraceError naming the table."""
         try:
             return self.connection.execute(sql, params).fetchall()
-        except sqlite3.Error as error:
+        except sqlite3.OperationalError as error:  # a column or table this schema lacks
             raise TraceError(
                 self.path,
                 f"cannot read table {table} ({error}); expected the nsys export schema",
+                where=f"table {table}",
+            ) from None
+        except sqlite3.Error as error:  # malformed pages, truncated file
+            raise TraceError(
+                self.path,
+                f"corrupt SQLite database ({error}); expected a complete nsys export",
                 where=f"table {table}",
             ) from None
 
@@ -451,9 +457,37 @@ class _NsysReader:
         if not columns:
             return None
         kind = "syncType" if "syncType" in columns else "COALESCE(deprecatedSyncType, 0)"
-        rows = self.export.query(f"SELECT {self._GPU_COLUMNS}, {kind} FROM {SYNC}", SYNC)
+        rows = self.export.query(f"SELECT {self._GPU_COLUMNS}, {kind}, contextId FROM {SYNC}", SYNC)
         labels = [_SYNC_NAMES.get(row[6], f"Sync type {row[6]}") for row in rows]
-        return self._gpu_rows(SYNC, rows, "sync", self.names.intern_many(labels))
+        part = self._gpu_rows(SYNC, rows, "sync", self.names.intern_many(labels))
+        # CUPTI's synchronization record has no device field (nsys writes 0): the context says.
+        devices = self._context_devices()
+        pids = (part.process & GLOBAL_ID_MASK).tolist()
+        part.device = np.fromiter(
+            (devices.get((pid, row[7]), row[2]) for pid, row in zip(pids, rows, strict=True)),
+            dtype=np.int64,
+            count=len(rows),
+        )
+        return part
+
+    def _context_devices(self) -> dict[tuple[int, int], int]:
+        """(pid, CUDA context) → device, from the context table or the activity that names both."""
+        devices: dict[tuple[int, int], int] = {}
+        for table in (KERNEL, MEMCPY, MEMSET):
+            if {"globalPid", "contextId", "deviceId"} <= self.export.columns(table):
+                for pid, context, device in self.export.query(
+                    f"SELECT DISTINCT globalPid / {1 << GLOBAL_ID_SHIFT} % {GLOBAL_ID_MASK + 1}, "
+                    f"contextId, deviceId FROM {table}",
+                    table,
+                ):
+                    devices.setdefault((pid, context), device)
+        table = "TARGET_INFO_CUDA_CONTEXT_INFO"
+        if {"processId", "contextId", "deviceId"} <= self.export.columns(table):
+            for pid, context, device in self.export.query(
+                f"SELECT processId, contextId, deviceId FROM {table}", table
+            ):
+                devices[(pid, context)] = device
+        return devices
 
     def _nvtx(self) -> _Rows | None:
         columns = self.export.columns(NVTX)
