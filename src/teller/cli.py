@@ -7,6 +7,7 @@ warnings and errors go to stderr. One place (`main`) maps errors to a one-line m
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -70,7 +71,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
             raise TellerError(f"{args.path}: rank {rank} has no call-chain nodes")
         roots = sorted(roots, key=lambda r: -int(tree.dur[r]))[: args.roots]
     for root in roots:
-        print(render_tree(tree, root, max_depth=args.depth))
+        print(render_tree(tree, root, max_depth=args.depth, show_python=args.python))
     return EXIT_OK
 
 
@@ -101,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     tree.add_argument("--step", type=int, help="step index on that rank (default: whole rank)")
     tree.add_argument("--depth", type=int, default=4, help="levels to print (default 4)")
     tree.add_argument("--roots", type=int, default=3, help="without --step: longest N roots")
+    tree.add_argument(
+        "--python", action="store_true", help="show Python frames (hidden by default)"
+    )
     tree.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
 
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
@@ -119,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("teller: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `teller tree … | head`: the reader left, which is not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
 
 
 def run() -> None:

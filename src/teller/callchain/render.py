@@ -40,15 +40,36 @@ def short_name(name: str, limit: int = _MAX_NAME) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
-def render_tree(tree: CallTree, root: int, max_depth: int = 4, max_children: int = 40) -> str:
-    """Indented text of the subtree at `root`, to `max_depth` levels below it."""
-    return "\n".join(_lines(tree, root, 0, max_depth, max_children))
+def render_tree(
+    tree: CallTree,
+    root: int,
+    max_depth: int = 4,
+    max_children: int = 40,
+    show_python: bool = False,
+) -> str:
+    """Indented text of the subtree at `root`, to `max_depth` levels below it.
+
+    Python frames (with_stack traces hold tens of thousands) are see-through unless `show_python`:
+    their children are shown in their place, so the operators stay a few levels deep.
+    """
+    hidden = set() if show_python else {LAYER_CODE["python"]}
+    return "\n".join(_lines(tree, root, 0, max_depth, max_children, hidden))
+
+
+def _visible_children(tree: CallTree, node: int, hidden: set[int]) -> list[int]:
+    out: list[int] = []
+    for child in tree.children(node).tolist():
+        if tree.layer[child] in hidden:
+            out.extend(_visible_children(tree, child, hidden))
+        else:
+            out.append(child)
+    return out
 
 
 def _lines(
-    tree: CallTree, node: int, level: int, max_depth: int, max_children: int
+    tree: CallTree, node: int, level: int, max_depth: int, max_children: int, hidden: set[int]
 ) -> Iterator[str]:
-    children = tree.children(node)
+    children = np.asarray(_visible_children(tree, node, hidden), dtype=np.int64)
     gpu = [
         c for c in children.tolist() if tree.edge[c] == EDGE_LAUNCH and tree.layer[c] in _GPU_CODES
     ]
@@ -67,18 +88,19 @@ def _lines(
     )
     if level >= max_depth:
         return
-    rest = [c for c in children.tolist() if c not in set(gpu)]
-    for group in _fold(tree, rest)[:max_children]:
-        first, count, total = group
+    launched_set = set(gpu)
+    rest = [c for c in children.tolist() if c not in launched_set]
+    groups = _fold(tree, rest)
+    for first, count, total in groups[:max_children]:
         if count == 1:
-            yield from _lines(tree, first, level + 1, max_depth, max_children)
+            yield from _lines(tree, first, level + 1, max_depth, max_children, hidden)
         else:
             yield (
                 f"{'  ' * (level + 1)}{short_name(tree.node_name(first))}  ×{count}  "
                 f"total {format_ns(total)} [{tree.layer_name(first)}]"
             )
-    if len(_fold(tree, rest)) > max_children:
-        yield f"{'  ' * (level + 1)}… {len(_fold(tree, rest)) - max_children} more"
+    if len(groups) > max_children:
+        yield f"{'  ' * (level + 1)}… {len(groups) - max_children} more"
 
 
 def _fold(tree: CallTree, nodes: list[int]) -> list[tuple[int, int, int]]:

@@ -110,6 +110,32 @@ def _kind(context_requests: int, generation_requests: int) -> str:
     return "prefill" if context_requests else "decode"
 
 
+def _assign_by_window(
+    step: np.ndarray,
+    rank: np.ndarray,
+    start: np.ndarray,
+    step_node: np.ndarray,
+    step_start: np.ndarray,
+    step_dur: np.ndarray,
+) -> None:
+    """Nodes outside any step's subtree (worker threads, unlaunched GPU work) join the step of
+    their rank whose window contains their start, so a step's view holds all its rank's work."""
+    orphans = np.flatnonzero(step < 0)
+    if not len(orphans) or not len(step_node):
+        return
+    step_rank = rank[step_node]
+    for r in np.unique(step_rank).tolist():
+        ids = np.flatnonzero(step_rank == r)  # already in time order
+        mine = orphans[rank[orphans] == r]
+        if not len(mine):
+            continue
+        position = np.searchsorted(step_start[ids], start[mine], side="right") - 1
+        valid = position >= 0
+        candidate = ids[np.where(valid, position, 0)]
+        inside = valid & (start[mine] < step_start[candidate] + step_dur[candidate])
+        step[mine[inside]] = candidate[inside]
+
+
 def find_steps(
     names: list[str],
     name: np.ndarray,
@@ -157,6 +183,7 @@ def find_steps(
     has_step = step >= 0
     step[has_step] = renumber[step[has_step]]
     node = node[order]
+    _assign_by_window(step, rank, start, node, start[node], dur[node])
     facts_sorted = [step_facts[k] for k in order.tolist()]
     step_rank = rank[node].astype(np.int32)
     index = np.zeros(len(node), dtype=np.int64)

@@ -375,9 +375,9 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
     bytes_col = table.column("bytes").to_numpy()
     coll_values = coll_col.dictionary.to_pylist()
     group_values = group_col.dictionary.to_pylist()
-    coll_idx = coll_col.indices.to_numpy(zero_copy_only=False)
+    coll_idx = coll_col.indices.fill_null(0).to_numpy()
     coll_valid = pc.is_valid(coll_col).to_numpy(zero_copy_only=False)
-    group_idx = group_col.indices.to_numpy(zero_copy_only=False)
+    group_idx = group_col.indices.fill_null(0).to_numpy()
     group_valid = pc.is_valid(group_col).to_numpy(zero_copy_only=False)
 
     info: dict[int, dict] = {}
@@ -402,13 +402,16 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
         kind = facts["kind"] or collective_kind(tree.names[tree.name[root]])
         group = facts["group"] or ""
         r = int(tree.rank[root])
+        # host-side roots of one collective can be several (gloo: the c10d op on the caller's
+        # thread and the gloo:* range on a worker thread); each family is joined on its own
+        family = "gpu" if tree.stream[root] >= 0 else tree.names[tree.name[root]]
         if facts["seq"] >= 0:
-            key = (group, "seq", facts["seq"])
+            key = (group, family, "seq", facts["seq"])
         else:
-            counter_key = (r, group, kind)
+            counter_key = (r, group, kind, family)
             n = ordinal.get(counter_key, 0)
             ordinal[counter_key] = n + 1
-            key = (group, kind, n)
+            key = (group, kind, family, n)
         instance = instance_of_key.setdefault(key, len(instance_of_key))
         out["instance"].append(instance)
         out["rank"].append(r)

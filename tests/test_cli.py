@@ -1,0 +1,65 @@
+"""The command line, called in-process as a user would type it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import real_trace
+
+from teller.cli import main
+from teller.ingest.schema import read_parquet
+
+VLLM = "tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz"
+
+
+def test_info_reports_ranks_steps_layers_and_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(real_trace(VLLM))]) == 0
+    out = capsys.readouterr().out
+    assert "ranks [0]" in out
+    assert "steps rank 0: 1 (mixed)" in out
+    assert "kernel 413" in out
+
+
+def test_info_on_a_directory_of_rank_files(capsys: pytest.CaptureFixture[str]) -> None:
+    directory = real_trace(VLLM).parent
+    assert main(["-q", "info", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("file  ") == 2  # the two traces; execution_details.json is not one
+
+
+def test_tree_prints_the_step_with_kernels_under_ops(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tree", str(real_trace(VLLM)), "--step", "0", "--depth", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("execute_8192_context_9(")
+    assert "⇒ GPU" in out and "[cpu_op]" in out
+    assert "[python]" not in out  # Python frames are see-through by default
+
+
+def test_tree_unknown_step_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tree", str(real_trace(VLLM)), "--step", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "has no step 7 (1 steps found)" in err
+
+
+def test_ingest_writes_parquet_per_rank_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["ingest", str(real_trace("hta/sampled_rank0_of128.json.gz")), "-o", str(out)]) == 0
+    written = sorted(out.glob("*.parquet"))
+    assert [p.name for p in written] == ["rank0.sampled_rank0_of128.parquet"]
+    assert read_parquet(written[0]).sources[0].rank == 0
+
+
+def test_bad_input_exits_2_naming_the_file_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "rank1.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1')
+    out = tmp_path / "out"
+    status = main(
+        ["ingest", str(real_trace("hta/sampled_rank0_of128.json.gz")), str(bad), "-o", str(out)]
+    )
+    assert status == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "byte" in err and "truncated" in err
+    assert not out.exists() or not any(out.iterdir())
