@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import real_trace
 
+from conftest import real_trace
 from teller.cli import main
 from teller.ingest.schema import read_parquet
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import real_trace
 
+from conftest import real_trace
 from teller.callchain.tree import EDGE_CALL, EDGE_LAUNCH, NESTING_TOLERANCE_NS, build_tree
 from teller.ingest import read_run, read_trace
 from teller.ingest.schema import LAYER_CODE

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import real_trace, traces_root
 
+from conftest import real_trace, traces_root
 from teller.callchain.tree import EDGE_LAUNCH, build_tree
 from teller.errors import TraceError
 from teller.ingest import find_trace_files, kineto, read_trace
