@@ -1,0 +1,1 @@
+"""Evaluation: metrics, baselines and the scoreboard (DESIGN.md §5)."""

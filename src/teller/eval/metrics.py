@@ -1,0 +1,150 @@
+"""The evaluation protocol's metrics (DESIGN.md §5), as plain functions over plain data.
+
+Every method — the localizer, the baselines, the model — is scored by these same functions, so a
+difference on the scoreboard is a difference in the method, never in the arithmetic. Definitions:
+
+* Step detection: precision/recall/F1 over step keys (e.g. ``(case_id, step)``); anomalous steps
+  are the positives. With no positives and no flags, precision and recall are 1 (nothing to find,
+  nothing claimed); otherwise an empty denominator gives 0.
+* AC@k: share of cases whose guilty operator is among the top k candidates. Ties are resolved
+  pessimistically: a guilty candidate tied in score with others counts at the worst position of
+  its tie group, so a method cannot gain by emitting equal scores.
+* Avg@k: mean of AC@1..AC@k.
+* Joint F1: a hit is a labelled anomalous step that is flagged *and* whose top-1 operator (and, for
+  horizontal faults, rank) is right. Precision = hits / flagged steps, recall = hits / anomalous steps.
+* False-alarm rate: flagged steps / all steps, over cases with no fault (``none``,
+  ``workload_shift``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PRF:
+    precision: float
+    recall: float
+    f1: float
+    true_positives: int
+    flagged: int
+    positives: int
+
+    @classmethod
+    def from_counts(cls, hits: int, flagged: int, positives: int) -> PRF:
+        if flagged == 0 and positives == 0:
+            return cls(1.0, 1.0, 1.0, 0, 0, 0)
+        precision = hits / flagged if flagged else 0.0
+        recall = hits / positives if positives else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        return cls(precision, recall, f1, hits, flagged, positives)
+
+
+def step_prf(anomalous: Iterable[Hashable], flagged: Iterable[Hashable]) -> PRF:
+    """Precision/recall/F1 of flagged step keys against the labelled anomalous ones."""
+    truth, claimed = set(anomalous), set(flagged)
+    return PRF.from_counts(len(truth & claimed), len(claimed), len(truth))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One ranked suspect: an operator name (and the rank it ran on) with its score."""
+
+    operator: str
+    score: float
+    rank: int | None = None
+
+
+def position_of(
+    candidates: Sequence[Candidate], operator: str, rank: int | None = None
+) -> int | None:
+    """1-based pessimistic position of the first candidate matching operator (and rank, if given).
+
+    Candidates are ordered by score, highest first; the position is the last slot of the match's
+    tie group. None when no candidate matches.
+    """
+    ordered = sorted(candidates, key=lambda c: -c.score)
+    for candidate in ordered:
+        if candidate.operator == operator and (rank is None or candidate.rank == rank):
+            ties = sum(1 for c in ordered if c.score == candidate.score)
+            first_of_group = next(i for i, c in enumerate(ordered) if c.score == candidate.score)
+            return first_of_group + ties
+    return None
+
+
+def accuracy_at_k(
+    ranked: Sequence[Sequence[Candidate]],
+    guilty: Sequence[str],
+    k: int,
+    guilty_ranks: Sequence[int | None] | None = None,
+) -> float:
+    """AC@k over cases: share whose guilty operator (and rank, if given) sits in the top k."""
+    if not ranked:
+        return 0.0
+    ranks = guilty_ranks if guilty_ranks is not None else [None] * len(ranked)
+    hits = 0
+    for candidates, operator, rank in zip(ranked, guilty, ranks, strict=True):
+        position = position_of(candidates, operator, rank)
+        hits += position is not None and position <= k
+    return hits / len(ranked)
+
+
+def average_at_k(ranked: Sequence[Sequence[Candidate]], guilty: Sequence[str], k: int = 5) -> float:
+    """Avg@k = mean of AC@1..AC@k."""
+    return sum(accuracy_at_k(ranked, guilty, j) for j in range(1, k + 1)) / k
+
+
+def rank_accuracy_at_1(ranked: Sequence[Sequence[Candidate]], guilty_ranks: Sequence[int]) -> float:
+    """Share of cases whose top-1 candidate names the guilty rank (ties pessimistic)."""
+    if not ranked:
+        return 0.0
+    hits = 0
+    for candidates, rank in zip(ranked, guilty_ranks, strict=True):
+        ordered = sorted(candidates, key=lambda c: -c.score)
+        if ordered:
+            top = [c for c in ordered if c.score == ordered[0].score]
+            hits += len(top) == 1 and top[0].rank == rank
+    return hits / len(ranked)
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """What a method said about one step: flagged or not, and its top-1 suspect."""
+
+    key: Hashable
+    flagged: bool
+    operator: str | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class StepTruth:
+    key: Hashable
+    anomalous: bool
+    operator: str | None = None
+    rank: int | None = None
+    horizontal: bool = False
+
+
+def joint_prf(truths: Sequence[StepTruth], verdicts: Sequence[StepVerdict]) -> PRF:
+    """Joint F1: flagged and right about the operator (and the rank for horizontal faults)."""
+    said = {v.key: v for v in verdicts}
+    flagged = sum(1 for v in verdicts if v.flagged)
+    positives = sum(1 for t in truths if t.anomalous)
+    hits = 0
+    for truth in truths:
+        verdict = said.get(truth.key)
+        if not (truth.anomalous and verdict and verdict.flagged):
+            continue
+        if verdict.operator != truth.operator:
+            continue
+        if truth.horizontal and verdict.rank != truth.rank:
+            continue
+        hits += 1
+    return PRF.from_counts(hits, flagged, positives)
+
+
+def false_alarm_rate(verdicts: Sequence[StepVerdict]) -> float:
+    """Share of steps flagged, over steps of fault-free cases only (pass only those)."""
+    return sum(v.flagged for v in verdicts) / len(verdicts) if verdicts else 0.0

@@ -1,0 +1,97 @@
+"""Metrics against hand-computed examples, edge cases included."""
+
+from __future__ import annotations
+
+import pytest
+
+from teller.eval.metrics import (
+    PRF,
+    Candidate,
+    StepTruth,
+    StepVerdict,
+    accuracy_at_k,
+    average_at_k,
+    false_alarm_rate,
+    joint_prf,
+    position_of,
+    rank_accuracy_at_1,
+    step_prf,
+)
+
+
+def test_step_prf_by_hand() -> None:
+    # truth {1,2,3,4}; flagged {3,4,5}: 2 hits, P=2/3, R=2/4, F1=2*(2/3*1/2)/(2/3+1/2)=4/7
+    result = step_prf({1, 2, 3, 4}, {3, 4, 5})
+    assert (result.true_positives, result.flagged, result.positives) == (2, 3, 4)
+    assert result.precision == pytest.approx(2 / 3)
+    assert result.recall == pytest.approx(0.5)
+    assert result.f1 == pytest.approx(4 / 7)
+
+
+def test_step_prf_edge_cases() -> None:
+    assert step_prf(set(), set()) == PRF(1.0, 1.0, 1.0, 0, 0, 0)  # nothing to find, nothing claimed
+    no_positives = step_prf(set(), {1})
+    assert (no_positives.precision, no_positives.recall, no_positives.f1) == (0.0, 0.0, 0.0)
+    all_found = step_prf({1, 2}, {1, 2})
+    assert all_found.f1 == 1.0
+    nothing_flagged = step_prf({1, 2}, set())
+    assert (nothing_flagged.precision, nothing_flagged.recall) == (0.0, 0.0)
+
+
+def test_accuracy_at_k_and_average() -> None:
+    ranked = [
+        [Candidate("mm", 3.0), Candidate("add", 2.0), Candidate("softmax", 1.0)],  # guilty mm @1
+        [
+            Candidate("mm", 3.0),
+            Candidate("add", 2.0),
+            Candidate("softmax", 1.0),
+        ],  # guilty softmax @3
+        [Candidate("mm", 3.0)],  # guilty absent
+    ]
+    guilty = ["mm", "softmax", "silu"]
+    assert accuracy_at_k(ranked, guilty, 1) == pytest.approx(1 / 3)
+    assert accuracy_at_k(ranked, guilty, 3) == pytest.approx(2 / 3)
+    # AC@1..5 = 1/3, 1/3, 2/3, 2/3, 2/3 -> mean 8/15
+    assert average_at_k(ranked, guilty, 5) == pytest.approx(8 / 15)
+    assert accuracy_at_k([], [], 1) == 0.0
+
+
+def test_ties_count_pessimistically() -> None:
+    tied = [Candidate("a", 1.0), Candidate("b", 1.0), Candidate("c", 1.0)]
+    assert position_of(tied, "a") == 3
+    assert accuracy_at_k([tied], ["a"], 1) == 0.0
+    assert accuracy_at_k([tied], ["a"], 3) == 1.0
+    assert (
+        rank_accuracy_at_1([[Candidate("x", 1.0, rank=0), Candidate("x", 1.0, rank=1)]], [0]) == 0.0
+    )
+
+
+def test_rank_accuracy_at_1() -> None:
+    ranked = [
+        [Candidate("ar", 2.0, rank=1), Candidate("ar", 1.0, rank=0)],
+        [Candidate("ar", 2.0, rank=0)],
+    ]
+    assert rank_accuracy_at_1(ranked, [1, 1]) == 0.5
+
+
+def test_joint_prf_needs_step_operator_and_rank_for_horizontal() -> None:
+    truths = [
+        StepTruth("s1", True, "mm", 0, horizontal=False),
+        StepTruth("s2", True, "allreduce", 1, horizontal=True),
+        StepTruth("s3", True, "allreduce", 1, horizontal=True),
+        StepTruth("s4", False),
+    ]
+    verdicts = [
+        StepVerdict("s1", True, "mm", 3),  # vertical: rank not required -> hit
+        StepVerdict("s2", True, "allreduce", 1),  # hit
+        StepVerdict("s3", True, "allreduce", 0),  # wrong rank -> not a hit
+        StepVerdict("s4", True, "mm", 0),  # false alarm
+    ]
+    result = joint_prf(truths, verdicts)
+    assert (result.true_positives, result.flagged, result.positives) == (2, 4, 3)
+    assert result.f1 == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
+
+
+def test_false_alarm_rate() -> None:
+    assert false_alarm_rate([StepVerdict(i, i == 0) for i in range(50)]) == pytest.approx(0.02)
+    assert false_alarm_rate([]) == 0.0
