@@ -75,6 +75,21 @@ def cmd_tree(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _step_range(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition(":")
+    if not sep or not first.isdigit() or not last.isdigit() or int(last) < int(first):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected A:B with 0 <= A <= B")
+    return int(first), int(last)
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from teller.collect import collect
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    result = collect(command, Path(args.out), steps=args.steps, backend=args.backend)
+    return result.exit_code  # status lines went to stderr; stdout carries only CMD's output
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -106,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
         "--python", action="store_true", help="show Python frames (hidden by default)"
     )
     tree.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
+
+    collect = command("collect", cmd_collect, "run CMD with the profiler injected; exit as CMD")
+    collect.add_argument("--out", default="teller-collect", help="output folder (new or empty)")
+    collect.add_argument("--steps", type=_step_range, help="profile only steps A..B (0-based)")
+    collect.add_argument("--backend", choices=("torch", "nsys"), default="torch")
+    collect.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)  # noqa: F841 - filled below
