@@ -10,6 +10,7 @@ copy of a real export gets the missing rows in the export's own schema.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import sqlite3
@@ -176,7 +177,7 @@ def test_nvtx_text_and_torch_operator_ranges():
         t.split(", op_id = ")[0] for t in texts
     )
     args = column(events, "args")[nvtx]
-    assert sorted(int(a.split(": ")[1].rstrip("}")) for a in args) == sorted(
+    assert sorted(json.loads(a)["op_id"] for a in args) == sorted(
         int(t.split(", op_id = ")[1]) for t in texts
     )
     assert set(column(events, "layer")[nvtx]) == {"cpu_op"}

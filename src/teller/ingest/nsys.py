@@ -14,7 +14,7 @@ How the export maps onto the event table (checked on real exports of nsys 2026.1
 * `NVTX_EVENTS`: push/pop and start/end ranges → `engine`, marks → `instant`; the text is
   `COALESCE(text, StringIds.value via textId)`. Ranges written by PyTorch's `emit_nvtx`
   (`aten::mm, op_id = 12` / `…, seq = 12, sizes = […]`) are operators, so they become `cpu_op`
-  rows named by the operator, with the id and shapes moved to `args`; otherwise every range of an
+  rows named by the operator, with the id (and any shapes) moved to `args`; otherwise every range of an
   op would be its own symbol and no two steps could be compared.
 * `globalTid` / `globalPid` pack (hardware, VM, pid, tid): pid = bits 24-47, tid = bits 0-23
   (Nsight Systems docs, "Serialized process and thread identifiers"). GPU rows get pid = device and
@@ -40,7 +40,6 @@ opened read-only and immutable: the reader never writes to or indexes its input.
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from teller.errors import TraceError
 from teller.ingest.comm_names import collective_kind, is_comm_cpu_op, is_comm_kernel
@@ -523,24 +523,34 @@ class _NsysReader:
         end = np.where(is_mark, start, end)
         layer = np.where(is_mark, LAYER_CODE["instant"], LAYER_CODE["engine"]).astype(np.int8)
         names: list[str] = []
-        args: list[str | None] = []
+        args: list[bytes | None] = []
         colls = np.full(len(keep), -1, dtype=np.int32)
+        comm_kind: dict[str, int] = {}  # text -> collective symbol, -1 when not a collective
+        cpu_op_code, comm_code = LAYER_CODE["cpu_op"], LAYER_CODE["comm"]
+        mark_flags = is_mark.tolist()
         unnamed = 0
         for k, i in enumerate(keep.tolist()):
             text = texts[i]
             if text is None:
                 unnamed += 1
                 text = "(unnamed NVTX range)"
-            op = TORCH_NVTX_OP.match(text) if not is_mark[i] else None
+            op = None if mark_flags[i] else TORCH_NVTX_OP.match(text)
             if op is not None:
                 text = op["op"]
-                layer[i] = LAYER_CODE["cpu_op"]
+                layer[i] = cpu_op_code
                 args.append(_torch_op_args(op))
             else:
                 args.append(None)
-            if not is_mark[i] and is_comm_cpu_op(text):
-                layer[i] = LAYER_CODE["comm"]
-                colls[k] = self.colls.intern(collective_kind(text))
+            if not mark_flags[i]:
+                coll = comm_kind.get(text)
+                if coll is None:
+                    comm = is_comm_cpu_op(text)
+                    coll = comm_kind[text] = (
+                        self.colls.intern(collective_kind(text)) if comm else -1
+                    )
+                if coll >= 0:
+                    layer[i] = comm_code
+                    colls[k] = coll
             names.append(text)
         if unnamed:
             self.warnings.append(
@@ -858,10 +868,9 @@ def _memcpy_name(
     )
 
 
-def _torch_op_args(op: re.Match[str]) -> str:
+def _torch_op_args(op: re.Match[str]) -> bytes:
+    """`{"op_id": 12}` plus, when emit_nvtx recorded shapes, the rest of the text verbatim."""
     args: dict[str, object] = {op["key"]: int(op["id"])}
-    rest = op["rest"]
-    if rest:
-        key, sep, value = rest.partition(" = ")
-        args[key if sep else "detail"] = value if sep else rest
-    return json.dumps(args)
+    if op["rest"]:
+        args["detail"] = op["rest"]
+    return orjson.dumps(args)
