@@ -385,7 +385,7 @@ class _NsysReader:
         part.layer = np.where(comm[inverse], LAYER_CODE["comm"], LAYER_CODE["kernel"]).astype(
             np.int8
         )
-        part.coll = coll[inverse] if len(rows) else part.coll
+        part.coll = coll[inverse]
         part.args = [row[7] for row in rows]
         return part
 
