@@ -1,0 +1,312 @@
+"""`teller collect` on real small torch programs, read back with teller's own reader and tree.
+
+Each program is real: it imports torch, runs matmuls inside step annotations, and (in the
+distributed case) two processes all-reduce over gloo. Nothing in a program knows it is collected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from teller.callchain.tree import build_tree
+from teller.cli import main
+from teller.collect import CollectError, collect, nsys_command
+from teller.collect.logs import read_log
+from teller.ingest import read_run
+
+CRASHING_PROGRAM = """
+import sys
+import torch
+print("starting", flush=True)
+sys.stdout.buffer.write(b"raw \\xff bytes\\n")
+sys.stdout.flush()
+a = torch.randn(64, 64)
+for step in range(5):
+    with torch.profiler.record_function(f"ProfilerStep#{step}"):
+        (a @ a).relu_()
+    print(f"step {step} done")
+raise RuntimeError("boom")
+"""
+
+VLLM_STEPS_PROGRAM = """
+import torch
+a = torch.randn(32, 32)
+for k in range(6):
+    with torch.profiler.record_function(f"execute_context_0(0)_generation_{k + 1}({k + 1})"):
+        a = torch.tanh(a @ a)
+"""
+
+ENDLESS_PROGRAM = """
+import itertools
+import torch
+a = torch.randn(64, 64)
+for step in itertools.count():
+    with torch.profiler.record_function(f"ProfilerStep#{step}"):
+        (a @ a).sum()
+    print(f"step {step}", flush=True)
+"""
+
+DISTRIBUTED_PROGRAM = """
+import sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def work(rank, port):
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
+    )
+    x = torch.ones(4096)
+    for step in range(3):
+        with torch.profiler.record_function(f"ProfilerStep#{step}"):
+            y = torch.relu(x * (rank + 1))
+            dist.all_reduce(y)
+    print(f"rank {rank} sum {float(y[0])}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(int(sys.argv[1]),), nprocs=2)
+"""
+
+
+def _program(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _cli(*args: str) -> list[str]:
+    """`teller` as a separate process, so its stdout and signals can be checked from outside."""
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from teller.cli import main; sys.exit(main())",
+        *args,
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    tmp = tmp_path_factory.mktemp("crash")
+    program = _program(tmp, "crash.py", CRASHING_PROGRAM)
+    out = tmp / "run"
+    done = subprocess.run(
+        _cli("collect", "--out", str(out), "--", sys.executable, str(program)),
+        capture_output=True,
+        timeout=120,
+    )
+    return out, done
+
+
+def test_crash_exit_status_and_stdout_are_the_commands(crashed):
+    _, done = crashed
+    assert done.returncode == 1, done.stderr.decode(errors="replace")
+    assert done.stdout == (
+        b"starting\nraw \xff bytes\n" + b"".join(b"step %d done\n" % k for k in range(5))
+    )
+    assert b"RuntimeError: boom" in done.stderr
+    assert b"teller collect: exit 1" in done.stderr
+
+
+def test_crash_still_leaves_a_readable_trace_with_every_step(crashed):
+    out, _ = crashed
+    traces = sorted((out / "traces").iterdir())
+    assert len(traces) == 1 and traces[0].name.endswith(".pt.trace.json.gz")
+    events = read_run([out / "traces"])
+    tree = build_tree(events)
+    assert tree.steps.name == [f"ProfilerStep#{k}" for k in range(5)]
+    ops = {tree.node_name(n) for n in range(len(tree)) if tree.layer_name(n) == "cpu_op"}
+    assert {"aten::mm", "aten::relu_"} <= ops
+
+
+def test_trace_lands_on_unix_ns_inside_the_run(crashed):
+    """Kineto's baseTimeNanoseconds puts the trace on wall clock; the manifest's clocks agree."""
+    out, _ = crashed
+    manifest = json.loads((out / "manifest.json").read_text())
+    events = read_run([out / "traces"])
+    assert events.sources[0].clock == "unix"
+    tree = build_tree(events)
+    (process,) = manifest["processes"]
+    clock = process["clock_at_profiler_start"]
+    assert set(clock) == {"time_ns", "monotonic_ns", "perf_counter_ns"}
+    starts = tree.steps.start_ns
+    assert clock["time_ns"] <= starts.min()
+    assert (starts + tree.steps.dur_ns).max() <= manifest["end_wall_ns"]
+    log_lines = list(read_log(out / process["log"]))
+    step_lines = [line for line in log_lines if line.raw.startswith(b"step ")]
+    # each "step k done" is printed right after step k closes: the two clocks agree within 1 s
+    ends = starts + tree.steps.dur_ns
+    for k, line in enumerate(step_lines):
+        assert ends[k] <= line.wall_ns + 1_000 and line.wall_ns - ends[k] < 1_000_000_000
+
+
+def test_logs_have_timestamps_and_the_exact_bytes(crashed):
+    out, _ = crashed
+    manifest = json.loads((out / "manifest.json").read_text())
+    launcher = list(read_log(out / "logs" / "launcher.log"))
+    (process,) = manifest["processes"]
+    own = [line.raw for line in read_log(out / process["log"])]
+    for lines in ([line.raw for line in launcher], own):
+        assert b"raw \xff bytes" in lines
+        assert b"step 4 done" in lines
+        assert b"RuntimeError: boom" in lines
+    stamps = [line.wall_ns for line in launcher]
+    assert manifest["start_wall_ns"] <= min(stamps) and max(stamps) <= manifest["end_wall_ns"]
+
+
+def test_manifest_describes_the_run(crashed):
+    out, _ = crashed
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["exit_code"] == 1
+    assert manifest["command"][-1].endswith("crash.py")
+    assert manifest["cwd"] == os.getcwd()
+    assert manifest["hosts"] == [socket.gethostname()]
+    assert manifest["start_wall_ns"] < manifest["end_wall_ns"]
+    (key,) = manifest["ranks"]
+    rank = manifest["ranks"][key]
+    assert key == f"pid{rank['pid']}"  # a lone process has no rank
+    assert (out / rank["trace"]).is_file() and (out / rank["log"]).is_file()
+    assert rank["exit_reason"] == "exit" and rank["finished"]
+
+
+def test_steps_window_keeps_only_those_steps(tmp_path: Path):
+    program = _program(tmp_path, "vllm_like.py", VLLM_STEPS_PROGRAM)
+    result = collect([sys.executable, str(program)], tmp_path / "run", steps=(2, 3))
+    assert result.exit_code == 0
+    tree = build_tree(read_run(result.traces))
+    # step k is named ..._generation_{k+1}(..): steps 2 and 3 carry 3 and 4 generation requests
+    assert tree.steps.generation_requests.tolist() == [3, 4]
+    assert set(tree.steps.kind) == {"decode"}
+    manifest = json.loads(result.manifest.read_text())
+    (process,) = manifest["processes"]
+    assert process["steps_profiled"] == [2, 3]
+    assert manifest["steps"] == [2, 3]
+
+
+def test_sigterm_mid_run_leaves_a_readable_trace(tmp_path: Path):
+    program = _program(tmp_path, "endless.py", ENDLESS_PROGRAM)
+    out = tmp_path / "run"
+    runner = subprocess.Popen(
+        _cli("collect", "--out", str(out), "--", sys.executable, str(program)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        logs = list((out / "logs").glob("rankpid*.log"))
+        if logs and b"step 3\n" in logs[0].read_bytes():
+            break
+        time.sleep(0.2)
+    else:
+        runner.kill()
+        pytest.fail("the program never reached step 3")
+    runner.send_signal(signal.SIGTERM)  # to the runner: it forwards to the command's group
+    _, stderr = runner.communicate(timeout=60)
+    assert runner.returncode == 128 + signal.SIGTERM, stderr.decode(errors="replace")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["exit_code"] == 143
+    (process,) = manifest["processes"]
+    assert process["exit_reason"] == "SIGTERM"
+    tree = build_tree(read_run([out / "traces"]))
+    assert len(tree.steps) >= 4
+    assert tree.steps.name[:4] == [f"ProfilerStep#{k}" for k in range(4)]
+
+
+def test_two_rank_gloo_run_joins_collectives_across_ranks(tmp_path: Path):
+    program = _program(tmp_path, "allreduce.py", DISTRIBUTED_PROGRAM)
+    result = collect(
+        [sys.executable, str(program), str(_free_port())],
+        tmp_path / "run",
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert result.exit_code == 0
+    assert [p.name for p in result.traces] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    events = read_run([result.out_dir / "traces"])
+    assert events.ranks == [0, 1]
+    assert {s.rank_source for s in events.sources} == {"distributedInfo"}
+    tree = build_tree(events)
+    assert np.bincount(tree.steps.rank).tolist() == [3, 3]
+    comm = tree.comm
+    assert comm.num_instances >= 3
+    for instance in range(comm.num_instances):  # every collective seen from both ranks
+        assert sorted(comm.rank[comm.instance == instance].tolist()) == [0, 1]
+    assert set(comm.kind) == {"allreduce"}
+    manifest = json.loads(result.manifest.read_text())
+    for rank in ("0", "1"):
+        entry = manifest["ranks"][rank]
+        assert entry["trace"] == f"traces/rank{rank}.pt.trace.json.gz"
+        assert entry["log"] == f"logs/rank{rank}.log"
+        assert entry["world_size"] == 2 and entry["rank_source"] == "init_process_group"
+        lines = [line.raw for line in read_log(result.out_dir / entry["log"])]
+        assert f"rank {rank} sum 3.0".encode() in lines
+    assert manifest["ranks"]["0"]["pid"] != manifest["ranks"]["1"]["pid"]
+
+
+def test_exit_status_of_a_torch_free_command_and_chained_sitecustomize(tmp_path: Path):
+    """A process that never imports torch gets no agent; the target's own sitecustomize still runs."""
+    own_hook = tmp_path / "hooks"
+    own_hook.mkdir()
+    marker = tmp_path / "marker"
+    (own_hook / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    result = collect(
+        [sys.executable, "-c", "import sys; print('no torch here'); sys.exit(3)"],
+        tmp_path / "run",
+        env={"PYTHONPATH": str(own_hook)},
+    )
+    assert result.exit_code == 3
+    assert marker.read_text() == "ran"
+    assert result.traces == []
+    assert list((tmp_path / "run" / "procs").iterdir()) == []
+    assert [p.name for p in result.logs] == ["launcher.log"]
+    assert [line.raw for line in read_log(result.logs[0])] == [b"no torch here"]
+    assert json.loads(result.manifest.read_text())["exit_code"] == 3
+
+
+def test_nsys_backend_without_nsys_is_a_clear_error(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys here
+    with pytest.raises(CollectError, match="nsys"):
+        collect(["true"], tmp_path / "run", backend="nsys")
+    assert main(["collect", "--out", str(tmp_path / "run"), "--backend", "nsys", "--", "true"]) == 2
+    assert "`nsys` (Nsight Systems) is not on PATH" in capsys.readouterr().err
+    assert nsys_command(["python", "serve.py"], Path("/out")) == [
+        "nsys",
+        "profile",
+        "-t",
+        "cuda,nvtx,osrt",
+        "--force-overwrite",
+        "true",
+        "-o",
+        "/out/traces/nsys",
+        "python",
+        "serve.py",
+    ]
+
+
+def test_refuses_an_occupied_output_folder_and_bad_arguments(tmp_path: Path):
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(CollectError, match="already holds a collection"):
+        collect(["true"], tmp_path)
+    with pytest.raises(CollectError, match="no command"):
+        collect([], tmp_path / "new")
+    with pytest.raises(CollectError, match="0 <= A <= B"):
+        collect(["true"], tmp_path / "new", steps=(3, 2))
+    with pytest.raises(CollectError, match="cannot start"):
+        collect(["/nonexistent/binary"], tmp_path / "other")
