@@ -29,8 +29,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    import pyarrow.compute as pc
+
     from teller.ingest import find_trace_files, read_trace
-    from teller.ingest.schema import write_parquet
+    from teller.ingest.schema import EventTable, write_parquet
 
     files = find_trace_files(args.paths)
     if not files:
@@ -38,9 +40,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     tables = [(f, read_trace(f)) for f in files]  # read all first: bad input writes nothing
     out = Path(args.out)
     for path, events in tables:
-        target = out / f"rank{events.sources[0].rank}.{path.name.split('.')[0]}.parquet"
-        write_parquet(events, target)
-        print(f"{path} -> {target} ({len(events):,} events)")
+        stem = path.name.split(".")[0]
+        for source in events.sources:  # one export can hold several ranks (nsys)
+            rank_rows = pc.equal(events.table.column("rank"), source.rank)
+            one_rank = EventTable(table=events.table.filter(rank_rows), sources=[source])
+            target = out / f"rank{source.rank}.{stem}.parquet"
+            write_parquet(one_rank, target)
+            print(f"{path} -> {target} ({len(one_rank):,} events)")
         for warning in events.warnings:
             print(f"warning: {warning}", file=sys.stderr)
     return EXIT_OK
