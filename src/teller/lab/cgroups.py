@@ -1,0 +1,129 @@
+"""A cgroup per rank for CPU quota (straggler) and memory limits (memory_pressure).
+
+Works on cgroup v2 (`cpu.max`, `memory.high`) and, where the machine still mounts v1 (this lab
+machine does), on v1 (`cpu.cfs_quota_us`, `memory.limit_in_bytes`; v1 has no `memory.high`, so the
+hard limit is set just above the rank's anonymous memory, which forces reclaim of its file-backed
+pages without an OOM kill). `rank_cgroups` removes every group it made, moving processes back first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from teller.errors import TellerError
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPU_PERIOD_US = 100_000
+
+
+def cgroup_version() -> int:
+    """2 for a unified hierarchy at /sys/fs/cgroup, 1 for v1 controllers, 0 for none usable."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return 2
+    if (CGROUP_ROOT / "cpu").is_dir() and (CGROUP_ROOT / "memory").is_dir():
+        return 1
+    return 0
+
+
+def _own_path(controller: str) -> Path:
+    """Where this process sits in a v1 controller's hierarchy (groups are made beneath it)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return CGROUP_ROOT / controller / path.lstrip("/")
+    return CGROUP_ROOT / controller
+
+
+@dataclass
+class RankCgroup:
+    """The cgroup(s) of one rank process: one directory on v2, one per controller on v1."""
+
+    version: int
+    cpu_dir: Path
+    memory_dir: Path
+
+    def add(self, pid: int) -> None:
+        """Move the whole process (all its threads) into the group."""
+        if self.version == 1:
+            # carry the process's pages along where the kernel still allows it (deprecated in 6.x)
+            with contextlib.suppress(OSError):
+                (self.memory_dir / "memory.move_charge_at_immigrate").write_text("3")
+        for directory in {self.cpu_dir, self.memory_dir}:
+            (directory / "cgroup.procs").write_text(str(pid))
+
+    def set_cpu_share(self, share: float) -> None:
+        """Cap the rank at `share` of one CPU (None-like 1.0+ lifts the cap)."""
+        quota_us = int(CPU_PERIOD_US * share)
+        if self.version == 2:
+            value = "max" if share >= 1 else f"{quota_us} {CPU_PERIOD_US}"
+            (self.cpu_dir / "cpu.max").write_text(value)
+        else:
+            (self.cpu_dir / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (self.cpu_dir / "cpu.cfs_quota_us").write_text("-1" if share >= 1 else str(quota_us))
+
+    def memory_stat(self) -> dict[str, int]:
+        lines = (self.memory_dir / "memory.stat").read_text().splitlines()
+        return {key: int(value) for key, value in (line.split() for line in lines)}
+
+    def memory_usage_bytes(self) -> int:
+        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
+        return int((self.memory_dir / name).read_text())
+
+    def set_memory_limit(self, limit_bytes: int | None) -> None:
+        """Throttle (v2 memory.high) or cap (v1 limit) the rank's memory; None lifts it."""
+        if self.version == 2:
+            value = "max" if limit_bytes is None else str(limit_bytes)
+            (self.memory_dir / "memory.high").write_text(value)
+        else:
+            value = "-1" if limit_bytes is None else str(limit_bytes)
+            (self.memory_dir / "memory.limit_in_bytes").write_text(value)
+
+    def remove(self) -> None:
+        for directory in {self.cpu_dir, self.memory_dir}:
+            if not directory.is_dir():
+                continue
+            parent_procs = directory.parent / "cgroup.procs"
+            for pid in (directory / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):  # the process may have exited
+                    parent_procs.write_text(pid)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+@contextlib.contextmanager
+def rank_cgroups(ranks: int, tag: str | None = None) -> Iterator[list[RankCgroup]]:
+    """Make one cgroup per rank; remove them all on exit."""
+    version = cgroup_version()
+    if os.geteuid() != 0 or version == 0:
+        raise TellerError(
+            "per-rank cgroups need root and a writable cgroup v1 or v2 hierarchy at /sys/fs/cgroup"
+        )
+    tag = tag or f"tl{os.getpid() % 100000}"
+    groups: list[RankCgroup] = []
+    try:
+        for r in range(ranks):
+            name = f"teller-{tag}-{r}"
+            if version == 2:
+                directory = _own_path_v2() / name
+                directory.mkdir()
+                group = RankCgroup(2, directory, directory)
+            else:
+                group = RankCgroup(1, _own_path("cpu") / name, _own_path("memory") / name)
+                group.cpu_dir.mkdir()
+                group.memory_dir.mkdir()
+            groups.append(group)
+        yield groups
+    finally:
+        for group in groups:
+            group.remove()
+
+
+def _own_path_v2() -> Path:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return CGROUP_ROOT / line[3:].lstrip("/")
+    return CGROUP_ROOT

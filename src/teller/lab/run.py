@@ -1,0 +1,327 @@
+"""`teller lab run`: record one labelled case, the workload served under one real fault.
+
+A case directory holds what `teller.collect` writes (traces/rank{R}.pt.trace.json.gz, logs/,
+manifest.json), the engine's own ground truth (ground_truth/steps.jsonl, requests.jsonl), the run
+configuration (run/serve.json, t0_ns, pids) and labels.json (`teller.lab.labels.CaseLabels`).
+
+The fault window `A:B` is in **seconds after serve start** (t0: the moment rank 0 finishes warm-up,
+before the first request arrives); OS faults are applied and reverted by a thread here at those
+times, in-process faults switch themselves on the same clock. The labels carry the window in unix
+ns and the step ordinals it covers, found by reading the recorded traces back with `build_tree`.
+
+As root each rank gets its own network namespace and cgroup; without root ranks share loopback and
+faults that need root are refused. The case is written to a temporary sibling folder and renamed
+into place only when complete; namespaces, links, cgroups and helper processes are removed on
+success, error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from teller.errors import TellerError
+from teller.lab import netns
+from teller.lab.cgroups import RankCgroup, cgroup_version, rank_cgroups
+from teller.lab.faults.catalog import LAB_FAULTS, explanation, os_fault
+from teller.lab.faults.os_fault import RankTarget
+from teller.lab.labels import FAULTS, CaseLabels
+from teller.lab.netns import LabNetwork
+from teller.lab.serve.config import InProcessFault, ServeConfig
+
+#: How long to wait for the ranks to load the model and warm up before giving up on the fault.
+STARTUP_TIMEOUT_S = 300.0
+_POLL_S = 0.02
+
+
+@dataclass
+class CaseSpec:
+    """One case: which fault, where, how hard, when; and the workload it runs on."""
+
+    fault: str = "none"
+    rank: int = 0
+    intensity: float = 0.5
+    window_s: tuple[float, float] = (3.0, 7.0)
+    tp: int = 2
+    seed: int = 0
+    duration_s: float = 10.0
+    rate_per_s: float = 6.0
+
+    def validate(self) -> None:
+        if self.fault not in LAB_FAULTS:
+            raise TellerError(f"unknown lab fault {self.fault!r}; known: {', '.join(LAB_FAULTS)}")
+        if not 0 <= self.rank < self.tp:
+            raise TellerError(f"--rank {self.rank} is not a rank of --tp {self.tp}")
+        start, end = self.window_s
+        if not 0 <= start < end:
+            raise TellerError(f"--window {start}:{end}: need 0 <= A < B (seconds after start)")
+        if self.tp < 1:
+            raise TellerError(f"--tp {self.tp}: need at least one rank")
+        if LAB_FAULTS[self.fault].needs_root and not netns.is_root():
+            netns.require_root(f"fault {self.fault}")
+
+
+@dataclass
+class CaseResult:
+    case_dir: Path
+    labels: CaseLabels
+    serve_s: float  # wall time of the serving run
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    try:
+        start, end = (float(part) for part in text.split(":"))
+    except ValueError:
+        raise TellerError(f"--window {text!r}: expected A:B in seconds, e.g. 3:7") from None
+    return start, end
+
+
+def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
+    """Record one case into `out` (which must not exist yet) and label it."""
+    from teller.collect import collect  # local: the collector is only needed to record
+
+    spec.validate()
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise TellerError(f"{out}: already exists and is not empty; choose a new --out")
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        with _interrupt_on_sigterm(), contextlib.ExitStack() as stack:
+            network = stack.enter_context(netns.lab_network(spec.tp)) if netns.is_root() else None
+            groups = None
+            if netns.is_root() and cgroup_version():
+                groups = stack.enter_context(rank_cgroups(spec.tp))
+            config = _serve_config(spec, partial / "run", network)
+            config_path = config.write(partial / "run" / "serve.json")
+            injector = _Injector(spec, config, network, groups)
+            stack.callback(injector.stop)
+            injector.start()
+            began = time.monotonic()
+            result = collect(
+                [sys.executable, "-m", "teller.lab.serve.launch", str(config_path)],
+                partial,
+                steps=(0, 10**9),
+            )
+            serve_s = time.monotonic() - began
+            injector.stop()
+            if injector.error is not None:
+                raise TellerError(f"fault {spec.fault} could not be applied: {injector.error}")
+            if result.exit_code != 0:
+                raise TellerError(
+                    f"serving run failed with exit status {result.exit_code}; "
+                    f"see {out}.failed/logs: {_log_tail(partial)}"
+                )
+            labels = _labels(spec, partial, out.name, injector)
+        labels.write(partial)
+        if out.exists():
+            out.rmdir()
+        os.replace(partial, out)
+        return CaseResult(out, labels, serve_s)
+    except BaseException:
+        failed = out.parent / f"{out.name}.failed"
+        shutil.rmtree(failed, ignore_errors=True)
+        if partial.exists():
+            os.replace(partial, failed)
+        raise
+
+
+def _serve_config(spec: CaseSpec, run_dir: Path, network: LabNetwork | None) -> ServeConfig:
+    config = ServeConfig(run_dir=str(run_dir), tp=spec.tp)
+    config.workload.seed = spec.seed
+    config.workload.duration_s = spec.duration_s
+    config.workload.rate_per_s = spec.rate_per_s
+    config.cores = [r % (os.cpu_count() or 1) for r in range(spec.tp)]
+    start, end = spec.window_s
+    kind = LAB_FAULTS[spec.fault]
+    if kind.mechanism == "process":
+        config.fault = InProcessFault(spec.fault, spec.rank, start, end, spec.intensity)
+    if spec.fault == "workload_shift":
+        config.workload.burst_start_s, config.workload.burst_end_s = start, end
+        config.workload.burst_rate_per_s = 1.0 + 3.0 * spec.intensity
+    if network is not None:
+        config.netns, config.ifnames = network.namespaces, network.rank_links
+        config.master_addr, config.master_port = network.addresses[0], 29500
+    else:
+        config.master_port = _free_port()
+    return config
+
+
+class _Injector:
+    """Applies an OS fault to the guilty rank at t0 + A and reverts it at t0 + B (or on stop)."""
+
+    def __init__(
+        self,
+        spec: CaseSpec,
+        config: ServeConfig,
+        network: LabNetwork | None,
+        groups: list[RankCgroup] | None,
+    ) -> None:
+        self.spec = spec
+        self.config = config
+        self.run_dir = Path(config.run_dir)
+        self.network = network
+        self._groups = groups
+        self.error: BaseException | None = None
+        self.t0_ns: int | None = None
+        self.applied_ns: int | None = None
+        self.reverted_ns: int | None = None
+        self._stop = threading.Event()
+        self._fault = None
+        self._thread = threading.Thread(target=self._run, name="fault-injector", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self._revert()
+
+    def _run(self) -> None:
+        try:
+            pids = self._wait_for_ranks()
+            if pids is None:
+                return
+            if LAB_FAULTS[self.spec.fault].mechanism != "os":
+                return
+            target = self._target(pids[self.spec.rank])
+            self._fault = os_fault(self.spec.fault, target, self.spec.intensity)
+            start_s, end_s = self.spec.window_s
+            if self._stop.wait(self._seconds_until(start_s)):
+                return
+            self._fault.apply()
+            self.applied_ns = time.time_ns()
+            self._stop.wait(self._seconds_until(end_s))
+            self._revert()
+        except BaseException as error:  # reported by run_case after the run
+            self.error = error
+            self._revert()
+
+    def _wait_for_ranks(self) -> list[int] | None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        pids: list[int | None] = [None] * self.spec.tp
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            for r in range(self.spec.tp):
+                path = self.run_dir / f"rank{r}.pid"
+                if pids[r] is None and path.exists() and path.read_text().strip():
+                    pids[r] = int(path.read_text())
+                    if self._groups is not None:
+                        self._groups[r].add(pids[r])
+            t0_path = self.run_dir / "t0_ns"
+            if all(p is not None for p in pids) and t0_path.exists():
+                self.t0_ns = int(t0_path.read_text())
+                return [int(p) for p in pids]  # type: ignore[arg-type]
+            self._stop.wait(_POLL_S)
+        return None
+
+    def _target(self, pid: int) -> RankTarget:
+        rank = self.spec.rank
+        network = self.network
+        return RankTarget(
+            rank=rank,
+            pid=pid,
+            core=self.config.cores[rank] if self.config.cores else None,
+            cgroup=self._groups[rank] if self._groups is not None else None,
+            namespace=network.namespaces[rank] if network else None,
+            rank_link=network.rank_links[rank] if network else None,
+            host_link=network.host_links[rank] if network else None,
+        )
+
+    def _seconds_until(self, serve_s: float) -> float:
+        assert self.t0_ns is not None
+        return max(0.0, (self.t0_ns + serve_s * 1e9 - time.time_ns()) / 1e9)
+
+    def _revert(self) -> None:
+        if self._fault is not None and self.applied_ns is not None and self.reverted_ns is None:
+            self.reverted_ns = time.time_ns()
+            self._fault.revert()
+
+
+def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: _Injector) -> CaseLabels:
+    from teller.callchain.tree import build_tree
+    from teller.ingest import read_run
+
+    t0_ns = int((case_dir / "run" / "t0_ns").read_text())
+    kind = LAB_FAULTS[spec.fault]
+    start_s, end_s = spec.window_s
+    if kind.mechanism == "os":
+        window = (injector.applied_ns, injector.reverted_ns)
+        if window[0] is None or window[1] is None:
+            raise TellerError(
+                f"the run ended before the fault window opened ({start_s}:{end_s} s); "
+                "use an earlier window or a longer --duration"
+            )
+    else:
+        window = (t0_ns + int(start_s * 1e9), t0_ns + int(end_s * 1e9))
+    tree = build_tree(read_run([case_dir / "traces"]))
+    steps = tree.steps
+    step_rank = spec.rank if spec.fault != "scheduler_misconfig" else 0
+    end_ns = steps.start_ns + steps.dur_ns
+    covered = (steps.rank == step_rank) & (steps.start_ns < window[1]) & (end_ns > window[0])
+    view = FAULTS[spec.fault]
+    is_fault = view != "-"
+    return CaseLabels(
+        case_id=case_id,
+        source="lab",
+        fault=spec.fault,
+        view=view,
+        guilty_rank=(step_rank if is_fault else None),
+        guilty_operator=kind.guilty_operator,
+        window_ns=window if spec.fault != "none" else None,
+        steps=steps.index[covered].tolist() if spec.fault != "none" else [],
+        intensity=spec.intensity,
+        seed=spec.seed,
+        explanation=explanation(spec.fault, spec.rank, spec.intensity),
+        params={
+            "tp": spec.tp,
+            "window_s": list(spec.window_s),
+            "duration_s": spec.duration_s,
+            "rate_per_s": spec.rate_per_s,
+            "t0_ns": t0_ns,
+            "netns": netns.is_root(),
+            "requested_rank": spec.rank,
+        },
+    )
+
+
+def _log_tail(case_dir: Path, lines: int = 3) -> str:
+    log = case_dir / "logs" / "launcher.log"
+    if not log.exists():
+        return "(no launcher log)"
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    return " | ".join(line[28:] for line in tail)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so every `finally` clean-up runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
