@@ -1,0 +1,1 @@
+"""Numeric candidate localization: robust z-scores across ranks, steps and layers."""
