@@ -1,0 +1,1 @@
+"""Root-cause analysis: the verdict, and the multimodal model that produces it."""
