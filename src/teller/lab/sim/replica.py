@@ -1,0 +1,705 @@
+"""One serving replica (tp × pp ranks) step by step: host call stacks, launches, GPU streams, NCCL.
+
+Per step every rank first lays out its host timeline (the step annotation, vLLM's frames, the model
+and per-layer stacks replayed from the calibrated template, launches, collectives' host chains);
+the host never waits for the GPU except at the end-of-step copy back. Then the GPU pass runs launch
+by launch across the ranks of each pipeline stage, so a collective can obey its semantics: no rank's
+NCCL kernel ends before the last rank of the group has arrived plus the transfer time of the
+message on the slowest link of the ring. Events are encoded and handed to each rank's writer at the
+end of every step, so memory holds one step, never the trace.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from teller.lab.sim.calibration import Calibration, module_name
+from teller.lab.sim.engine import StepPlan
+from teller.lab.sim.faults import WATCHDOG_TIMEOUT_NS, FaultModel
+from teller.lab.sim.kineto_writer import EventEncoder
+from teller.lab.sim.topology import ProcessGroup, Topology
+
+STREAM = 7  # the compute stream id CUPTI reports for PyTorch's default stream (real traces)
+ATTENTION_MODULE = re.compile(r"^nn\.Module: \w*Attention_\d+$")
+MLP_MODULE = re.compile(r"^nn\.Module: \w*MLP_\d+$")
+_DTYPE_OF_KERNEL = (("_float", "Float", 4), ("_bf16", "BFloat16", 2), ("_half", "Half", 2))
+#: Heavy tails of the fitted delays are clipped at this many medians (a launch queue does not
+#: wait seconds in a steady step).
+TAIL_CLIP = 4.0
+
+
+@dataclass
+class _Hang(Exception):
+    """Raised on the rank that never reaches its collective: its host stops there."""
+
+
+@dataclass
+class Launch:
+    """A runtime call that puts work on the stream, in host order."""
+
+    kind: str  # kernels | allreduce | send | recv | copy
+    ts_ns: int
+    correlation: int
+    external_id: int
+    kernels: list[tuple[str, str, int, int]]  # (cat, name, duration ns, bytes)
+    graph: bool = False
+    comm: dict | None = None  # collective facts for comm launches
+
+
+@dataclass
+class Frame:
+    cat: str
+    name: str
+    start_ns: int
+    args: dict
+    end_ns: int = -1
+
+
+@dataclass
+class RankState:
+    rank: int
+    stage: int
+    tp_index: int
+    device: int
+    pid: int
+    encoder: EventEncoder
+    rng: np.random.Generator
+    gpu_free_ns: int = 0
+    correlation: int = 1
+    external_id: int = 1
+    ev_idx: int = 0
+    python_id: int = 1
+    events: list[bytes] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    open_frames: list[Frame] = field(default_factory=list)
+    seq: dict[str, int] = field(default_factory=dict)
+    hung: bool = False
+    cpu_ns: int = 0
+    pending_frames: tuple = ()
+
+
+class LayerTemplate:
+    """The calibrated decoder layer, prepared once: kept nodes, comm points, kernel pieces."""
+
+    def __init__(self, calibration: Calibration, python_frames: bool) -> None:
+        self.calibration = calibration
+        nodes = calibration.nodes
+        keep = [python_frames or n.layer != "python" for n in nodes]
+        self.nodes = nodes
+        self.keep = keep
+        self.python_frames = python_frames
+        ends = {"attn": None, "mlp": None}
+        for node in nodes:
+            if ATTENTION_MODULE.match(node.name) and ends["attn"] is None:
+                ends["attn"] = node.start_ns + node.dur_ns
+            if MLP_MODULE.match(node.name) and ends["mlp"] is None:
+                ends["mlp"] = node.start_ns + node.dur_ns
+        self.comm_points = sorted(v for v in ends.values() if v is not None)
+        self.kernel_nodes = [i for i, n in enumerate(nodes) if n.layer in ("kernel", "memset")]
+        # graph pieces: kernels split at the comm points, by their launcher's host time
+        self.pieces: list[list[int]] = [[] for _ in range(len(self.comm_points) + 1)]
+        for i in self.kernel_nodes:
+            t = nodes[nodes[i].parent].start_ns
+            self.pieces[sum(1 for p in self.comm_points if p <= t)].append(i)
+        total_ns: dict[str, int] = {}
+        for i in self.kernel_nodes:
+            total_ns[nodes[i].name] = total_ns.get(nodes[i].name, 0) + nodes[i].dur_ns
+        #: the kernel that takes most of a layer's GPU time (what a slower GPU shows first)
+        self.dominant_kernel = max(total_ns, key=lambda name: total_ns[name])
+        gemms = [i for i in self.kernel_nodes if "gemm" in nodes[i].name.lower()]
+        self.regression_kernel = gemms[-1] if gemms else -1
+
+
+class ReplicaModel:
+    """Simulates one replica's ranks; `run_step` returns the step's end (last rank's) in unix ns."""
+
+    def __init__(
+        self,
+        replica: int,
+        topology: Topology,
+        calibration: Calibration,
+        faults: FaultModel,
+        layers: int,
+        template: LayerTemplate,
+        encoders: dict[int, EventEncoder],
+        rngs: dict[int, np.random.Generator],
+        pids: dict[int, int],
+    ) -> None:
+        self.replica = replica
+        self.topology = topology
+        self.cal = calibration
+        self.faults = faults
+        self.template = template
+        self.layers = layers
+        self.ranks: dict[int, RankState] = {}
+        for stage in range(topology.pp):
+            for t in range(topology.tp):
+                rank = topology.rank_of(replica, stage, t)
+                self.ranks[rank] = RankState(
+                    rank=rank,
+                    stage=stage,
+                    tp_index=t,
+                    device=topology.local_gpu(rank),
+                    pid=pids[rank],
+                    encoder=encoders[rank],
+                    rng=rngs[rank],
+                )
+        groups = topology.groups()
+        self.tp_group = {
+            r: next(g for g in groups if g.desc == "tp" and r in g.ranks) for r in self.ranks
+        }
+        self.pp_group = {
+            r: next(g for g in groups if g.desc == "pp" and r in g.ranks) for r in self.ranks
+        }
+        per_stage, extra = divmod(layers, topology.pp)
+        self.stage_layers = []
+        first = 0
+        for stage in range(topology.pp):
+            count = per_stage + (1 if stage < extra else 0)
+            self.stage_layers.append(range(first, first + count))
+            first += count
+        comm = calibration.comm
+        self.allreduce_kernel = comm["kernel"]
+        self.p2p_kernel = calibration.p2p["p2p_kernel"]
+        self.dtype, self.dtype_bytes = next(
+            ((d, b) for tag, d, b in _DTYPE_OF_KERNEL if tag in self.allreduce_kernel.lower()),
+            ("BFloat16", 2),
+        )
+        self.fallback_gemm = calibration.gemm_fallback()
+        self.p2p_exchanges = 0
+        self.hung_at: tuple[int, int] | None = None  # (step, seq) of a collective hang
+        self.cbid = calibration.raw["runtime_cbid"]
+        self.graph_launch = calibration.vllm["graph_launch"]
+
+    # -- sampling helpers ------------------------------------------------------------------------
+    def _fit(self, rng: np.random.Generator, fit) -> int:
+        return int(min(fit.sample(rng), fit.median_ns * TAIL_CLIP))
+
+    def _kernel_ns(self, state: RankState, name: str, tokens: int, step: int) -> int:
+        fit = self.cal.kernels.get(name)
+        floor = self.cal.kernel_floor_ns
+        if fit is None:
+            return floor
+        if name.startswith("Memset") or name.startswith("Memcpy"):
+            scale = 1.0
+        else:
+            scale = tokens / self.topology.tp / self.cal.reference_tokens
+        base = max(floor, fit.median_ns * scale)
+        noise = math.exp(fit.log_sigma * state.rng.standard_normal())
+        return max(int(base * noise * self.faults.kernel_factor(state.rank, step, state.rng)), 1)
+
+    def _launch_delay(self, state: RankState) -> int:
+        return self._fit(state.rng, self.cal.launch_delay)
+
+    def _runtime_ns(self, state: RankState, name: str) -> int:
+        fit = self.cal.runtime.get(name)
+        return self._fit(state.rng, fit) if fit else 2_000
+
+    # -- event helpers ---------------------------------------------------------------------------
+    def _open(self, state: RankState, cat: str, name: str, ts: int) -> Frame:
+        frame = Frame(cat, name, ts, self._args(state, cat))
+        state.open_frames.append(frame)
+        return frame
+
+    def _close(self, state: RankState, frame: Frame, end_ns: int) -> None:
+        frame.end_ns = end_ns
+        state.open_frames.remove(frame)
+        state.events.append(
+            state.encoder.cpu(
+                frame.cat, frame.name, frame.start_ns, end_ns - frame.start_ns, frame.args
+            )
+        )
+
+    def _args(self, state: RankState, cat: str) -> dict:
+        state.ev_idx += 1
+        if cat == "python_function":
+            state.python_id += 1
+            return {
+                "Python parent id": state.python_id - 1,
+                "Python id": state.python_id,
+                "Ev Idx": state.ev_idx,
+            }
+        state.external_id += 1
+        return {"External id": state.external_id, "Record function id": 0, "Ev Idx": state.ev_idx}
+
+    def _complete(self, state: RankState, cat: str, name: str, ts: int, dur: int) -> dict:
+        args = self._args(state, cat)
+        state.events.append(state.encoder.cpu(cat, name, ts, dur, args))
+        return args
+
+    def _runtime(
+        self,
+        state: RankState,
+        name: str,
+        ts: int,
+        dur: int,
+        kind: str,
+        kernels: list,
+        graph: bool = False,
+        comm: dict | None = None,
+    ) -> Launch:
+        state.correlation += 1
+        correlation = state.correlation
+        args = {
+            "External id": state.external_id,
+            "cbid": self.cbid.get(name, 0),
+            "correlation": correlation,
+        }
+        state.events.append(state.encoder.cpu("cuda_runtime", name, ts, dur, args))
+        state.events.append(state.encoder.flow_start(correlation, ts))
+        launch = Launch(kind, ts, correlation, state.external_id, kernels, graph, comm)
+        state.launches.append(launch)
+        return launch
+
+    # -- host side -------------------------------------------------------------------------------
+    def _layer_eager(self, state: RankState, plan: StepPlan, layer_index: int, t0: int) -> int:
+        """Replay the template for one layer from t0; returns the host time at its end."""
+        tpl = self.template
+        nodes = tpl.nodes
+        rng = state.rng
+        f = math.exp(self.cal.cpu_log_sigma * rng.standard_normal())
+        f *= self.faults.cpu_factor(state.rank, plan.index)
+        tokens = plan.tokens
+        comm_points = tpl.comm_points if self.topology.tp > 1 else []
+        inserts = [self._comm_host_ns(state) for _ in comm_points]
+
+        def shift_start(t: int) -> int:
+            return sum(d for p, d in zip(comm_points, inserts, strict=True) if p <= t)
+
+        def shift_end(t: int) -> int:
+            return sum(d for p, d in zip(comm_points, inserts, strict=True) if p < t)
+
+        counts = self.cal.modules_per_layer
+        pending = list(zip(comm_points, inserts, strict=True))
+        runtime_of: dict[int, Launch] = {}
+        regress = self.faults.regression(state.rank, plan.index)
+        for i, node in enumerate(nodes):
+            start = t0 + int(node.start_ns * f) + shift_start(node.start_ns)
+            while pending and pending[0][0] <= node.start_ns:
+                point, dur = pending.pop(0)
+                at = t0 + int(point * f) + shift_start(point) - dur
+                self._allreduce_host(state, plan, at, dur, tokens)
+            if node.layer in ("kernel", "memset"):
+                launch = runtime_of.get(node.parent)
+                if launch is None:
+                    continue
+                name = node.name
+                dur = self._kernel_ns(
+                    state, name, tokens if node.layer == "kernel" else 0, plan.index
+                )
+                if regress and i == tpl.regression_kernel and self.fallback_gemm:
+                    name = self.fallback_gemm
+                    dur = int(dur * (1.0 + self.faults.spec.intensity))
+                cat = "kernel" if node.layer == "kernel" else "gpu_memset"
+                launch.kernels.append((cat, name, dur, node.bytes))
+                continue
+            if not tpl.keep[i]:
+                continue
+            end = (
+                t0 + int((node.start_ns + node.dur_ns) * f) + shift_end(node.start_ns + node.dur_ns)
+            )
+            dur = max(end - start, 1)
+            name = module_name(node.name, layer_index, counts)
+            if node.layer == "python":
+                self._complete(state, "python_function", name, start, dur)
+            elif node.layer == "cpu_op":
+                self._complete(state, "cpu_op", name, start, dur)
+            elif node.layer == "runtime":
+                has_gpu = any(nodes[j].parent == i for j in tpl.kernel_nodes)
+                if has_gpu:
+                    runtime_of[i] = self._runtime(state, name, start, dur, "kernels", [])
+                else:
+                    args = {
+                        "External id": state.external_id,
+                        "cbid": self.cbid.get(name, 0),
+                        "correlation": state.correlation + 1,
+                    }
+                    state.correlation += 1
+                    state.events.append(state.encoder.cpu("cuda_runtime", name, start, dur, args))
+        for point, dur in pending:
+            at = t0 + int(point * f) + shift_start(point) - dur
+            self._allreduce_host(state, plan, at, dur, tokens)
+        root = nodes[0]
+        return t0 + int((root.start_ns + root.dur_ns) * f) + shift_end(root.dur_ns + 1)
+
+    def _comm_host_ns(self, state: RankState) -> int:
+        return self._fit(state.rng, _fit_of(self.cal.comm["host_dur"]))
+
+    def _allreduce_host(
+        self, state: RankState, plan: StepPlan, at: int, dur: int, tokens: int
+    ) -> None:
+        """c10d::allreduce_ → record_param_comms → nccl:all_reduce → cudaLaunchKernel."""
+        if self.faults.hangs(state.rank, plan.index):
+            raise _Hang
+        group = self.tp_group[state.rank]
+        seq = state.seq.get(group.name, 0)
+        state.seq[group.name] = seq + 1
+        nelems = max(tokens, 1) * self.cal.model["hidden_size"]
+        facts = self._collective_args(state, group, "allreduce", nelems, seq)
+        chain = self.cal.comm["host_chain"]
+        spans = [(at, dur), (at + dur // 20, dur * 9 // 10), (at + dur // 10, dur * 8 // 10)]
+        for (ts, d), link in zip(spans, chain[:3], strict=True):
+            args = self._args(state, link["cat"])
+            if link["name"] == "record_param_comms":
+                args |= facts
+            state.events.append(state.encoder.cpu(link["cat"], link["name"], ts, d, args))
+        runtime = chain[3]["name"]
+        launch_ts = at + dur // 2
+        launch_dur = min(self._runtime_ns(state, runtime), dur * 3 // 10)
+        self._runtime(
+            state,
+            runtime,
+            launch_ts,
+            launch_dur,
+            "allreduce",
+            [("kernel", self.allreduce_kernel, 0, nelems * self.dtype_bytes)],
+            comm={"group": group, "bytes": nelems * self.dtype_bytes, "args": facts, "seq": seq},
+        )
+
+    def _collective_args(
+        self, state: RankState, group: ProcessGroup, name: str, nelems: int, seq: int
+    ) -> dict:
+        ranks = list(group.ranks)
+        return {
+            "Collective name": name,
+            "dtype": self.dtype,
+            "In msg nelems": nelems,
+            "Out msg nelems": nelems,
+            "In split size": "[]",
+            "Out split size": "[]",
+            "Global rank start": ranks[0],
+            "Global rank stride": ranks[1] - ranks[0] if len(ranks) > 1 else 1,
+            "Group size": len(ranks),
+            "Process Group Name": group.name,
+            "Process Group Description": group.desc,
+            "Process Group Ranks": "[" + ", ".join(map(str, ranks)) + "]",
+            "Rank": state.rank,
+            "Seq": seq,
+        }
+
+    def _p2p_host(self, state: RankState, plan: StepPlan, at: int, kind: str, exchange: int) -> int:
+        """send/recv between adjacent pipeline stages; returns the host time after it."""
+        group = self.pp_group[state.rank]
+        seq = self.p2p_exchanges * max(self.topology.pp - 1, 1) + exchange
+        nelems = max(plan.tokens, 1) * self.cal.model["hidden_size"]
+        facts = self._collective_args(state, group, kind, nelems, seq)
+        peer = state.rank + self.topology.tp if kind == "send" else state.rank - self.topology.tp
+        facts["Dst Rank" if kind == "send" else "Src Rank"] = peer
+        dur = self._comm_host_ns(state)
+        args = self._args(state, "cpu_op") | facts
+        state.events.append(state.encoder.cpu("cpu_op", "record_param_comms", at, dur, args))
+        runtime = self.cal.comm["host_chain"][3]["name"]
+        self._runtime(
+            state,
+            runtime,
+            at + dur // 2,
+            min(self._runtime_ns(state, runtime), dur * 3 // 10),
+            kind,
+            [("kernel", self.p2p_kernel, 0, nelems * self.dtype_bytes)],
+            comm={
+                "group": group,
+                "bytes": nelems * self.dtype_bytes,
+                "peer": peer,
+                "seq": seq,
+                "args": facts,
+            },
+        )
+        return at + dur
+
+    def _graph_layers(self, state: RankState, plan: StepPlan, layers: range, t: int) -> int:
+        """Decode with CUDA graphs: replay pieces between collectives, collectives eager."""
+        tpl = self.template
+        nodes = tpl.nodes
+        pending: list[int] = []
+
+        def flush(t: int) -> int:
+            if not pending:
+                return t
+            frames = []
+            if tpl.python_frames:
+                for name in self.cal.vllm["graph_replay"]:
+                    frames.append(self._open(state, "python_function", name, t))
+                    t += 500
+            dur = self._runtime_ns(state, self.graph_launch)
+            kernels = []
+            for i in pending:
+                node = nodes[i]
+                cat = "kernel" if node.layer == "kernel" else "gpu_memset"
+                tokens = plan.tokens if node.layer == "kernel" else 0
+                kernels.append(
+                    (
+                        cat,
+                        node.name,
+                        self._kernel_ns(state, node.name, tokens, plan.index),
+                        node.bytes,
+                    )
+                )
+            self._runtime(state, self.graph_launch, t, dur, "kernels", kernels, graph=True)
+            t += dur
+            for frame in reversed(frames):
+                t += 300
+                self._close(state, frame, t)
+            pending.clear()
+            return t
+
+        for _layer in layers:
+            for k, piece in enumerate(tpl.pieces):
+                pending.extend(piece)
+                if k < len(tpl.pieces) - 1 and self.topology.tp > 1:
+                    t = flush(t)
+                    dur = self._comm_host_ns(state)
+                    dur = int(dur * self.faults.cpu_factor(state.rank, plan.index))
+                    self._allreduce_host(state, plan, t, dur, plan.tokens)
+                    t += dur
+        return flush(t)
+
+    def _host_step(self, state: RankState, plan: StepPlan, start: int) -> None:
+        state.launches = []
+        state.events = []
+        tpl = self.template
+        step_frame = self._open(state, "user_annotation", plan.annotation(), start)
+        t = start + 2_000
+        frames = []
+        if tpl.python_frames:
+            for name in self.cal.vllm["step_to_model"]:
+                frames.append(self._open(state, "python_function", name, t))
+                t += 1_000
+            frames.append(self._open(state, "python_function", self.cal.model["model_module"], t))
+            t += 1_000
+        stage = state.stage
+        if stage > 0:
+            t = self._p2p_host(state, plan, t, "recv", stage - 1)
+        layers = self.stage_layers[stage]
+        state.pending_frames = (step_frame, frames)
+        try:
+            if plan.graph:
+                t = self._graph_layers(state, plan, layers, t)
+            else:
+                for layer in layers:
+                    t = self._layer_eager(state, plan, layer, t) + 1_000
+        except _Hang:
+            state.hung = True
+            return
+        if stage < self.topology.pp - 1:
+            t = self._p2p_host(state, plan, t, "send", stage)
+        state.cpu_ns = t
+        if frames:
+            model = frames.pop()
+            self._close(state, model, t)
+        state.pending_frames = (step_frame, frames)  # closed after the copy back
+
+    # -- GPU side --------------------------------------------------------------------------------
+    def _gpu_kernels(self, state: RankState, launch: Launch) -> None:
+        t = max(state.gpu_free_ns, launch.ts_ns + self._launch_delay(state))
+        for k, (cat, name, dur, nbytes) in enumerate(launch.kernels):
+            self._emit_gpu(state, launch, cat, name, t, dur, nbytes, flow=(k == 0))
+            t += dur
+        state.gpu_free_ns = t
+
+    def _emit_gpu(self, state, launch, cat, name, t, dur, nbytes, flow=True, extra=None) -> None:
+        args = {
+            "External id": launch.external_id,
+            "queued": 0,
+            "device": state.device,
+            "context": 1,
+            "stream": STREAM,
+            "correlation": launch.correlation,
+        }
+        if cat != "kernel":
+            args["bytes"] = nbytes
+            args["memory bandwidth (GB/s)"] = nbytes / max(dur, 1)
+        if extra:
+            args |= extra
+        state.events.append(state.encoder.gpu(cat, name, t, dur, args))
+        if flow:
+            state.events.append(state.encoder.flow_end(launch.correlation, t))
+
+    def _arrival(self, state: RankState, launch: Launch, step: int) -> int:
+        return max(
+            state.gpu_free_ns, launch.ts_ns + self._launch_delay(state)
+        ) + self.faults.arrival_delay_ns(state.rank, step)
+
+    def _ring_cost(self, ranks: list[int], nbytes: int, step: int) -> int:
+        n = len(ranks)
+        if n < 2:
+            return 0
+        slowest_bw, worst_latency = math.inf, 0
+        for a, b in zip(ranks, ranks[1:] + ranks[:1], strict=True):
+            bw, lat = self.topology.link(a, b)
+            bw, lat = self.faults.link(a, b, step, bw, lat)
+            slowest_bw, worst_latency = min(slowest_bw, bw), max(worst_latency, lat)
+        return int(worst_latency + 2 * (n - 1) / n * nbytes / slowest_bw)
+
+    def _p2p_cost(self, a: int, b: int, nbytes: int, step: int) -> int:
+        bw, lat = self.topology.link(a, b)
+        bw, lat = self.faults.link(a, b, step, bw, lat)
+        return int(lat + nbytes / bw)
+
+    def _kernel_extra(self, launch: Launch) -> dict:
+        facts = launch.comm["args"] if launch.comm and "args" in launch.comm else {}
+        keep = (
+            "Collective name",
+            "dtype",
+            "In msg nelems",
+            "Out msg nelems",
+            "Group size",
+            "In split size",
+            "Out split size",
+            "Process Group Name",
+            "Process Group Description",
+            "Process Group Ranks",
+        )
+        return {k: facts[k] for k in keep if k in facts}
+
+    def _gpu_stage(
+        self,
+        plan: StepPlan,
+        stage_ranks: list[int],
+        recv_peer_arrival: dict[int, int],
+        send_peer_arrival: dict[int, int],
+    ) -> bool:
+        """Run one stage's launches across its ranks; False when a collective hangs."""
+        states = [self.ranks[r] for r in stage_ranks]
+        longest = max(states, key=lambda s: len(s.launches))
+        for j in range(len(longest.launches)):
+            kind = longest.launches[j].kind
+            if kind == "kernels":
+                for state in states:
+                    if j < len(state.launches):
+                        self._gpu_kernels(state, state.launches[j])
+            elif kind == "allreduce":
+                present = [s for s in states if j < len(s.launches)]
+                launches = [s.launches[j] for s in present]
+                arrivals = [
+                    self._arrival(s, launch, plan.index)
+                    for s, launch in zip(present, launches, strict=True)
+                ]
+                hung = len(present) < len(states)
+                if hung:  # a rank never launched it: the others wait until the watchdog fires
+                    end = max(arrivals) + WATCHDOG_TIMEOUT_NS
+                    self.hung_at = (plan.index, launches[0].comm["seq"])
+                else:
+                    end = max(arrivals) + self._ring_cost(
+                        stage_ranks, launches[0].comm["bytes"], plan.index
+                    )
+                for state, launch, arrival in zip(present, launches, arrivals, strict=True):
+                    _, name, _, nbytes = launch.kernels[0]
+                    finish = end + int(state.rng.integers(0, 400))
+                    self._emit_gpu(
+                        state,
+                        launch,
+                        "kernel",
+                        name,
+                        arrival,
+                        finish - arrival,
+                        nbytes,
+                        extra=self._kernel_extra(launch),
+                    )
+                    state.gpu_free_ns = finish
+                if hung:
+                    return False
+            elif kind in ("recv", "send"):
+                for state in (s for s in states if j < len(s.launches)):
+                    launch = state.launches[j]
+                    arrival = self._arrival(state, launch, plan.index)
+                    peer = launch.comm["peer"]
+                    other = (recv_peer_arrival if kind == "send" else send_peer_arrival)[peer]
+                    cost = self._p2p_cost(state.rank, peer, launch.comm["bytes"], plan.index)
+                    end = max(arrival, other) + cost
+                    if kind == "send":
+                        send_peer_arrival[state.rank] = arrival
+                    _, name, _, nbytes = launch.kernels[0]
+                    self._emit_gpu(
+                        state,
+                        launch,
+                        "kernel",
+                        name,
+                        arrival,
+                        end - arrival,
+                        nbytes,
+                        extra=self._kernel_extra(launch),
+                    )
+                    state.gpu_free_ns = end
+        return True
+
+    def _copy_back(self, state: RankState, plan: StepPlan) -> int:
+        """The sampled tokens come back to the host: the one place the host waits for the GPU."""
+        t = state.cpu_ns + 2_000
+        copy_args = self._args(state, "cpu_op")
+        runtime = self.cal.model["dtoh_runtime"]
+        name = self.cal.model["dtoh_memcpy"]
+        launch_ts = t + 1_000
+        state.correlation += 1
+        launch = Launch("copy", launch_ts, state.correlation, state.external_id, [])
+        nbytes = max(plan.tokens, 1) * 8
+        start = max(state.gpu_free_ns, launch_ts + self._launch_delay(state))
+        dur = self._kernel_ns(state, "Memset (Device)", 0, plan.index)
+        self._emit_gpu(state, launch, "gpu_memcpy", name, start, dur, nbytes)
+        state.gpu_free_ns = start + dur
+        end = start + dur + 2_000
+        args = {
+            "External id": state.external_id,
+            "cbid": self.cbid.get(runtime, 0),
+            "correlation": launch.correlation,
+        }
+        state.events.append(
+            state.encoder.cpu("cuda_runtime", runtime, launch_ts, end - launch_ts, args)
+        )
+        state.events.append(state.encoder.flow_start(launch.correlation, launch_ts))
+        state.events.append(
+            state.encoder.cpu("cpu_op", "aten::copy_", t, end + 1_000 - t, copy_args)
+        )
+        finish = end + 3_000
+        step_frame, frames = state.pending_frames
+        for frame in reversed(frames):
+            finish += 1_000
+            self._close(state, frame, finish)
+        self._close(state, step_frame, finish + 1_000)
+        return finish + 1_000
+
+    # -- one step --------------------------------------------------------------------------------
+    def run_step(self, plan: StepPlan) -> tuple[int, list[int]]:
+        """Simulate one step on every rank; returns (end ns, ranks whose trace ended in a hang)."""
+        for state in self.ranks.values():
+            jitter = int(state.rng.exponential(2_000))
+            self._host_step(state, plan, plan.start_ns + jitter)
+        recv_arrival: dict[int, int] = {}
+        for state in self.ranks.values():
+            for launch in state.launches:
+                if launch.kind == "recv":
+                    recv_arrival[state.rank] = max(
+                        state.gpu_free_ns, launch.ts_ns + self._launch_delay(state)
+                    )
+        send_arrival: dict[int, int] = {}
+        for stage in range(self.topology.pp):
+            ranks = self.topology.stage_ranks(self.replica, stage)
+            if not self._gpu_stage(plan, ranks, recv_arrival, send_arrival):
+                return self._hang_flush()
+        self.p2p_exchanges += 1
+        end = 0
+        for state in self.ranks.values():
+            end = max(end, self._copy_back(state, plan))
+        return end, []
+
+    def _hang_flush(self) -> tuple[int, list[int]]:
+        """A hung collective: open frames never close (Kineto drops them); the replica stops."""
+        end = 0
+        for state in self.ranks.values():
+            state.open_frames.clear()
+            end = max(end, state.gpu_free_ns)
+        return end, [s.rank for s in self.ranks.values() if s.hung]
+
+    def drain(self, rank: int) -> list[bytes]:
+        events = self.ranks[rank].events
+        self.ranks[rank].events = []
+        return events
+
+
+def _fit_of(entry: dict):
+    from teller.lab.sim.calibration import Fit
+
+    return Fit.of(entry)
