@@ -96,6 +96,13 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return result.exit_code  # status lines went to stderr; stdout carries only CMD's output
 
 
+def cmd_lab_sim(args: argparse.Namespace) -> int:
+    from teller.lab.sim.cli import render, run_from_args
+
+    print(render(run_from_args(args, progress=not args.quiet)))
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -135,7 +142,14 @@ def _parser() -> argparse.ArgumentParser:
     collect.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
-    lab_commands = lab.add_subparsers(dest="lab_command", required=True)  # noqa: F841 - filled below
+    lab_commands = lab.add_subparsers(dest="lab_command", required=True)
+    sim = lab_commands.add_parser(
+        "sim", help="simulate a GPU-cluster case", description="simulate a GPU-cluster case"
+    )
+    sim.set_defaults(handler=cmd_lab_sim)
+    from teller.lab.sim.cli import add_arguments as add_sim_arguments
+
+    add_sim_arguments(sim)
     return parser
 
 
