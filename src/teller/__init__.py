@@ -4,12 +4,14 @@ The public API is small: `read_trace` / `read_run` turn profiler files into an e
 `build_tree` turns that into call-chain trees. Later stages hang off the same objects.
 """
 
+from teller.analysis import Analysis
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError, TraceError
 from teller.ingest import read_run, read_trace
 from teller.ingest.schema import EventTable
 
 __all__ = [
+    "Analysis",
     "CallTree",
     "EventTable",
     "TellerError",

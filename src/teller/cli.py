@@ -103,6 +103,33 @@ def cmd_lab_sim(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from teller.analysis import Analysis
+    from teller.report import format_for, render, write_atomic
+
+    analysis = Analysis(
+        args.paths,
+        logs=args.logs,
+        otlp=args.otlp,
+        step_regex=args.step_regex,
+        progress=not args.quiet,
+    )
+    fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
+    text = render(analysis, fmt)
+    if args.perfetto:
+        from teller.report.perfetto import write_perfetto
+
+        write_perfetto(analysis, Path(args.perfetto))
+    if args.out:
+        path = write_atomic(Path(args.out), text)
+        if not args.quiet:
+            print(analysis.verdict.summary.splitlines()[0], file=sys.stderr)
+        print(f"report written to {path}")
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -140,6 +167,19 @@ def _parser() -> argparse.ArgumentParser:
     collect.add_argument("--steps", type=_step_range, help="profile only steps A..B (0-based)")
     collect.add_argument("--backend", choices=("torch", "nsys"), default="torch")
     collect.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    analyze = command(
+        "analyze", cmd_analyze, "diagnose a run: slow steps, guilty operator and rank, why"
+    )
+    analyze.add_argument("paths", nargs="+", help="case directory, rank-file folder or trace files")
+    analyze.add_argument("--logs", nargs="*", help="engine log files (default: DIR/logs/*.log)")
+    analyze.add_argument(
+        "--otlp", nargs="*", help="OTLP JSON span files (default: DIR/otlp/*.json)"
+    )
+    analyze.add_argument("--format", choices=("terminal", "json", "html"), help="default: terminal")
+    analyze.add_argument("-o", "--out", help="write the report here (format from the suffix)")
+    analyze.add_argument("--perfetto", help="also write an annotated Chrome/Perfetto trace here")
+    analyze.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
 
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)

@@ -1,0 +1,106 @@
+"""`Analysis`: the public Python API, one object per run, whose methods return tables.
+
+Built from what a user has — a case directory, a folder of rank files, single traces — it runs the
+pipeline stages lazily and hands back Arrow tables (call `.to_pandas()` on any of them) for
+notebooks, and the verdict for everything else. The CLI's `analyze` is a thin layer over it.
+
+    >>> from teller import Analysis
+    >>> run = Analysis("case/")            # traces/, logs/, otlp/ found under it
+    >>> run.steps().to_pandas().head()     # one row per step and rank
+    >>> verdict = run.diagnose()           # slow steps, guilty operator and rank, explanation
+    >>> run.report("report.html")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+
+import pyarrow as pa
+
+from teller.callchain.tree import CallTree, build_tree
+from teller.errors import TellerError
+from teller.ingest import find_trace_files, read_run
+from teller.ingest.schema import EventTable
+from teller.localize.localizer import NumericLocalizer
+from teller.rca.verdict import Verdict
+
+PathLike = str | Path
+
+
+class Analysis:
+    """One run (all its rank files, logs and spans) and everything teller concludes about it."""
+
+    def __init__(
+        self,
+        path: PathLike | Sequence[PathLike],
+        logs: Sequence[PathLike] | None = None,
+        otlp: Sequence[PathLike] | None = None,
+        step_regex: str | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.paths = [Path(p) for p in ([path] if isinstance(path, str | Path) else path)]
+        self.trace_files = find_trace_files(self.paths)
+        if not self.trace_files:
+            shown = ", ".join(map(str, self.paths))
+            raise TellerError(f"{shown}: no trace files found (*.json, *.json.gz, *.sqlite)")
+        self.log_files = (
+            [Path(p) for p in logs] if logs is not None else self._found("logs", "*.log")
+        )
+        self.otlp_files = (
+            [Path(p) for p in otlp] if otlp is not None else self._found("otlp", "*.json")
+        )
+        self.step_regex = step_regex
+        self.progress = progress
+
+    def _found(self, folder: str, pattern: str) -> list[Path]:
+        """Logs and spans beside the traces, in the layout `teller collect` and the lab write."""
+        found: list[Path] = []
+        for path in self.paths:
+            if path.is_dir() and (path / folder).is_dir():
+                found.extend(sorted((path / folder).glob(pattern)))
+        return found
+
+    # -- the stages, computed once each ---------------------------------------------------------
+    @cached_property
+    def event_table(self) -> EventTable:
+        return read_run(self.trace_files, progress=self.progress)
+
+    @cached_property
+    def tree(self) -> CallTree:
+        return build_tree(self.event_table, step_regex=self.step_regex)
+
+    # -- tables for notebooks -------------------------------------------------------------------
+    def events(self) -> pa.Table:
+        """One row per trace event (schema: teller.ingest.schema)."""
+        return self.event_table.table
+
+    def nodes(self) -> pa.Table:
+        """One row per call-chain node: parent, depth, layer, name, rank, times, step."""
+        return self.tree.to_arrow()
+
+    def steps(self) -> pa.Table:
+        """One row per (rank, step) with its batch composition."""
+        return self.tree.steps.to_arrow()
+
+    def collectives(self) -> pa.Table:
+        """One row per (collective instance, rank): arrival and end on each rank."""
+        return self.tree.comm.to_arrow()
+
+    # -- the verdict ---------------------------------------------------------------------------
+    @cached_property
+    def verdict(self) -> Verdict:
+        from teller.rca.diagnose import diagnose
+
+        return diagnose(self, NumericLocalizer())
+
+    def diagnose(self) -> Verdict:
+        """Slow steps, the guilty operator and rank for each, the explanation and the evidence."""
+        return self.verdict
+
+    def report(self, path: PathLike, format: str | None = None) -> Path:
+        """Write the verdict as HTML (default for .html), JSON (.json) or text."""
+        from teller.report import write_report
+
+        return write_report(self, Path(path), format)

@@ -1,0 +1,178 @@
+"""Turn the localizer's numbers into a verdict a person can act on.
+
+The numeric stage says *where*; this module says it in words, with the evidence beside it: which
+step, how slow against what its batch predicts, which operator on which rank, against what normal,
+and the fault type the pattern points to. It also says what was missing from the inputs and what
+that costs, so a verdict from traces alone is never mistaken for a verdict with logs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from teller.callchain.render import format_ns, short_name
+from teller.ingest.schema import LAYERS
+from teller.localize.localizer import Localization, NumericLocalizer, OperatorCandidate, StepScore
+from teller.rca.verdict import Evidence, Finding, StepRow, Verdict
+
+if TYPE_CHECKING:
+    from teller.analysis import Analysis
+
+#: Findings listed in the summary; the rest are in the JSON and the HTML report.
+SUMMARY_FINDINGS = 3
+
+
+def diagnose(analysis: Analysis, localizer: NumericLocalizer) -> Verdict:
+    tree = analysis.tree
+    localization = localizer.score(tree)
+    findings = _findings(analysis, localization)
+    missing = _missing(analysis)
+    return Verdict(
+        inputs=[str(p) for p in analysis.trace_files],
+        ranks=analysis.event_table.ranks,
+        method="localizer",
+        summary=_summary(tree, localization, findings),
+        findings=findings,
+        steps=_step_rows(analysis, localization),
+        missing=missing,
+        warnings=analysis.event_table.warnings + tree.warnings,
+    )
+
+
+def _step_rows(analysis: Analysis, localization: Localization) -> list[StepRow]:
+    steps = analysis.tree.steps
+    by_iteration = {s.iteration: s for s in localization.steps}
+    rows = []
+    for k in range(len(steps)):
+        score = by_iteration.get(int(steps.index[k]))
+        rows.append(
+            StepRow(
+                rank=int(steps.rank[k]),
+                step=int(steps.index[k]),
+                name=steps.name[k],
+                kind=steps.kind[k],
+                start_ns=int(steps.start_ns[k]),
+                dur_ns=int(steps.dur_ns[k]),
+                expected_ns=score.expected_ns if score else 0,
+                score=score.z if score else 0.0,
+                anomalous=bool(score and score.anomalous),
+            )
+        )
+    return rows
+
+
+def _findings(analysis: Analysis, localization: Localization) -> list[Finding]:
+    tree = analysis.tree
+    name_of_step = {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
+    findings = []
+    for step in sorted(localization.anomalous_steps(), key=lambda s: -s.z):
+        candidates = localization.candidates.get(step.iteration, [])
+        top = candidates[0] if candidates else None
+        fault_type, view = _fault_type(tree, top)
+        findings.append(
+            Finding(
+                step=step.iteration,
+                step_name=name_of_step.get(step.iteration, ""),
+                step_kind=step.kind,
+                step_dur_ns=step.dur_ns,
+                step_expected_ns=step.expected_ns,
+                score=round(step.z, 2),
+                rank=top.rank if top else None,
+                operator=top.operator if top else None,
+                operator_node=top.node if top else None,
+                fault_type=fault_type,
+                view=view,
+                explanation=_explain(step, top, fault_type),
+                candidates=[
+                    {
+                        "operator": c.operator,
+                        "rank": c.rank,
+                        "score": c.score,
+                        "node": c.node,
+                        "kind": c.kind,
+                    }
+                    for c in candidates
+                ],
+                evidence=[
+                    Evidence(
+                        what=f"{c.operator} on rank {c.rank} ({c.kind})",
+                        observed_ns=c.observed_ns,
+                        normal_ns=c.normal_ns,
+                        z=round(c.z, 2) if c.z != float("inf") else 1e9,
+                        reference=c.reference,
+                    )
+                    for c in candidates[:3]
+                ],
+            )
+        )
+    return findings
+
+
+def _fault_type(tree, top: OperatorCandidate | None) -> tuple[str | None, str]:
+    """The taxonomy entry (DESIGN.md §4) the top candidate's pattern points to."""
+    if top is None:
+        return None, "V"
+    if top.kind == "arrival":
+        return "straggler", "H"
+    if top.kind == "transfer":
+        return "net_throttle", "H"
+    layer = LAYERS[tree.layer[top.node]]
+    if layer == "runtime":
+        return "host_cpu_contention", "V"
+    if layer in ("kernel", "memcpy", "memset"):
+        return "gpu_throttle", "V"
+    return "cpu_contention", "V"
+
+
+def _explain(step: StepScore, top: OperatorCandidate | None, fault_type: str | None) -> str:
+    head = (
+        f"Step {step.iteration} ({step.kind}) took {format_ns(step.dur_ns)} against "
+        f"{format_ns(step.expected_ns)} expected for its batch"
+    )
+    if top is None:
+        return head + "; no single operator stands out, which points to the scheduler or host."
+    operator = short_name(top.operator, 60)
+    if top.kind == "arrival":
+        return (
+            f"{head}; rank {top.rank} reached {operator} {format_ns(top.observed_ns)} after the "
+            "other ranks, so their collective time is waiting for it, not transfer."
+        )
+    if top.kind == "transfer":
+        return (
+            f"{head}; {operator} itself took {format_ns(top.observed_ns)} against "
+            f"{format_ns(top.normal_ns)} normally with no late arrival, which points to the link."
+        )
+    return (
+        f"{head}; on rank {top.rank}, {operator} took {format_ns(top.observed_ns)} against "
+        f"{format_ns(top.normal_ns)} normally ({top.reference})"
+        + (", and the other ranks waited for it." if fault_type else ".")
+    )
+
+
+def _summary(tree, localization: Localization, findings: list[Finding]) -> str:
+    total = len(localization.steps)
+    if not total:
+        return "No engine steps found: pass --step-regex naming the engine's step annotation."
+    if not findings:
+        noun = "step" if total == 1 else "steps"
+        return f"No anomalous step among {total} {noun}: every step took what its batch predicts."
+    lines = [f"{len(findings)} of {total} steps are anomalous."]
+    for finding in findings[:SUMMARY_FINDINGS]:
+        lines.append(finding.explanation)
+    return "\n".join(lines)
+
+
+def _missing(analysis: Analysis) -> list[str]:
+    missing = []
+    if not analysis.log_files:
+        missing.append(
+            "no engine logs: log evidence (preemptions, watchdog timeouts, JIT warnings) and "
+            "request ids are unavailable; verdicts rest on the traces alone"
+        )
+    if not analysis.otlp_files:
+        missing.append("no OpenTelemetry spans: per-request TTFT and queueing are unavailable")
+    if len(analysis.event_table.ranks) < 2:
+        missing.append(
+            "one rank only: cross-rank (horizontal) faults such as stragglers cannot be told apart"
+        )
+    return missing

@@ -1,0 +1,55 @@
+"""Report: the verdict rendered for a terminal, as versioned JSON, as one HTML file, and as an
+annotated Perfetto trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from teller.report.terminal import render_terminal
+
+if TYPE_CHECKING:
+    from teller.analysis import Analysis
+
+FORMATS = ("terminal", "json", "html")
+
+
+def format_for(path: Path, requested: str | None) -> str:
+    if requested:
+        return requested
+    return {".json": "json", ".html": "html", ".htm": "html"}.get(path.suffix.lower(), "terminal")
+
+
+def render(analysis: Analysis, format: str) -> str:
+    verdict = analysis.diagnose()
+    if format == "json":
+        return json.dumps(verdict.to_json(), indent=2)
+    if format == "html":
+        from teller.report.html import render_html
+
+        return render_html(analysis, verdict)
+    return render_terminal(verdict)
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write via a temp file and rename, so a failure never leaves half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_report(analysis: Analysis, path: Path, format: str | None = None) -> Path:
+    return write_atomic(path, render(analysis, format_for(path, format)))
