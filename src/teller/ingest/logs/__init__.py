@@ -1,0 +1,66 @@
+"""Engine logs → one Arrow log table (DESIGN.md §3, input 2).
+
+`read_logs(paths, year=None)` reads vLLM (V0/V1), SGLang, TensorRT-LLM iteration JSON, PyTorch's
+NCCL watchdog and uvicorn lines, with or without `teller collect`'s time prefix, and mines templates
+for everything else. Files and directories may be mixed; each file is read independently (a map),
+and one template miner is shared so one line shape gets one template id across files. Columns are
+documented in `teller.ingest.logs.table`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from teller.errors import TraceError
+from teller.ingest.logs.detect import find_log_files
+from teller.ingest.logs.reader import read_file
+from teller.ingest.logs.table import (
+    EVENTS,
+    LOG_SCHEMA,
+    LogRecord,
+    LogSource,
+    LogTable,
+    build_log_table,
+    concat_logs,
+    request_key,
+    template_id,
+)
+from teller.ingest.logs.templates import Templates
+
+__all__ = [
+    "EVENTS",
+    "LOG_SCHEMA",
+    "LogRecord",
+    "LogSource",
+    "LogTable",
+    "read_logs",
+    "request_key",
+    "template_id",
+]
+
+
+def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = "") -> LogTable:
+    """Read every log file under `paths` into one table (file order within each file).
+
+    `year` is for logs that print dates without one (vLLM); without it the year comes from the
+    collector prefix, a dated line, or the file's modification time (which the warnings name).
+    """
+    paths = list(paths)
+    files = find_log_files(paths)
+    if not files:
+        shown = ", ".join(str(p) for p in paths)
+        raise TraceError(shown, "no log files found (looked for *.log, *.txt, *.out, *.err)")
+    miner = Templates()
+    per_file = []
+    for path in files:
+        if not path.is_file():
+            raise TraceError(path, "no such log file")
+        per_file.append((path, *read_file(path, miner, year=year, host=host)))
+    tables = []
+    for path, records, source in per_file:
+        for record in records:
+            if record.cluster >= 0:
+                record.template = miner.template(record.cluster)
+        tables.append(LogTable(build_log_table(records, str(path), host), [source]))
+    return concat_logs(tables)

@@ -1,0 +1,71 @@
+"""Which log files to read, whether they carry `teller collect`'s time prefix, and their format.
+
+The reader parses every line by its own shape (one file often mixes engine lines, NCCL watchdog
+lines and uvicorn access lines), so detection only has to say what a file mostly is, for the
+report, and whether its lines start with the collector's 28-byte prefix
+(`2026-11-30T08:13:37.123456Z `, see `teller.collect.logs`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from teller.ingest.logs import pytorch, sglang, templates, trtllm, vllm
+
+#: File names read from a directory; other files (traces, manifests) are left alone.
+LOG_SUFFIXES: tuple[str, ...] = (".log", ".txt", ".out", ".err", ".log.gz", ".txt.gz")
+COLLECTOR_PREFIX = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z ")
+#: How many lines of a file decide its format.
+SNIFF_LINES = 200
+
+
+def find_log_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand directories into the log files under them, sorted; plain files pass through."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found.extend(
+                p
+                for p in sorted(path.rglob("*"))
+                if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES)
+            )
+        else:
+            found.append(path)
+    return found
+
+
+def open_log(path: Path):
+    """Binary handle on a log file, gzip or plain (decided by content, not the name)."""
+    with path.open("rb") as handle:
+        magic = handle.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+
+
+def has_collector_prefix(head: list[bytes]) -> bool:
+    """True when most non-empty head lines start with the collector's timestamp."""
+    lines = [line for line in head if line.strip()]
+    hits = sum(1 for line in lines if COLLECTOR_PREFIX.match(line))
+    return bool(lines) and hits * 2 > len(lines)
+
+
+def detect_format(lines: list[str]) -> str:
+    """The format most head lines parse as: vllm, sglang, trtllm, pytorch, uvicorn or generic."""
+    votes: Counter[str] = Counter()
+    for number, text in enumerate(lines[:SNIFF_LINES]):
+        if match := vllm.PROCESS_PREFIX.match(text):
+            text = text[match.end() :]
+        for parse in (vllm.parse, sglang.parse, trtllm.parse, pytorch.parse, vllm.parse_access):
+            if (record := parse(text, number)) is not None:
+                votes[record.format] += 1
+                break
+        else:
+            if templates.GENERIC_HEADER.match(text):
+                votes["generic"] += 1
+    engine_votes = {k: v for k, v in votes.items() if k != "uvicorn"}
+    if engine_votes:
+        return max(engine_votes, key=engine_votes.__getitem__)
+    return "uvicorn" if votes else "generic"

@@ -1,0 +1,75 @@
+"""PyTorch's own C++ log lines, above all the NCCL watchdog that reports a hung collective.
+
+Shapes::
+
+    [rank3]:[E1001 16:06:04.889919061 ProcessGroupNCCL.cpp:1709] [PG 0 (default_pg) Rank 3] Timeout at NCCL work: 1, …
+    [E ProcessGroupNCCL.cpp:475] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, …) ran for 600020 milliseconds before timing out.
+
+The glog-style header gives severity, month/day and a nanosecond time (older builds print no time);
+the watchdog message names the collective's sequence number and kind, which ties a hang to the
+collective instance in the trace.
+"""
+
+from __future__ import annotations
+
+import re
+
+from teller.ingest.logs.fields import key_values
+from teller.ingest.logs.table import LogRecord
+
+HEADER = re.compile(
+    r"^(?:\[rank(?P<rank>\d+)\]:)?\[(?P<severity>[IWEF])"
+    r"(?:(?P<month>\d\d)(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\.(?P<frac>\d{1,9}))?"
+    r"(?: \d+)? ?(?P<source>[\w./\-]+:\d+)\] ?(?P<message>.*)$",
+    re.DOTALL,
+)
+_SEVERITY = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_MESSAGE_RANK = re.compile(r"\[(?:PG \d+ \([^)]*\) )?Rank (?P<rank>\d+)\]")
+_WORK = re.compile(
+    r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
+    r"(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?\)(?: ran for (?P<ran>\d+) milliseconds)?"
+)
+
+
+def parse(text: str, line: int) -> LogRecord | None:
+    match = HEADER.match(text)
+    if match is None:
+        return None
+    g = match.group
+    frac = g("frac")
+    record = LogRecord(
+        raw=text,
+        line=line,
+        format="pytorch",
+        level=_SEVERITY[g("severity")],
+        source=g("source"),
+        message=g("message"),
+        rank=int(g("rank")) if g("rank") else -1,
+        clock=(
+            None,
+            int(g("month")),
+            int(g("day")),
+            int(g("h")) * 3600 + int(g("m")) * 60 + int(g("s")),
+            int(frac.ljust(9, "0")[:9]),
+        )
+        if frac
+        else None,
+    )
+    message = record.message
+    if record.rank < 0 and (rank := _MESSAGE_RANK.search(message)):
+        record.rank = int(rank.group("rank"))
+    if "Timeout at NCCL work" in message or "collective operation timeout" in message:
+        record.event = "nccl_timeout"
+        record.template = "pytorch NCCL watchdog timeout"
+        fields: dict = {}
+        if work := _WORK.search(message):
+            fields["seq"] = int(work.group("seq"))
+            fields["op_type"] = work.group("op").lower()
+            if work.group("timeout"):
+                fields["timeout_ms"] = int(work.group("timeout"))
+            if work.group("ran"):
+                fields["ran_for_ms"] = int(work.group("ran"))
+        else:
+            fields.update(key_values(_MESSAGE_RANK.sub("", message)))
+        record.fields = fields
+    return record

@@ -1,0 +1,400 @@
+"""Read one log file into records: prefixes, per-line parsers, multi-line records, one wall clock.
+
+Each line goes through the same steps: the `teller collect` time prefix (exact UTC, gives the
+year), ANSI colour codes, the vLLM process prefix `(Name pid=N)`, then the first engine parser that
+recognises the line's header (chosen by its first character), else the generic header and template
+mining. A traceback (with the lines of its chained exceptions) and indented continuation lines fold
+into the record they belong to.
+
+Printed times without a year take it from, in order: the `year` argument, the collector prefix or a
+dated line earlier in the file, the file's modification time (counted in a warning). Times without
+a sub-second part are spread over their second in file order (`ts_exact` false), and lines that
+print no time at all (uvicorn, TensorRT-LLM) carry the previous record's time over. Nothing is
+dropped: undecodable bytes, unknown and out-of-order lines are kept and counted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from teller.errors import TraceError
+from teller.ingest.logs import detect, pytorch, sglang, templates, trtllm, vllm
+from teller.ingest.logs.table import LogRecord, LogSource
+
+NS = 1_000_000_000
+_DAY_S = 86_400
+#: A month-day that falls this far before the previous one is the next year (Dec 31 → Jan 1).
+_YEAR_ROLLOVER_DAYS = 180
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_COLLECTOR_FILE = re.compile(r"^rank(?P<rank>\d+)\.log")
+_TRACEBACK_START = "Traceback (most recent call last):"
+_TRACEBACK_LINKS = (
+    "Traceback (most recent call last):",
+    "During handling of the above exception",
+    "The above exception was the direct cause",
+)
+_EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[a-z_]\w*\.)*[A-Z]\w*)(?:: ?(?P<text>.*))?$", re.DOTALL)
+_EXCEPTION_SUFFIXES = ("Error", "Exception", "Interrupt", "Exit", "Warning", "Iteration")
+ENGINE_FORMATS = frozenset({"vllm", "sglang", "trtllm", "pytorch"})
+
+
+class WallClock:
+    """Turns printed (year?, month?, day?, second-of-day, fraction?) times into unix seconds."""
+
+    def __init__(self, year: int | None, fallback: date) -> None:
+        self.year = year
+        self.fallback = fallback
+        self.current: date | None = None  # date of the last resolved time
+        self.last_second_of_day = 0
+        self.inferred: Counter[str] = Counter()
+        self._days: dict[tuple[int, int, int], int] = {}
+
+    def observe_exact(self, unix_ns: int) -> None:
+        """An exact time (collector prefix) fixes the date context for the lines after it."""
+        moment = datetime.fromtimestamp(unix_ns / NS, UTC)
+        self.current = moment.date()
+        self.last_second_of_day = moment.hour * 3600 + moment.minute * 60 + moment.second
+
+    def seconds(self, clock: tuple) -> int:
+        """Unix seconds of a printed time; ValueError for an impossible date."""
+        year, month, day, second_of_day, _ = clock
+        if month is None:
+            if self.current is None:
+                self.inferred["date_from_file_mtime"] += 1
+                self.current = self.fallback
+            elif second_of_day < self.last_second_of_day - _DAY_S // 2:
+                self.current = date.fromordinal(self.current.toordinal() + 1)
+            year, month, day = self.current.year, self.current.month, self.current.day
+        elif year is None:
+            year = self._year_for(month, day)
+        key = (year, month, day)
+        days = self._days.get(key)
+        if days is None:
+            days = date(year, month, day).toordinal() - _EPOCH_ORDINAL
+            self._days[key] = days
+            self.current = date(year, month, day)
+        elif self.current is None or (self.current.month, self.current.day) != (month, day):
+            self.current = date(year, month, day)
+        self.last_second_of_day = second_of_day
+        return days * _DAY_S + second_of_day
+
+    def _year_for(self, month: int, day: int) -> int:
+        """The given year for the first date, then the running year (rolling over at New Year)."""
+        if self.current is None:
+            if self.year is not None:
+                return self.year
+            self.inferred["year_from_file_mtime"] += 1
+            return self.fallback.year
+        year = self.current.year
+        gap = (date(year, month, day) - self.current).days if _valid(year, month, day) else 0
+        if gap < -_YEAR_ROLLOVER_DAYS:
+            year += 1
+        return year
+
+
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+
+
+def _valid(year: int, month: int, day: int) -> bool:
+    try:
+        date(year, month, day)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_line(text: str, line: int) -> LogRecord:
+    """The record for one line (collector and process prefixes already removed)."""
+    first = text[:1]
+    record: LogRecord | None = None
+    if first == "[":
+        if text.startswith("[TensorRT-LLM]"):
+            record = trtllm.parse(text, line)
+        elif text[1:2].isdigit():
+            record = sglang.parse(text, line)
+        else:
+            record = pytorch.parse(text, line)
+    elif first in "DIWEC" and first:
+        record = vllm.parse(text, line) or vllm.parse_access(text, line)
+    return record or templates.parse_generic(text, line)
+
+
+class _FileReader:
+    """State of one pass over one file: the pending record, its traceback, the clock, counters."""
+
+    def __init__(
+        self, path: Path, miner: templates.Templates, clock: WallClock, rank: int, host: str
+    ):
+        self.path = path
+        self.miner = miner
+        self.clock = clock
+        self.rank = rank
+        self.host = host
+        self.records: list[LogRecord] = []
+        self.second_resolution: list[bool] = []
+        self.counts: Counter[str] = Counter()
+        self.pending: LogRecord | None = None
+        self.pending_lines: list[str] = []
+        self.traceback_state = 0  # 0 none, 1 inside frames, 2 after the exception line
+
+    def feed(self, text: str, line: int, exact_ns: int) -> None:
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        process = ("", -1, -1, "")
+        if text.startswith("(") and (prefix := vllm.PROCESS_PREFIX.match(text)):
+            process = vllm.process_fields(prefix)
+            body = text[prefix.end() :]
+        else:
+            body = text
+        record = parse_line(body, line)
+        if self.pending is not None and self._continues(record, body, process):
+            self.pending_lines.append(text)
+            return
+        self.flush()
+        record.raw = text
+        record.process = record.process or process[0]
+        record.pid = process[1]
+        if record.rank < 0:
+            record.rank = process[2] if process[2] >= 0 else self.rank
+        if exact_ns >= 0:
+            record.ts_ns, record.ts_exact = exact_ns, True
+        elif record.clock is not None:
+            self._resolve_clock(record)
+        if record.message.startswith(_TRACEBACK_START) or body.startswith(_TRACEBACK_START):
+            record.event = "traceback"
+            if record.format == "unparsed":
+                record.format = "python"
+            self.traceback_state = 1
+        self.pending = record
+        self.pending_lines = [text]
+
+    def _continues(self, record: LogRecord, body: str, process: tuple) -> bool:
+        """Whether this line belongs to the pending record (traceback or indented continuation)."""
+        pending = self.pending
+        assert pending is not None
+        headed = record.format not in ("unparsed", "python")
+        if (headed or process[1] >= 0) and process[1] != pending.pid:
+            return False  # another process's line (or a new header): interleaved, not ours
+        text = record.message if record.format in ENGINE_FORMATS else body
+        if self.traceback_state:
+            if not text.strip() or text.startswith(_TRACEBACK_LINKS):
+                self.traceback_state = 1
+                return True
+            if self.traceback_state == 1:
+                if text[:1].isspace():
+                    return True
+                if is_exception_line(text):
+                    self.traceback_state = 2
+                    return True
+            return False
+        return not headed and body[:1] in (" ", "\t") and bool(body.strip())
+
+    def _resolve_clock(self, record: LogRecord) -> None:
+        try:
+            seconds = self.clock.seconds(record.clock)  # type: ignore[arg-type]
+        except ValueError:
+            self.counts["impossible_dates"] += 1
+            return
+        fraction = record.clock[4]  # type: ignore[index]
+        if fraction is None:
+            record.ts_ns, record.ts_exact = seconds * NS, False
+        else:
+            record.ts_ns, record.ts_exact = seconds * NS + fraction, True
+
+    def flush(self) -> None:
+        record = self.pending
+        if record is None:
+            return
+        if len(self.pending_lines) > 1:
+            record.raw = "\n".join(self.pending_lines)
+            self.counts["continuation_lines"] += len(self.pending_lines) - 1
+        if self.traceback_state:
+            _describe_traceback(record, self.pending_lines)
+        if not record.template:
+            record.cluster = self.miner.add(record.message)
+            self.counts["template_mined"] += 1
+        self.counts[f"format_{record.format}"] += 1
+        if record.fields:
+            record.fields_json = orjson.dumps(record.fields).decode()
+        self.second_resolution.append(record.ts_ns >= 0 and not record.ts_exact)
+        record.fields = None
+        record.message = ""
+        record.clock = None
+        self.records.append(record)
+        self.pending = None
+        self.traceback_state = 0
+
+
+def is_exception_line(text: str) -> bool:
+    """`ValueError: bad`, `torch.OutOfMemoryError: …`, `KeyboardInterrupt`: a traceback's last line."""
+    match = _EXCEPTION_LINE.match(text)
+    if match is None:
+        return False
+    name = match.group("type")
+    return match.group("text") is not None or name.endswith(_EXCEPTION_SUFFIXES)
+
+
+def _describe_traceback(record: LogRecord, lines: list[str]) -> None:
+    record.event = "traceback"
+    for line in reversed(lines):
+        body = line
+        if prefix := vllm.PROCESS_PREFIX.match(line):
+            body = line[prefix.end() :]
+        parsed = parse_line(body, 0)
+        text = parsed.message if parsed.format in ENGINE_FORMATS else body
+        if is_exception_line(text):
+            match = _EXCEPTION_LINE.match(text)
+            assert match is not None
+            record.template = f"traceback {match.group('type')}"
+            record.fields = {
+                "exception": match.group("type"),
+                "error": match.group("text") or "",
+                "lines": len(lines),
+            }
+            return
+    record.template = "traceback <unknown>"
+    record.fields = {"lines": len(lines)}
+
+
+def read_file(
+    path: Path, miner: templates.Templates, year: int | None = None, host: str = ""
+) -> tuple[list[LogRecord], LogSource]:
+    """Records of one log file in file order, with resolved times, plus what was counted."""
+    try:
+        modified = datetime.fromtimestamp(path.stat().st_mtime, UTC).date()
+        handle = detect.open_log(path)
+    except OSError as error:
+        raise TraceError(path, f"cannot read log file: {error.strerror or error}") from error
+    collector_rank = _COLLECTOR_FILE.match(path.name)
+    rank = int(collector_rank.group("rank")) if collector_rank else -1
+    reader = _FileReader(path, miner, WallClock(year, modified), rank, host)
+    source = LogSource(path=str(path), format="", host=host, rank=rank)
+    head: list[str] = []
+    invalid_utf8 = prefixless = 0
+    try:
+        with handle:
+            first_lines = [handle.readline() for _ in range(detect.SNIFF_LINES)]
+            prefixed = detect.has_collector_prefix(first_lines)
+            source.collector_prefix = prefixed
+            number = 0
+            for raw in _chain(first_lines, handle):
+                number += 1
+                exact_ns = -1
+                if prefixed:
+                    if detect.COLLECTOR_PREFIX.match(raw):
+                        exact_ns = _collector_ns(raw)
+                        reader.clock.observe_exact(exact_ns)
+                        raw = raw[28:]
+                    else:
+                        prefixless += 1
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = raw.decode("utf-8", "replace")
+                    invalid_utf8 += 1
+                text = text.rstrip("\r\n")
+                if len(head) < detect.SNIFF_LINES:
+                    head.append(text)
+                reader.feed(text, number, exact_ns)
+            reader.flush()
+    except (OSError, EOFError) as error:
+        raise TraceError(path, f"cannot read log file: {error}", f"line {number + 1}") from error
+    source.lines = number
+    source.records = len(reader.records)
+    source.format = detect.detect_format(head)
+    _finish_times(reader.records, np.asarray(reader.second_resolution, dtype=bool), source)
+    counts = reader.counts + reader.clock.inferred + Counter(source.counts)
+    if invalid_utf8:
+        counts["invalid_utf8_lines"] = invalid_utf8
+        source.warnings.append(f"{invalid_utf8} lines had invalid UTF-8 (replaced with U+FFFD)")
+    if prefixless:
+        counts["lines_without_collector_prefix"] = prefixless
+        source.warnings.append(f"{prefixless} lines lacked the collector time prefix")
+    if counts["format_unparsed"]:
+        source.warnings.append(
+            f"{counts['format_unparsed']} records matched no known line shape "
+            "(kept, with a mined template)"
+        )
+    if counts["impossible_dates"]:
+        source.warnings.append(f"{counts['impossible_dates']} lines printed an impossible date")
+    for what, note in (
+        ("year_from_file_mtime", "year"),
+        ("date_from_file_mtime", "date"),
+    ):
+        if counts[what]:
+            source.warnings.append(
+                f"the log prints no {note}: took {modified.year if note == 'year' else modified} "
+                f"from the file's modification time (pass year= or use `teller collect`)"
+            )
+    source.counts = dict(sorted(counts.items()))
+    return reader.records, source
+
+
+def _chain(first: list[bytes], rest):
+    for line in first:
+        if line:
+            yield line
+    yield from rest
+
+
+_COLLECTOR_DAYS: dict[bytes, int] = {}
+
+
+def _collector_ns(raw: bytes) -> int:
+    """Unix ns of `YYYY-MM-DDTHH:MM:SS.ffffffZ` without strptime (this runs once per line)."""
+    day_key = raw[:10]
+    days = _COLLECTOR_DAYS.get(day_key)
+    if days is None:
+        days = date(int(raw[0:4]), int(raw[5:7]), int(raw[8:10])).toordinal() - _EPOCH_ORDINAL
+        _COLLECTOR_DAYS[day_key] = days
+    seconds = days * _DAY_S + int(raw[11:13]) * 3600 + int(raw[14:16]) * 60 + int(raw[17:19])
+    return seconds * NS + int(raw[20:26]) * 1000
+
+
+def _finish_times(
+    records: list[LogRecord], second_resolution: np.ndarray, source: LogSource
+) -> None:
+    """Carry times over to lines that print none, spread whole seconds, count disorder."""
+    count = len(records)
+    if count == 0:
+        return
+    ts = np.fromiter((r.ts_ns for r in records), dtype=np.int64, count=count)
+    given = ts >= 0
+    if not given.any():
+        source.warnings.append("no line carries a time: ts_ns is -1 (order by `line`)")
+        return
+    # forward-fill the last given time (and whether it was whole-second), back-fill the head
+    last = np.maximum.accumulate(np.where(given, np.arange(count), -1))
+    first_given = int(np.argmax(given))
+    last[last < 0] = first_given
+    carried = ~given
+    ts = ts[last]
+    spread = second_resolution[last]
+    # whole-second times: the k-th of n lines printed in one second sits at (k+1)/(n+1) of it
+    rows = np.flatnonzero(spread)
+    if len(rows):
+        order = rows[np.argsort(ts[rows], kind="stable")]
+        seconds = ts[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(seconds)) + 1]
+        sizes = np.diff(np.r_[starts, len(order)])
+        ordinal = np.arange(len(order)) - np.repeat(starts, sizes)
+        ts[order] = seconds + (ordinal + 1) * NS // (np.repeat(sizes, sizes) + 1)
+    backwards = int(np.count_nonzero(np.diff(ts) < 0))
+    for record, value, was_carried in zip(records, ts.tolist(), carried.tolist(), strict=True):
+        record.ts_ns = value
+        if was_carried:
+            record.ts_exact = False
+    if carried.any():
+        source.counts["time_carried_over"] = int(carried.sum())
+    if backwards:
+        source.counts["out_of_order"] = backwards
+        source.warnings.append(
+            f"{backwards} records are earlier than the record before them "
+            "(interleaved processes or clock steps); kept in file order"
+        )

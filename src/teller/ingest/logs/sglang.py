@@ -1,0 +1,63 @@
+"""SGLang scheduler lines: `[date time TP0 EP0] Prefill batch. …` / `Decode batch, …`.
+
+SGLang prints no request ids; its batch lines (every `--decode-log-interval` steps) carry the
+running/queued request counts, token usage and throughput, which is what step-level alignment
+needs. The bracket holds an optional date, the time (no sub-second part) and rank tags
+(`TP0`, `EP0`, `DP1`, `PP0`); field names changed across versions (`#token` vs `#full token`,
+`.` vs `,` after the batch kind), so fields are parsed as generic `key: value` pairs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from teller.ingest.logs.fields import key_values
+from teller.ingest.logs.table import LogRecord
+from teller.ingest.logs.vllm import ACCESS, fill_access
+
+HEADER = re.compile(
+    r"^\[(?:(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) )?"
+    r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
+    r"(?P<tags>(?: (?:TP|DP|EP|PP|CP|RANK)\d+)*)\] (?P<message>.*)$",
+    re.DOTALL,
+)
+_TAG = re.compile(r"(TP|DP|EP|PP|CP|RANK)(\d+)")
+_BATCH = re.compile(r"^(?P<kind>Prefill|Decode) batch[.,]")
+_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+
+
+def parse(text: str, line: int) -> LogRecord | None:
+    match = HEADER.match(text)
+    if match is None:
+        return None
+    g = match.group
+    year, tags = g("year"), g("tags").strip()
+    record = LogRecord(
+        raw=text,
+        line=line,
+        format="sglang",
+        process=tags,
+        message=g("message"),
+        clock=(
+            int(year) if year else None,
+            int(g("month")) if year else None,
+            int(g("day")) if year else None,
+            int(g("h")) * 3600 + int(g("m")) * 60 + int(g("s")),
+            None,
+        ),
+    )
+    tag_values = {name.lower(): int(value) for name, value in _TAG.findall(tags)}
+    record.rank = tag_values.get("rank", tag_values.get("tp", -1))
+    message = record.message
+    if batch := _BATCH.match(message):
+        kind = batch.group("kind").lower()
+        record.event = f"{kind}_batch"
+        record.template = f"sglang {kind} batch"
+        record.level = "INFO"
+        record.fields = {**tag_values, **key_values(message[batch.end() :])}
+    elif access := ACCESS.match(message):
+        fill_access(record, access)
+        record.level = access.group("level")
+    elif level := _LEVEL.match(message):
+        record.level = level.group("level")
+    return record

@@ -1,0 +1,228 @@
+"""The log table: one Arrow row per log record, whatever engine printed it.
+
+Every log reader (vLLM, SGLang, TensorRT-LLM, PyTorch's NCCL watchdog, template-mined unknown lines)
+fills this one table, so alignment and the log-side baselines never see a line format. A record is
+one logical message: a multi-line traceback is one row whose `raw` keeps every line.
+
+| column       | type                      | meaning                                                    |
+|--------------|---------------------------|------------------------------------------------------------|
+| ts_ns        | int64                     | wall clock, unix ns (-1 when the file gave no time at all) |
+| ts_exact     | bool                      | false when the sub-second part (or the whole time) was     |
+|              |                           | inferred: lines within one printed second are spread over  |
+|              |                           | it in file order                                           |
+| host         | dictionary<int32, string> | host name ("" unknown)                                     |
+| process      | dictionary<int32, string> | engine process tag: `APIServer`, `EngineCore_0`, `TP0`, …  |
+| pid          | int64                     | process id from the line prefix, -1 unknown                |
+| rank         | int32                     | rank from the line (`TP1`, `rank=1`, `[rank3]`) or the     |
+|              |                           | collector's file name, -1 unknown                          |
+| level        | dictionary<int8, string>  | DEBUG, INFO, WARNING, ERROR, CRITICAL, or ""               |
+| source       | dictionary<int32, string> | the engine's `file.py:line`, "" unknown                    |
+| event        | dictionary<int32, string> | what the record says (EVENTS), "other" for mined lines     |
+| request_id   | string                    | request id as printed (vLLM V1: API id plus a suffix)      |
+| request_key  | string                    | the id without engine suffixes: joins API, engine and OTel |
+| template_id  | int64                     | stable hash of `template` (same text → same id, any run)   |
+| template     | dictionary<int32, string> | the record's template text                                 |
+| fields       | string (JSON)             | parsed numbers and names, null when none                   |
+| raw          | string                    | the record's text as printed (ANSI codes removed)          |
+| file         | dictionary<int32, string> | the file it came from                                      |
+| line         | int64                     | 1-based line number of the record's first line             |
+| format       | dictionary<int8, string>  | which reader parsed it (FORMATS)                           |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+FORMATS: tuple[str, ...] = (
+    "vllm",
+    "sglang",
+    "trtllm",
+    "pytorch",
+    "uvicorn",
+    "python",
+    "generic",
+    "unparsed",
+)
+LEVELS: tuple[str, ...] = ("", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: What a record says. Alignment and the log baselines key on these names.
+EVENTS: tuple[str, ...] = (
+    "request_received",
+    "request_added",
+    "request_finished",
+    "request_aborted",
+    "request_preempted",
+    "request_resumed",
+    "stats",
+    "iteration",
+    "jit_compile",
+    "nccl_timeout",
+    "http_access",
+    "traceback",
+    "engine_config",
+    "prefill_batch",
+    "decode_batch",
+    "other",
+)
+
+_STR_DICT = pa.dictionary(pa.int32(), pa.string())
+
+LOG_SCHEMA = pa.schema(
+    [
+        pa.field("ts_ns", pa.int64()),
+        pa.field("ts_exact", pa.bool_()),
+        pa.field("host", _STR_DICT),
+        pa.field("process", _STR_DICT),
+        pa.field("pid", pa.int64()),
+        pa.field("rank", pa.int32()),
+        pa.field("level", pa.dictionary(pa.int8(), pa.string())),
+        pa.field("source", _STR_DICT),
+        pa.field("event", _STR_DICT),
+        pa.field("request_id", pa.string()),
+        pa.field("request_key", pa.string()),
+        pa.field("template_id", pa.int64()),
+        pa.field("template", _STR_DICT),
+        pa.field("fields", pa.string()),
+        pa.field("raw", pa.string()),
+        pa.field("file", _STR_DICT),
+        pa.field("line", pa.int64()),
+        pa.field("format", pa.dictionary(pa.int8(), pa.string())),
+    ]
+)
+
+# vLLM V1's engine id is the API id plus "-" and 8 hex digits; V0 completions add "-<n>" (the
+# sequence index) and V1's parallel sampling prefixes "<n>_". All are stripped so every stage of
+# one request shares a key.
+_ENGINE_SUFFIX = re.compile(r"^(?:\d+_)?(?P<key>[^-]+-[0-9A-Za-z]{6,}?)(?:-[0-9a-f]{8}|-\d{1,3})?$")
+
+
+def request_key(request_id: str) -> str:
+    """The part of a request id that the API server, the engine and OTel spans all share."""
+    match = _ENGINE_SUFFIX.match(request_id)
+    return match.group("key") if match else request_id
+
+
+def template_id(template: str) -> int:
+    """A stable 63-bit id for a template text (blake2b), unlike drain's per-run cluster counter."""
+    digest = hashlib.blake2b(template.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+@dataclass(slots=True)
+class LogRecord:
+    """One parsed record before it becomes a row; readers fill what their line says."""
+
+    raw: str
+    line: int
+    format: str
+    ts_ns: int = -1  # -1: not given on this line (inherits the previous line's time)
+    ts_exact: bool = False
+    level: str = ""
+    process: str = ""
+    pid: int = -1
+    rank: int = -1
+    source: str = ""
+    event: str = "other"
+    request_id: str | None = None
+    template: str = ""
+    fields: dict | None = None
+    message: str = ""  # the text after the engine's header, what template mining sees
+    #: the time as printed: (year, month, day, second of day, ns fraction); None for "not printed"
+    clock: tuple[int | None, int | None, int | None, int, int | None] | None = None
+    fields_json: str | None = None  # `fields` serialised when the record is complete
+    cluster: int = -1  # drain cluster of a mined record, resolved to `template` once all are seen
+
+
+@dataclass
+class LogSource:
+    """What one log file held, and what the reader could not place (counted, never dropped)."""
+
+    path: str
+    format: str
+    lines: int = 0
+    records: int = 0
+    host: str = ""
+    rank: int = -1
+    collector_prefix: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LogTable:
+    """An Arrow table of log records plus the facts about the files it came from."""
+
+    table: pa.Table
+    sources: list[LogSource]
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{Path(s.path).name}: {w}" for s in self.sources for w in s.warnings]
+
+    def column(self, name: str) -> list:
+        return self.table.column(name).to_pylist()
+
+    def to_pandas(self):
+        return self.table.to_pandas()
+
+
+def build_log_table(records: list[LogRecord], file: str, host: str = "") -> pa.Table:
+    """Rows for one file's records, timestamps already resolved."""
+    count = len(records)
+    fields_json = [r.fields_json for r in records]
+    request_ids = [r.request_id for r in records]
+    keys = [request_key(r) if r is not None else None for r in request_ids]
+    templates = [r.template for r in records]
+    arrays = [
+        pa.array([r.ts_ns for r in records], pa.int64()),
+        pa.array([r.ts_exact for r in records], pa.bool_()),
+        _constant(host, count),
+        _dictionary([r.process for r in records]),
+        pa.array([r.pid for r in records], pa.int64()),
+        pa.array([r.rank for r in records], pa.int32()),
+        _dictionary([r.level for r in records], pa.int8()),
+        _dictionary([r.source for r in records]),
+        _dictionary([r.event for r in records]),
+        pa.array(request_ids, pa.string()),
+        pa.array(keys, pa.string()),
+        pa.array(np.array([template_id(t) for t in templates], dtype=np.int64)),
+        _dictionary(templates),
+        pa.array(fields_json, pa.string()),
+        pa.array([r.raw for r in records], pa.string()),
+        _constant(file, count),
+        pa.array([r.line for r in records], pa.int64()),
+        _dictionary([r.format for r in records], pa.int8()),
+    ]
+    return pa.Table.from_arrays(arrays, schema=LOG_SCHEMA)
+
+
+def concat_logs(tables: list[LogTable]) -> LogTable:
+    """Join per-file tables (dictionaries unified so each column stays one symbol table)."""
+    if len(tables) == 1:
+        return tables[0]
+    if not tables:
+        return LogTable(LOG_SCHEMA.empty_table(), [])
+    table = pa.concat_tables([t.table for t in tables]).unify_dictionaries()
+    return LogTable(table=table, sources=[s for t in tables for s in t.sources])
+
+
+def _constant(value: str, count: int) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(count, dtype=np.int32)), pa.array([value], pa.string())
+    )
+
+
+def _dictionary(values: list[str], index_type: pa.DataType | None = None) -> pa.DictionaryArray:
+    array = pa.array(values, pa.string()).dictionary_encode()
+    if index_type is not None:
+        array = array.cast(pa.dictionary(index_type, pa.string()))
+    return array

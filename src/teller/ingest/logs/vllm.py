@@ -1,0 +1,180 @@
+"""vLLM log lines (V0 and V1) and the uvicorn access lines its API server prints.
+
+Shapes (quoted in shared/formats/engine-logs.md)::
+
+    INFO 10-01 18:43:28 logger.py:36] Received request cmpl-…-0: prompt: …          (V0)
+    (APIServer pid=90458) INFO 02-13 11:33:33 [async_llm.py:382] Added request chatcmpl-…-a8a65d16.
+    INFO:     172.18.0.1:49422 - "POST /v1/chat/completions HTTP/1.1" 200 OK        (uvicorn)
+
+The `(Process pid=N)` prefix is stripped by the reader before this module sees the line (other
+engines' lines carry it too). The printed time has no year and, by default, no sub-second part:
+the reader resolves it from context. V1's engine request id is the API id plus a suffix; the
+record keeps the id as printed and the table derives the shared `request_key`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from teller.ingest.logs.fields import key_values, normalise_key
+from teller.ingest.logs.table import LogRecord
+
+HEADER = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<month>\d\d)-(?P<day>\d\d) "
+    r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))? "
+    r"\[?(?P<source>[\w./\-]+:\d+)\]? ?(?P<message>.*)$",
+    re.DOTALL,
+)
+#: `(APIServer pid=1)`, `(VllmWorker TP0 pid=1)`, `(RayWorkerWrapper pid=1, ip=10.0.0.2)`.
+PROCESS_PREFIX = re.compile(r"^\((?P<process>[^()]*?) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\) ")
+_PROCESS_RANK = re.compile(r"(?:TP|rank=)(\d+)")
+
+ACCESS = re.compile(
+    r'^(?P<level>INFO|WARNING|ERROR):\s+(?P<client>\S+?):(?P<port>\d+) - "(?P<method>[A-Z]+) '
+    r'(?P<path>\S+) (?P<protocol>HTTP/[\d.]+)" (?P<status>\d{3})'
+)
+
+_REQUEST = re.compile(
+    r"^(?P<what>Received|Added|Finished|Aborted) request (?P<rid>[^\s:,]+?)(?:[.:,]|$)"
+)
+_REQUEST_EVENT = {
+    "Received": "request_received",
+    "Added": "request_added",
+    "Finished": "request_finished",
+    "Aborted": "request_aborted",
+}
+_PREEMPTED_V0 = re.compile(
+    r"^Sequence group (?P<rid>\S+) is preempted by PreemptionMode\.(?P<mode>\w+) mode"
+)
+_RESUMED = re.compile(r"^Preempted request (?P<rid>\S+) has been resumed")
+_ENGINE = re.compile(r"^Engine (?P<engine>\d+): ")
+_ITERATION = re.compile(r"Iteration\((?P<iteration>\d+)\): ")
+_COUNTED = re.compile(r"(?P<count>\d+) (?P<what>(?:context|generation) (?:requests|tokens))")
+_JIT = re.compile(r"JIT compilation during inference: (?P<kernel>[\w<>]+(?:\.\w+)*)")
+_PROMPT_IDS = re.compile(r"prompt_token_ids: \[(?P<ids>[^\]]*)\]")
+_MAX_TOKENS = re.compile(r"max_tokens=(?P<n>\d+)")
+_CUMULATIVE = re.compile(r"total_num_cumulative_preemption=(?P<n>\d+)")
+
+
+def parse(text: str, line: int) -> LogRecord | None:
+    """A record for one vLLM line (process prefix already removed), or None if not vLLM's."""
+    match = HEADER.match(text)
+    if match is None:
+        return None
+    g = match.group
+    frac = g("frac")
+    record = LogRecord(
+        raw=text,
+        line=line,
+        format="vllm",
+        level=g("level"),
+        source=g("source"),
+        message=g("message"),
+        clock=(
+            None,
+            int(g("month")),
+            int(g("day")),
+            int(g("h")) * 3600 + int(g("m")) * 60 + int(g("s")),
+            int(frac.ljust(9, "0")) if frac else None,
+        ),
+    )
+    classify(record)
+    return record
+
+
+def classify(record: LogRecord) -> None:
+    """Set event, request id, template and fields from the message of a vLLM record."""
+    message = record.message
+    if match := _REQUEST.match(message):
+        record.event = _REQUEST_EVENT[match.group("what")]
+        record.request_id = match.group("rid")
+        record.template = f"vllm {match.group('what')} request <id>"
+        if record.event == "request_received":
+            record.fields = _received_fields(message)
+        return
+    if "throughput:" in message:
+        record.event = "stats"
+        record.template = "vllm stats"
+        record.fields = _with_engine(message, key_values(message))
+        return
+    if (match := _ITERATION.search(message)) is not None:
+        record.event = "iteration"
+        record.template = "vllm iteration details"
+        fields = _with_engine(message, {"iteration": int(match.group("iteration"))})
+        for counted in _COUNTED.finditer(message):
+            fields[normalise_key(counted.group("what"))] = int(counted.group("count"))
+        fields.update(key_values(message[match.end() :]))
+        record.fields = fields
+        return
+    if match := _PREEMPTED_V0.match(message):
+        record.event = "request_preempted"
+        record.request_id = match.group("rid")
+        record.template = "vllm Sequence group <id> is preempted"
+        fields: dict = {"mode": match.group("mode").lower()}
+        if cumulative := _CUMULATIVE.search(message):
+            fields["total_num_cumulative_preemption"] = int(cumulative.group("n"))
+        record.fields = fields
+        return
+    if match := _RESUMED.match(message):
+        record.event = "request_resumed"
+        record.request_id = match.group("rid")
+        record.template = "vllm Preempted request <id> has been resumed"
+        return
+    if match := _JIT.search(message):
+        record.event = "jit_compile"
+        record.template = "vllm JIT compilation during inference"
+        record.fields = {"kernel": match.group("kernel")}
+        return
+    if message.startswith(("Initializing an LLM engine", "Initializing a V1 LLM engine")):
+        record.event = "engine_config"
+        record.template = "vllm Initializing an LLM engine"
+
+
+def parse_access(text: str, line: int) -> LogRecord | None:
+    """A uvicorn access line (`INFO:     ip:port - "POST /v1/… HTTP/1.1" 200 OK`); no time on it."""
+    match = ACCESS.match(text)
+    if match is None:
+        return None
+    record = LogRecord(raw=text, line=line, format="uvicorn", level=match.group("level"))
+    fill_access(record, match)
+    return record
+
+
+def fill_access(record: LogRecord, match: re.Match[str]) -> None:
+    record.event = "http_access"
+    record.message = match.string
+    record.template = f"http {match.group('method')} {match.group('path')} <status>"
+    record.fields = {
+        "client": match.group("client"),
+        "method": match.group("method"),
+        "path": match.group("path"),
+        "status": int(match.group("status")),
+    }
+
+
+def process_fields(match: re.Match[str]) -> tuple[str, int, int, str]:
+    """(process tag, pid, rank or -1, host ip or "") from a `(Name pid=N)` prefix match."""
+    process = match.group("process")
+    rank_match = _PROCESS_RANK.search(process)
+    return (
+        process,
+        int(match.group("pid")),
+        int(rank_match.group(1)) if rank_match else -1,
+        match.group("ip") or "",
+    )
+
+
+def _with_engine(message: str, fields: dict) -> dict:
+    if match := _ENGINE.match(message):
+        return {"engine": int(match.group("engine")), **fields}
+    return fields
+
+
+def _received_fields(message: str) -> dict | None:
+    fields: dict = {}
+    if match := _PROMPT_IDS.search(message):
+        ids = match.group("ids").strip()
+        fields["prompt_tokens"] = ids.count(",") + 1 if ids else 0
+    if match := _MAX_TOKENS.search(message):
+        fields["max_tokens"] = int(match.group("n"))
+    return fields or None
