@@ -1,0 +1,306 @@
+"""Simulated cases as every reader sees them: file layout, zero skipped events, launches, joins.
+
+`case(...)` builds a case once per test session (cached), so the fault and fidelity tests share it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from teller.callchain.tree import EDGE_LAUNCH, CallTree, build_tree
+from teller.cli import main
+from teller.ingest import read_run, read_trace
+from teller.ingest.schema import LAYER_CODE, EventTable
+from teller.lab.labels import CaseLabels
+from teller.lab.sim import EngineConfig, FaultSpec, SimConfig, Topology, WorkloadConfig, simulate
+
+_ROOT = Path(tempfile.mkdtemp(prefix="teller-sim-tests-"))
+WINDOW = (10, 30)
+STEPS = 40
+
+
+DEFAULTS = {
+    "fault": "none",
+    "rank": 1,
+    "nodes": 1,
+    "gpus": 4,
+    "tp": 4,
+    "pp": 1,
+    "python": False,
+    "layers": 2,
+    "seed": 0,
+    "steps": STEPS,
+    "kv_blocks": 4096,
+    "output_median": 128,
+}
+_CASES: dict[str, tuple[Path, EventTable, CallTree]] = {}
+
+
+def case(**options) -> tuple[Path, EventTable, CallTree]:
+    """A simulated case (built once per session): its directory, events and tree."""
+    o = DEFAULTS | options
+    name = "-".join(f"{k}{v}" for k, v in sorted(o.items()))
+    if name not in _CASES:
+        config = SimConfig(
+            topology=Topology(o["nodes"], o["gpus"], o["tp"], o["pp"]),
+            steps=o["steps"],
+            layers=o["layers"],
+            python_frames=o["python"],
+            engine=EngineConfig(kv_blocks=o["kv_blocks"]),
+            workload=WorkloadConfig(output_median=o["output_median"]),
+            fault=FaultSpec(o["fault"], rank=o["rank"], intensity=1.0, window=WINDOW),
+            seed=o["seed"],
+        )
+        out = _ROOT / name
+        simulate(config, out)
+        events = read_run([out / "traces"])
+        _CASES[name] = (out, events, build_tree(events))
+    return _CASES[name]
+
+
+def test_case_layout_matches_the_real_lab():
+    out, _, _ = case(tp=2, gpus=2)
+    assert sorted(p.name for p in (out / "traces").iterdir()) == [
+        "rank0.pt.trace.json.gz",
+        "rank1.pt.trace.json.gz",
+    ]
+    assert [p.name for p in (out / "logs").iterdir()] == ["server0.log"]
+    assert (out / "otlp" / "spans.json").is_file()
+    labels = CaseLabels.read(out)
+    assert (labels.source, labels.fault, labels.guilty_rank) == ("sim", "none", None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["calibration"]["inputs"], "the manifest names the calibration's real inputs"
+    assert not list(out.parent.glob(f".{out.name}.*")), "no temporary directory left behind"
+
+
+@pytest.mark.parametrize("python", [False, True])
+def test_every_file_reads_with_zero_skipped_events(python):
+    out, events, _ = case(python=python, tp=2, gpus=2, pp=1)
+    for source in events.sources:
+        assert source.skipped == {}, source.path
+        assert source.rank_source == "distributedInfo"
+        assert source.clock == "unix"
+        assert not [w for w in source.warnings if "skipped" in w]
+    # each file alone too, as a user would open it
+    for path in sorted((out / "traces").iterdir()):
+        assert read_trace(path).sources[0].skipped == {}
+
+
+def test_every_kernel_has_a_launching_parent():
+    _, _, tree = case(python=True, tp=2, gpus=2)
+    gpu_codes = [LAYER_CODE[x] for x in ("kernel", "memcpy", "memset")]
+    on_gpu = (tree.stream >= 0) & (
+        np.isin(tree.layer, gpu_codes) | (tree.layer == LAYER_CODE["comm"])
+    )
+    assert on_gpu.sum() > 1000
+    assert (tree.parent[on_gpu] >= 0).all()
+    assert (tree.edge[on_gpu] == EDGE_LAUNCH).all()
+    assert not [w for w in tree.warnings if "no launching runtime call" in w]
+
+
+def test_graph_replays_fan_out_to_kernels_sharing_the_launch_correlation():
+    _, events, tree = case(tp=2, gpus=2)
+    launches = [i for i in range(len(tree)) if tree.node_name(i) == "cudaGraphLaunch"]
+    assert launches, "decode steps replay CUDA graphs"
+    fan_out = [len(tree.children(i)) for i in launches]
+    assert min(fan_out) >= 1 and max(fan_out) > 5
+    corr = events.table.column("correlation").to_numpy()
+    for launch in launches[:20]:
+        kids = tree.children(launch)
+        assert {int(corr[tree.row[k]]) for k in kids} == {int(corr[tree.row[launch]])}
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 4, 1), (2, 2, 2, 2)])
+def test_every_collective_instance_is_joined_across_its_group(shape):
+    nodes, gpus, tp, pp = shape
+    _, _, tree = case(nodes=nodes, gpus=gpus, tp=tp, pp=pp)
+    comm = tree.comm
+    assert comm.num_instances > 50
+    sizes = np.bincount(comm.instance)
+    groups = np.array(comm.group)
+    for instance in range(comm.num_instances):
+        rows = np.flatnonzero(comm.instance == instance)
+        group = groups[rows[0]]
+        expected = tp if int(group) <= nodes * gpus // tp else pp  # tp groups are named first
+        assert sizes[instance] == expected, (instance, group)
+        assert len(set(comm.rank[rows].tolist())) == expected
+
+
+def test_nccl_kernels_obey_collective_semantics():
+    """No rank's NCCL kernel ends before the last rank arrived plus the transfer time."""
+    _, _, tree = case()
+    starts, ends = _comm_kernel_times(tree)
+    for instance, by_rank in starts.items():
+        last_arrival = max(by_rank.values())
+        assert min(ends[instance].values()) > last_arrival
+
+
+def _comm_kernel_times(tree: CallTree) -> tuple[dict, dict]:
+    """Per collective instance: each rank's NCCL kernel start and end (GPU side)."""
+    comm = tree.comm
+    starts: dict[int, dict[int, int]] = {}
+    ends: dict[int, dict[int, int]] = {}
+    gpu_comm = np.flatnonzero((tree.layer == LAYER_CODE["comm"]) & (tree.stream >= 0))
+    root_instance = dict(zip(comm.node.tolist(), comm.instance.tolist(), strict=True))
+    for node in gpu_comm.tolist():
+        up = node
+        while up >= 0 and up not in root_instance:
+            up = int(tree.parent[up])
+        if up < 0:
+            continue
+        instance = root_instance[up]
+        starts.setdefault(instance, {})[int(tree.rank[node])] = int(tree.start[node])
+        ends.setdefault(instance, {})[int(tree.rank[node])] = int(tree.start[node] + tree.dur[node])
+    return starts, ends
+
+
+def test_step_annotations_carry_the_batch():
+    _, _, tree = case(tp=2, gpus=2)
+    steps = tree.steps
+    assert len(steps) == 2 * STEPS
+    assert {"prefill", "decode"} <= set(steps.kind)
+    assert (steps.context_tokens[np.array(steps.kind) == "decode"] == 0).all()
+    assert (steps.generation_requests[np.array(steps.kind) == "prefill"] == 0).all()
+
+
+def test_logs_and_spans_have_the_documented_shapes():
+    out, _, _ = case(tp=2, gpus=2, output_median=8)
+    lines = (out / "logs" / "server0.log").read_text().splitlines()
+    shape = re.compile(
+        r"^\((APIServer|EngineCore_0) pid=\d+\) (INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[\w+\.py:\d+\] "
+    )
+    assert lines and all(shape.match(line) for line in lines)
+    assert sum("Iteration(" in line for line in lines) == STEPS
+    assert any("Added request cmpl-" in line for line in lines)
+    spans = json.loads((out / "otlp" / "spans.json").read_text())
+    records = spans["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    finished = sum("Finished request" in line for line in lines)
+    assert len(records) == finished > 0
+    attributes = {a["key"] for a in records[0]["attributes"]}
+    assert {
+        "gen_ai.request.id",
+        "gen_ai.latency.time_to_first_token",
+        "gen_ai.usage.prompt_tokens",
+    } <= attributes
+    assert all(r["name"] == "llm_request" and r["kind"] == 2 for r in records)
+
+
+def test_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path):
+    config = SimConfig(Topology(1, 2, 2, 1), steps=12, layers=1, python_frames=True)
+
+    def digest(out: Path) -> dict[str, str]:
+        return {
+            str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != "labels.json"
+        }
+
+    simulate(config, tmp_path / "a")
+    simulate(config, tmp_path / "b", jobs=2)
+    import dataclasses
+
+    simulate(dataclasses.replace(config, seed=1), tmp_path / "c")
+    a, b, c = digest(tmp_path / "a"), digest(tmp_path / "b"), digest(tmp_path / "c")
+    assert a == b
+    assert a["traces/rank0.pt.trace.json.gz"] != c["traces/rank0.pt.trace.json.gz"]
+    # labels name their case directory; everything else is byte-identical
+    la = json.loads((tmp_path / "a" / "labels.json").read_text())
+    lb = json.loads((tmp_path / "b" / "labels.json").read_text())
+    assert {**la, "case_id": ""} == {**lb, "case_id": ""}
+
+
+def test_trace_header_is_kineto_shaped():
+    out, _, _ = case(tp=2, gpus=2)
+    with gzip.open(out / "traces" / "rank1.pt.trace.json.gz") as handle:
+        document = json.load(handle)
+    keys = list(document)
+    assert keys[0] == "schemaVersion" and keys[-2:] == ["traceEvents", "traceName"]
+    info = document["distributedInfo"]
+    assert info["rank"] == 1 and info["world_size"] == 2
+    assert {tuple(g["ranks"]) for g in info["pg_config"]} >= {(0, 1)}
+    flows = [e for e in document["traceEvents"] if e.get("cat") == "ac2g"]
+    assert {e["ph"] for e in flows} == {"s", "f"}
+    assert all(e["bp"] == "e" for e in flows if e["ph"] == "f")
+    kernel = next(e for e in document["traceEvents"] if e.get("cat") == "kernel")
+    assert list(kernel) == ["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"]
+    comm = next(e for e in document["traceEvents"] if e.get("name") == "record_param_comms")
+    for key in (
+        "Collective name",
+        "dtype",
+        "In msg nelems",
+        "Out msg nelems",
+        "Group size",
+        "Process Group Name",
+        "Process Group Ranks",
+        "Seq",
+        "Rank",
+    ):
+        assert key in comm["args"]
+
+
+def test_bad_requests_fail_cleanly_with_nothing_written(tmp_path, capsys):
+    out = tmp_path / "case"
+    status = main(
+        [
+            "-q",
+            "lab",
+            "sim",
+            "--out",
+            str(out),
+            "--tp",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--fault",
+            "straggler",
+        ]
+    )
+    assert status == 2
+    assert "straggler needs tensor parallelism" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.iterdir())
+    (out / "x").mkdir(parents=True)
+    assert main(["-q", "lab", "sim", "--out", str(out), "--steps", "2"]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert main(["-q", "lab", "sim", "--out", str(tmp_path / "w"), "--window", "5:2"]) == 2
+
+
+def test_cli_writes_a_case(tmp_path, capsys):
+    out = tmp_path / "case"
+    status = main(
+        [
+            "-q",
+            "lab",
+            "sim",
+            "--out",
+            str(out),
+            "--gpus-per-node",
+            "2",
+            "--tp",
+            "2",
+            "--steps",
+            "5",
+            "--layers",
+            "1",
+            "--fault",
+            "gpu_throttle",
+            "--rank",
+            "1",
+            "--window",
+            "1:3",
+            "--jobs",
+            "1",
+        ]
+    )
+    assert status == 0
+    assert "gpu_throttle" in capsys.readouterr().out
+    labels = CaseLabels.read(out)
+    assert labels.steps == [1, 2] and labels.guilty_rank == 1 and labels.view == "V"
+    assert labels.window_ns[0] < labels.window_ns[1]
