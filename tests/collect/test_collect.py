@@ -310,3 +310,15 @@ def test_refuses_an_occupied_output_folder_and_bad_arguments(tmp_path: Path):
         collect(["true"], tmp_path / "new", steps=(3, 2))
     with pytest.raises(CollectError, match="cannot start"):
         collect(["/nonexistent/binary"], tmp_path / "other")
+
+
+def test_a_window_never_reached_writes_no_trace_and_says_why(tmp_path: Path):
+    program = _program(tmp_path, "vllm_like.py", VLLM_STEPS_PROGRAM)
+    result = collect([sys.executable, str(program)], tmp_path / "run", steps=(10, 12))
+    assert result.exit_code == 0
+    assert result.traces == []
+    manifest = json.loads(result.manifest.read_text())
+    assert manifest["notes"] == [
+        f"{manifest['processes'][0]['name']}: no trace: the process saw 6 steps, "
+        "window 10:12 never began"
+    ]

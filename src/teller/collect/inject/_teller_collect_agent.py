@@ -149,8 +149,9 @@ class Agent:
         self._watch_distributed_init()
         self._install_exit_hooks()
         if self.profile_enabled:
+            self._prepare_profiler()
             if self.window is None:
-                self._start_profiler()
+                self._begin_profiling()
             else:
                 self._watch_steps()
         self._write_record()
@@ -258,7 +259,9 @@ class Agent:
         os.kill(os.getpid(), number)
 
     # -- profiler --------------------------------------------------------------------------------
-    def _start_profiler(self) -> None:
+    def _prepare_profiler(self) -> None:
+        """Build and warm up the profiler now: Kineto's first set-up takes seconds on a CPU host,
+        and paying it at import keeps it out of the steps (with --steps, out of step A)."""
         torch = self.torch
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self._cuda_available():
@@ -266,8 +269,11 @@ class Agent:
         self.profiler = torch.profiler.profile(
             activities=activities, record_shapes=True, with_stack=self.with_stack
         )
+        self.profiler.prepare_trace()
+
+    def _begin_profiling(self) -> None:
         self.clock = _clock_readings()
-        self.profiler.start()
+        self.profiler.start_trace()
         self.profiling = True
 
     def _cuda_available(self) -> bool:
@@ -304,7 +310,7 @@ class Agent:
                 window.open_step = range_self
                 range_self._teller_step = index
                 if index == window.first and not agent.profiling:
-                    agent._start_profiler()
+                    agent._begin_profiling()
                 if agent.profiling:
                     agent.steps_profiled.append(index)
             return original_enter(range_self)
@@ -335,6 +341,11 @@ class Agent:
                 self._rename_to_rank()
                 if self.profiling:
                     self._export()
+                elif self.window is not None and self.profile_enabled:
+                    self.trace_note = (
+                        f"no trace: the process saw {self.window.seen} steps, "
+                        f"window {self.window.first}:{self.window.last} never began"
+                    )
             except Exception as error:  # report, never raise into the target's exit path
                 self.trace_note = f"export failed: {type(error).__name__}: {error}"
             self._write_record()
