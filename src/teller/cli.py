@@ -103,6 +103,39 @@ def cmd_lab_sim(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_lab_serve(args: argparse.Namespace) -> int:
+    from teller.lab.serve.launch import serve
+
+    return serve(args.out, args.tp, args.duration, args.rate, args.seed)
+
+
+def cmd_lab_run(args: argparse.Namespace) -> int:
+    from teller.lab.run import CaseSpec, parse_window, run_case
+
+    spec = CaseSpec(
+        args.fault, args.rank, args.intensity, parse_window(args.window), args.tp, args.seed
+    )
+    spec.duration_s, spec.rate_per_s = args.duration, args.rate
+    result = run_case(spec, args.out)
+    labels = result.labels
+    print(
+        f"{result.case_dir}: {labels.fault} on rank {labels.guilty_rank}, "
+        f"{len(labels.steps)} steps in the window, served in {result.serve_s:.1f} s"
+    )
+    return EXIT_OK
+
+
+def cmd_lab_dataset(args: argparse.Namespace) -> int:
+    from teller.lab.dataset import build_dataset
+
+    summary = build_dataset(args.n, args.out, seed=args.seed, progress=not args.quiet)
+    print(
+        f"{summary.recorded} recorded, {summary.skipped} already there, "
+        f"{summary.failed} failed; index: {summary.index}"
+    )
+    return EXIT_OK if summary.failed == 0 else EXIT_ERROR
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from teller.analysis import Analysis
     from teller.report import format_for, render, write_atomic
@@ -190,6 +223,41 @@ def _parser() -> argparse.ArgumentParser:
     from teller.lab.sim.cli import add_arguments as add_sim_arguments
 
     add_sim_arguments(sim)
+
+    lab_serve = lab_commands.add_parser(
+        "serve", help="serve the lab's Llama standalone (TP ranks, continuous batching)"
+    )
+    lab_serve.set_defaults(handler=cmd_lab_serve)
+    lab_serve.add_argument("--out", default="teller-lab-serve", help="run and ground-truth folder")
+    lab_serve.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (default 2)")
+    lab_serve.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
+    lab_serve.add_argument("--rate", type=float, default=6.0, help="requests per second")
+    lab_serve.add_argument("--seed", type=int, default=0, help="workload seed")
+
+    from teller.lab.faults.catalog import LAB_FAULTS
+
+    lab_run = lab_commands.add_parser(
+        "run", help="record one labelled case under a real fault (window in serve seconds)"
+    )
+    lab_run.set_defaults(handler=cmd_lab_run)
+    lab_run.add_argument("--fault", choices=list(LAB_FAULTS), default="none")
+    lab_run.add_argument("--rank", type=int, default=0, help="guilty rank")
+    lab_run.add_argument("--intensity", type=float, default=0.5, help="0..1, per fault")
+    lab_run.add_argument("--window", default="3:7", help="A:B seconds after serve start")
+    lab_run.add_argument("--out", required=True, help="case folder (new)")
+    lab_run.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (default 2)")
+    lab_run.add_argument("--seed", type=int, default=0, help="workload seed")
+    lab_run.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
+    lab_run.add_argument("--rate", type=float, default=6.0, help="requests per second")
+
+    lab_dataset = lab_commands.add_parser(
+        "dataset", help="record many labelled cases (resumable; index.jsonl)"
+    )
+    lab_dataset.set_defaults(handler=cmd_lab_dataset)
+    lab_dataset.add_argument("--n", type=int, required=True, help="number of cases")
+    lab_dataset.add_argument("--out", required=True, help="dataset folder")
+    lab_dataset.add_argument("--seed", type=int, default=0, help="plan seed")
+    lab_dataset.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
     return parser
 
 

@@ -3,7 +3,7 @@
 The scheduler shares the core between the rank and the hogs, so the rank's operators stretch (its
 own compute time rises) and its peers wait for it at the next all-reduce. Ranks are pinned to
 cores first (`ServeConfig.cores`), so the hogs hit exactly one rank (plus any rank sharing its
-core when there are more ranks than cores). Number of hogs = max(1, round(2 * intensity)).
+core when there are more ranks than cores). Number of hogs = max(1, round(4 * intensity)).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class CpuContention:
         if target.core is None:
             raise TellerError("cpu_contention needs ranks pinned to cores")
         self.core = target.core
-        self.hogs = max(1, round(2 * intensity))
+        self.hogs = max(1, round(4 * intensity))
         self.processes: list[subprocess.Popen] = []
 
     def apply(self) -> None:

@@ -70,6 +70,29 @@ def launch(config_path: str | Path) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def serve(
+    out_dir: str | Path,
+    tp: int = 2,
+    duration_s: float = 10.0,
+    rate_per_s: float = 6.0,
+    seed: int = 0,
+) -> int:
+    """`teller lab serve`: run the workload standalone on loopback (no profiler, no fault).
+
+    Ranks log to stdout; the ground truth lands in `out_dir/ground_truth/`.
+    """
+    import socket
+
+    config = ServeConfig(run_dir=str(Path(out_dir) / "run"), tp=tp)
+    config.workload.duration_s, config.workload.rate_per_s = duration_s, rate_per_s
+    config.workload.seed = seed
+    config.cores = [r % (os.cpu_count() or 1) for r in range(tp)]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        config.master_port = probe.getsockname()[1]
+    return launch(config.write(Path(config.run_dir) / "serve.json"))
+
+
 def stop_ranks(ranks: list[subprocess.Popen]) -> None:
     for process in ranks:
         if process.poll() is None:
