@@ -1,0 +1,38 @@
+"""Record a real 2-rank gloo run under torch.profiler: `python gloo_run.py OUT_DIR PORT`.
+
+Run as a script by the clock tests (a subprocess, so the test process never initialises
+torch.distributed). Each rank writes OUT_DIR/rank{R}.json; one intra-op thread per rank keeps the
+two ranks from fighting over the two cores of a small machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.profiler import ProfilerActivity, profile
+
+ITERATIONS = 100
+
+
+def worker(rank: int, world_size: int, out_dir: str, port: int) -> None:
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    tensor = torch.ones(16)
+    for _ in range(3):  # connections set up before profiling
+        dist.all_reduce(tensor)
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(ITERATIONS):
+            dist.all_reduce(tensor)
+            dist.broadcast(tensor, 0)
+    profiler.export_chrome_trace(os.path.join(out_dir, f"rank{rank}.json"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2, sys.argv[1], int(sys.argv[2])), nprocs=2)
