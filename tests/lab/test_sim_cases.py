@@ -40,6 +40,7 @@ DEFAULTS = {
     "steps": STEPS,
     "kv_blocks": 4096,
     "output_median": 128,
+    "rate": 100.0,
 }
 _CASES: dict[str, tuple[Path, EventTable, CallTree]] = {}
 
@@ -55,7 +56,7 @@ def case(**options) -> tuple[Path, EventTable, CallTree]:
             layers=o["layers"],
             python_frames=o["python"],
             engine=EngineConfig(kv_blocks=o["kv_blocks"]),
-            workload=WorkloadConfig(output_median=o["output_median"]),
+            workload=WorkloadConfig(output_median=o["output_median"], rate_per_s=o["rate"]),
             fault=FaultSpec(o["fault"], rank=o["rank"], intensity=1.0, window=WINDOW),
             seed=o["seed"],
         )
@@ -137,13 +138,13 @@ def test_every_collective_instance_is_joined_across_its_group(shape):
 def test_nccl_kernels_obey_collective_semantics():
     """No rank's NCCL kernel ends before the last rank arrived plus the transfer time."""
     _, _, tree = case()
-    starts, ends = _comm_kernel_times(tree)
+    starts, ends = comm_kernel_times(tree)
     for instance, by_rank in starts.items():
         last_arrival = max(by_rank.values())
         assert min(ends[instance].values()) > last_arrival
 
 
-def _comm_kernel_times(tree: CallTree) -> tuple[dict, dict]:
+def comm_kernel_times(tree: CallTree) -> tuple[dict, dict]:
     """Per collective instance: each rank's NCCL kernel start and end (GPU side)."""
     comm = tree.comm
     starts: dict[int, dict[int, int]] = {}

@@ -17,7 +17,7 @@ shows, chosen per fault:
 | net_delay           | H    | the guilty rank's node adds x·50 µs to every message | the NCCL kernel           |
 |                     |      | that crosses its network link                        |                           |
 | bandwidth_throttle  | H    | that node's network bandwidth drops to 1/(1 + x)     | the NCCL kernel           |
-| straggler           | H    | the rank reaches every collective x·100 µs late      | the NCCL all-reduce kernel|
+| straggler           | H    | the rank reaches every collective x·500 µs late      | the NCCL all-reduce kernel|
 | link_contention     | H    | the link between the rank and its ring neighbour     | the NCCL all-reduce kernel|
 |                     |      | gives 1/(1 + x) of its bandwidth                     |                           |
 | kernel_regression   | V    | one operator's GEMM kernel becomes the calibrated    | the new kernel's name     |
@@ -54,7 +54,7 @@ SIM_FAULTS: tuple[str, ...] = (
 assert set(SIM_FAULTS) <= set(FAULTS)
 
 NET_DELAY_UNIT_NS = 50_000
-STRAGGLER_UNIT_NS = 100_000
+STRAGGLER_UNIT_NS = 500_000
 WATCHDOG_TIMEOUT_NS = 600_000_000_000  # PyTorch's default NCCL timeout, 10 minutes
 
 

@@ -424,7 +424,10 @@ class ReplicaModel:
                 for name in self.cal.vllm["graph_replay"]:
                     frames.append(self._open(state, "python_function", name, t))
                     t += 500
-            dur = self._runtime_ns(state, self.graph_launch)
+            dur = int(
+                self._runtime_ns(state, self.graph_launch)
+                * self.faults.cpu_factor(state.rank, plan.index)
+            )
             kernels = []
             for i in pending:
                 node = nodes[i]

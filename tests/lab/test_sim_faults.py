@@ -1,0 +1,272 @@
+"""Each simulated fault leaves its signature in numbers, read back through teller's own reader.
+
+Cases run 40 steps with the fault on steps 10..29 at intensity 1 (see test_sim_cases.case); each
+test measures the fault's effect inside the window against outside it, or the guilty rank against
+its peers, so it fails if the injection stops working or lands on the wrong rank.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from lab.test_sim_cases import WINDOW, case, comm_kernel_times
+from teller.callchain.tree import CallTree
+from teller.ingest.schema import LAYER_CODE
+from teller.lab.labels import CaseLabels
+from teller.lab.sim.faults import NET_DELAY_UNIT_NS, STRAGGLER_UNIT_NS
+from teller.lab.sim.topology import NETWORK_LATENCY_NS, NVLINK_LATENCY_NS
+
+
+def step_index(tree: CallTree) -> np.ndarray:
+    """Each node's rank-local step ordinal (-1 outside steps)."""
+    return np.where(tree.step >= 0, tree.steps.index[np.maximum(tree.step, 0)], -1)
+
+
+def in_window(tree: CallTree) -> np.ndarray:
+    index = step_index(tree)
+    return (index >= WINDOW[0]) & (index < WINDOW[1])
+
+
+def outside_window(tree: CallTree) -> np.ndarray:
+    index = step_index(tree)
+    return (index >= 0) & ~in_window(tree)
+
+
+def kernels(tree: CallTree) -> np.ndarray:
+    return tree.layer == LAYER_CODE["kernel"]
+
+
+def named(tree: CallTree, prefix: str) -> np.ndarray:
+    ids = [i for i, n in enumerate(tree.names) if n.startswith(prefix)]
+    return np.isin(tree.name, ids)
+
+
+def instance_step(tree: CallTree) -> dict[int, int]:
+    index = step_index(tree)
+    return dict(zip(tree.comm.instance.tolist(), index[tree.comm.node].tolist(), strict=True))
+
+
+def test_gpu_throttle_slows_only_the_guilty_rank_inside_the_window():
+    out, _, tree = case(fault="gpu_throttle", rank=1)
+    k, w = kernels(tree), in_window(tree)
+    ratio = {}
+    for r in range(4):
+        mine = k & (tree.rank == r)
+        ratio[r] = tree.dur[mine & w].sum() / tree.dur[mine & outside_window(tree)].sum()
+    peers = [ratio[r] for r in (0, 2, 3)]
+    assert ratio[1] > 1.7 * max(peers), ratio
+    labels = CaseLabels.read(out)
+    assert labels.guilty_operator in tree.names and "gemm" in labels.guilty_operator
+    assert labels.steps == list(range(*WINDOW))
+
+
+def test_gpu_contention_slows_the_rank_and_raises_its_variance():
+    _, _, tree = case(fault="gpu_contention", rank=2)
+    base = case()[2]
+    k = kernels(tree) & (tree.rank == 2) & in_window(tree)
+    k_base = kernels(base) & (base.rank == 2) & in_window(base)
+    assert (
+        tree.dur[k].sum() > 1.5 * tree.dur[kernels(tree) & (tree.rank == 0) & in_window(tree)].sum()
+    )
+
+    # the same kernel's spread (log-std per kernel name) rises well above the clean run's
+    def spread(t, mask):
+        logs = np.log(t.dur[mask].astype(float))
+        names = t.name[mask]
+        return np.mean(
+            [logs[names == n].std() for n in np.unique(names) if (names == n).sum() > 20]
+        )
+
+    assert spread(tree, k) > 2 * spread(base, k_base)
+
+
+def test_kv_pressure_preempts_and_recomputes_prefills_with_log_lines():
+    out, _, tree = case(fault="kv_pressure", rank=0)
+    _, _, base = case()
+    lines = (out / "logs" / "server0.log").read_text().splitlines()
+    step_of_line, current = [], -1
+    for line in lines:
+        match = re.search(r"Iteration\((\d+)\)", line)
+        if match:
+            current = int(match.group(1))
+        step_of_line.append(current + 1 if not match else current)
+    preempted = [s for s, line in zip(step_of_line, lines, strict=True) if "is preempted" in line]
+    assert preempted and min(preempted) >= WINDOW[0] and max(preempted) < WINDOW[1]
+    victims = set(re.findall(r"Sequence group (\S+) is preempted", "\n".join(lines)))
+    resumed = set(re.findall(r"Preempted request (\S+) has been resumed", "\n".join(lines)))
+    assert resumed and resumed <= victims  # their prefills are recomputed
+
+    def batch_in_window(t: CallTree) -> float:
+        s = t.steps
+        w = (s.rank == 0) & (s.index >= WINDOW[0]) & (s.index < WINDOW[1])
+        return float(np.median(s.generation_requests[w] + s.context_requests[w]))
+
+    assert batch_in_window(tree) < 0.8 * batch_in_window(base)
+
+
+def test_host_cpu_contention_stretches_launches_and_opens_gpu_bubbles():
+    _, _, tree = case(fault="host_cpu_contention", rank=3)
+    w = in_window(tree)
+    launches = named(tree, "cudaLaunchKernel") & w
+
+    def median_launch(r: int) -> float:
+        return float(np.median(tree.dur[launches & (tree.rank == r)]))
+
+    assert median_launch(3) > 1.6 * max(median_launch(r) for r in (0, 1, 2))
+
+    def idle_and_comm_ns(r: int) -> tuple[int, int]:
+        """GPU idle time within the window's steps, and time inside NCCL kernels."""
+        s = tree.steps
+        steps = (s.rank == r) & (s.index >= WINDOW[0]) & (s.index < WINDOW[1])
+        gpu = (tree.stream >= 0) & (tree.rank == r) & w
+        comm = gpu & (tree.layer == LAYER_CODE["comm"])
+        return int(s.dur_ns[steps].sum() - tree.dur[gpu].sum()), int(tree.dur[comm].sum())
+
+    idle, comm = zip(*(idle_and_comm_ns(r) for r in range(4)), strict=True)
+    # the guilty GPU idles between late launches while its peers wait inside the collectives
+    assert idle[3] > 3 * max(idle[:3])
+    assert comm[3] < min(comm[:3]) / 3
+
+
+def sends(tree: CallTree) -> np.ndarray:
+    """Pipeline send kernels (stage 0 ranks 0 and 1 in the 2×2, tp2 pp2 case)."""
+    return named(tree, "ncclKernel_SendRecv") & np.isin(tree.rank, [0, 1]) & (tree.stream >= 0)
+
+
+def test_net_delay_adds_latency_to_messages_over_the_guilty_nodes_link():
+    _, _, tree = case(fault="net_delay", rank=0, nodes=2, gpus=2, tp=2, pp=2)
+    s = sends(tree)
+    inside, outside = tree.dur[s & in_window(tree)], tree.dur[s & outside_window(tree)]
+    assert inside.min() >= NET_DELAY_UNIT_NS + outside.min()
+    assert outside.min() < NET_DELAY_UNIT_NS / 2
+
+
+def test_bandwidth_throttle_halves_the_guilty_nodes_link_bandwidth():
+    _, _, tree = case(fault="bandwidth_throttle", rank=0, nodes=2, gpus=2, tp=2, pp=2)
+    starts, ends = comm_kernel_times(tree)
+    steps = instance_step(tree)
+    comm = tree.comm
+    facts = {
+        int(i): (k, int(b)) for i, k, b in zip(comm.instance, comm.kind, comm.bytes, strict=True)
+    }
+    inside, outside = [], []
+    for instance, by_rank in starts.items():
+        kind, nbytes = facts[instance]
+        if kind not in ("send", "recv") or nbytes < 1 << 20:
+            continue
+        sender = min(by_rank)  # stage 0 sends
+        per_byte = (ends[instance][sender] - by_rank[sender] - NETWORK_LATENCY_NS) / nbytes
+        (inside if WINDOW[0] <= steps[instance] < WINDOW[1] else outside).append(per_byte)
+    assert inside and outside
+    assert min(inside) > 1.8 * min(outside)
+
+
+def test_straggler_arrives_last_and_waits_least():
+    out, _, tree = case(fault="straggler", rank=2)
+    starts, ends = comm_kernel_times(tree)
+    steps = instance_step(tree)
+    last, shortest, total, last_outside, total_outside = 0, 0, 0, 0, 0
+    for instance, by_rank in starts.items():
+        late = max(by_rank, key=by_rank.get)
+        durations = {r: ends[instance][r] - by_rank[r] for r in by_rank}
+        if WINDOW[0] <= steps[instance] < WINDOW[1]:
+            total += 1
+            last += late == 2
+            shortest += min(durations, key=durations.get) == 2
+        else:
+            total_outside += 1
+            last_outside += late == 2
+    assert total > 50
+    assert last / total >= 0.9 and shortest / total >= 0.9
+    assert last_outside / total_outside < 0.6
+    # the delay shows in the peers' waits: they sit in the collective about the straggler's delay
+    peers_wait = [
+        np.median([ends[i][r] - starts[i][r] for i in starts if WINDOW[0] <= steps[i] < WINDOW[1]])
+        for r in (0, 1, 3)
+    ]
+    assert min(peers_wait) > 0.5 * STRAGGLER_UNIT_NS
+    assert CaseLabels.read(out).view == "H"
+
+
+def test_link_contention_slows_the_rings_transfers():
+    _, _, tree = case(fault="link_contention", rank=1)
+    starts, ends = comm_kernel_times(tree)
+    steps = instance_step(tree)
+    nbytes = dict(zip(tree.comm.instance.tolist(), tree.comm.bytes.tolist(), strict=True))
+    inside, outside = [], []
+    for instance, by_rank in starts.items():
+        if nbytes[instance] < 1 << 20:
+            continue  # latency-bound messages do not show bandwidth
+        transfer = min(ends[instance].values()) - max(by_rank.values()) - NVLINK_LATENCY_NS
+        (inside if WINDOW[0] <= steps[instance] < WINDOW[1] else outside).append(
+            transfer / nbytes[instance]
+        )
+    assert inside and outside
+    assert np.median(inside) > 1.8 * np.median(outside)
+
+
+def test_kernel_regression_swaps_one_gemm_on_one_rank_and_slows_it():
+    out, _, tree = case(fault="kernel_regression", rank=0)
+    labels = CaseLabels.read(out)
+    swapped = named(tree, labels.guilty_operator.split("<")[0]) & kernels(tree)
+    assert swapped.sum() > 0
+    assert set(tree.rank[swapped].tolist()) == {0}
+    assert in_window(tree)[swapped].all()
+    gemm = named(tree, "sm90_xmma_gemm") & in_window(tree) & (tree.rank == 1)
+    assert np.median(tree.dur[swapped]) > 1.5 * np.median(tree.dur[gemm])
+
+
+def test_scheduler_misconfig_shrinks_batches_inside_the_window():
+    _, _, tree = case(fault="scheduler_misconfig", rank=0)
+    s = tree.steps
+    tokens = s.context_tokens + s.generation_tokens
+    w = (s.index >= WINDOW[0]) & (s.index < WINDOW[1])
+    assert tokens[w].max() <= 2048 // 4
+    assert tokens[~w].max() > 2048 // 4
+
+
+def test_collective_hang_leaves_peers_in_the_collective_until_the_watchdog():
+    out, _, tree = case(fault="collective_hang", rank=1)
+    comm = tree.comm
+    counts = np.bincount(comm.rank, minlength=4)
+    assert counts[0] == counts[2] == counts[3] > counts[1]
+    without_guilty = sorted(
+        i for i in range(comm.num_instances) if 1 not in comm.rank[comm.instance == i].tolist()
+    )
+    # the peers' hosts enqueued the step's collectives; the first never completes on any GPU
+    starts, ends = comm_kernel_times(tree)
+    hung = [i for i in without_guilty if i in starts]
+    assert len(hung) == 1 and sorted(starts[hung[0]]) == [0, 2, 3]
+    waits = [ends[hung[0]][r] - starts[hung[0]][r] for r in (0, 2, 3)]
+    assert min(waits) >= 600 * 10**9  # PyTorch's default NCCL timeout
+    log = (out / "logs" / "server0.log").read_text()
+    for r in (0, 2, 3):
+        assert f"[rank{r}]:[E" in log and "Timeout at NCCL work" in log
+    assert "[rank1]:" not in log
+    labels = CaseLabels.read(out)
+    assert labels.steps == [WINDOW[0]] and labels.guilty_rank == 1
+
+
+def test_workload_shift_brings_longer_prompts_and_is_labelled_a_control():
+    out, _, _ = case(fault="workload_shift", rank=0, rate=400.0, output_median=2, steps=150)
+    labels = CaseLabels.read(out)
+    assert (labels.view, labels.guilty_rank, labels.guilty_operator) == ("-", None, None)
+    start, end = labels.window_ns
+    spans = json.loads((out / "otlp" / "spans.json").read_text())
+    inside, outside = [], []
+    for span in spans["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        attrs = {a["key"]: a["value"] for a in span["attributes"]}
+        prompt = int(attrs["gen_ai.usage.prompt_tokens"]["intValue"])
+        arrival = int(span["startTimeUnixNano"])
+        (inside if start <= arrival < end else outside).append(prompt)
+    assert len(inside) > 5 and len(outside) > 5
+    assert np.median(inside) > 2.5 * np.median(outside)
+
+
+def test_no_fault_labels_nothing():
+    out, _, _ = case()
+    labels = CaseLabels.read(out)
+    assert (labels.fault, labels.view, labels.steps, labels.window_ns) == ("none", "-", [], None)
