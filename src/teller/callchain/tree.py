@@ -362,8 +362,14 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
     parent = tree.parent.tolist()
     comm_flags = is_comm.tolist()
     roots_list = [-1] * count
+    launched_by: dict[int, int] = {}  # GPU collective root → the host collective that launched it
+    gpu_comm = (is_comm & (tree.stream >= 0) & (tree.edge == EDGE_LAUNCH)).tolist()
     for i, p in enumerate(parent):
-        if p >= 0 and roots_list[p] >= 0:
+        if gpu_comm[i]:  # the kernel is its own instance: it arrives and leaves on the GPU
+            roots_list[i] = i
+            if p >= 0 and roots_list[p] >= 0:
+                launched_by[i] = roots_list[p]
+        elif p >= 0 and roots_list[p] >= 0:
             roots_list[i] = roots_list[p]
         elif comm_flags[i]:
             roots_list[i] = i
@@ -393,6 +399,13 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
             facts["seq"] = int(seq_col[row])
         if bytes_col[row] >= 0 and facts["bytes"] < 0 and tree.stream[i] < 0:
             facts["bytes"] = int(bytes_col[row])
+    for gpu_root, host_root in launched_by.items():  # group, seq and size come from the host side
+        facts, host = info[gpu_root], info.get(host_root, {})
+        for fact in ("group", "kind"):
+            facts[fact] = facts[fact] or host.get(fact)
+        for fact in ("seq", "bytes"):
+            if facts[fact] < 0:
+                facts[fact] = host.get(fact, -1)
     roots = sorted(info, key=lambda r: (tree.rank[r], tree.start[r]))
     ordinal: dict[tuple, int] = {}
     instance_of_key: dict[tuple, int] = {}

@@ -24,15 +24,19 @@ shape), so the baselines and the scoreboard treat every method alike.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from teller.callchain.tree import CallTree
+from teller.ingest.schema import LAYER_CODE
 from teller.localize.features import COMPUTE_LAYERS, step_nodes
 
 #: Smallest log-ratio scale for step scores: 3% run-to-run noise is normal even on a quiet machine.
 MIN_LOG_SCALE = 0.03
+#: Share of a rank's late arrival that its own compute excess must cover to explain it.
+EXPLAINED_LATENESS = 0.5
 #: Temporal reference size: this many nearest-composition normal steps.
 NEAREST_STEPS = 8
 
@@ -180,14 +184,22 @@ class NumericLocalizer:
             expected[mask] = np.maximum(_design(ctx[mask], gen[mask]) @ model.coef, 1.0)
             scale[mask] = model.log_scale
         z = np.log(np.maximum(dur, 1.0) / expected) / scale
+        ratio = dur / expected
+        # a slowdown on one rank can hide in a step's slack (others wait less at the collective):
+        # score each rank's own work too, against its peers and against its own normal steps
+        component_z, component_ratio = _component_scores(tree, iterations, kinds, ctx + gen)
+        z_all = np.maximum(z, component_z)
+        anomalous = ((z >= self.step_z) & (ratio >= self.min_ratio)) | (
+            (component_z >= self.step_z) & (component_ratio >= self.min_ratio)
+        )
         return [
             StepScore(
                 iteration=iterations[i],
                 kind=str(kinds[i]),
                 dur_ns=int(dur[i]),
                 expected_ns=int(expected[i]),
-                z=float(z[i]),
-                anomalous=bool(z[i] >= self.step_z and dur[i] >= self.min_ratio * expected[i]),
+                z=float(z_all[i]),
+                anomalous=bool(anomalous[i]),
                 ranks=ranks[i],
             )
             for i in range(len(rows))
@@ -231,9 +243,10 @@ class NumericLocalizer:
     ) -> list[OperatorCandidate]:
         in_step = np.flatnonzero(nodes.iteration == iteration)
         totals: dict[tuple[int, int], list] = {}  # (rank, name) → [excess, observed, normal, best]
+        waiting = {i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name)}
         for i in in_step.tolist():
             layer = int(nodes.layer[i])
-            if layer not in COMPUTE_LAYERS:
+            if layer not in COMPUTE_LAYERS or int(nodes.name[i]) in waiting:
                 continue
             rank, name = int(nodes.rank[i]), int(nodes.name[i])
             key = (rank, name, int(nodes.ordinal[i]), bool(nodes.on_gpu[i]))
@@ -250,9 +263,7 @@ class NumericLocalizer:
             if not ref:
                 continue
             normal = float(np.median(ref))
-            excess = float(nodes.self_ns[i]) - normal
-            if excess <= self.noise_floor_ns:
-                continue
+            excess = float(nodes.self_ns[i]) - normal  # small and negative ones too: they add up
             entry = totals.setdefault((rank, name), [0.0, 0, 0, i, 0.0, where])
             entry[0] += excess
             entry[1] += int(nodes.self_ns[i])
@@ -273,8 +284,23 @@ class NumericLocalizer:
                 kind="compute",
             )
             for (rank, name), (excess, observed, normal, best, _, where) in totals.items()
+            if excess > self.noise_floor_ns
         ]
-        candidates.extend(self._collective_candidates(tree, iteration, nodes, key_rows, reference))
+        compute_excess: dict[int, float] = {}
+        for candidate in candidates:
+            compute_excess[candidate.rank] = (
+                compute_excess.get(candidate.rank, 0.0) + candidate.score
+            )
+        for candidate in self._collective_candidates(tree, iteration, nodes, key_rows, reference):
+            if candidate.kind == "arrival":
+                # a rank whose own work got slower arrives late *because* of it: when its compute
+                # excess explains most of the lateness, the collective is a symptom, not a cause
+                explained = compute_excess.get(candidate.rank, 0.0)
+                if explained >= EXPLAINED_LATENESS * candidate.score:
+                    continue
+                candidate.score -= explained
+            if candidate.score > self.noise_floor_ns:
+                candidates.append(candidate)
         candidates.sort(key=lambda c: -c.score)
         return candidates[: self.top_k]
 
@@ -286,65 +312,168 @@ class NumericLocalizer:
         key_rows: dict[tuple, dict[int, int]],
         reference: list[int],
     ) -> list[OperatorCandidate]:
-        comm = tree.comm
-        if not len(comm):
+        table = _arrivals(tree, nodes)
+        if table is None:
             return []
-        in_step = np.isin(comm.node, nodes.node[nodes.iteration == iteration])
-        lateness: dict[tuple[int, int], list] = {}
-        transfer: dict[tuple[int, int], list] = {}
-        for instance in np.unique(comm.instance[in_step]).tolist():
-            rows = np.flatnonzero(comm.instance == instance)
-            if len(rows) < 2:
-                continue
-            arrival = comm.start_ns[rows]
-            order = np.argsort(arrival)
-            last, runner_up = rows[order[-1]], rows[order[-2]]
-            late_ns = int(comm.start_ns[last] - comm.start_ns[runner_up])
-            if late_ns > self.noise_floor_ns:
-                key = (int(comm.rank[last]), int(tree.name[comm.node[last]]))
-                entry = lateness.setdefault(key, [0, int(comm.node[last])])
-                entry[0] += late_ns
-            # transfer: the last arriver's own time is pure transfer (nobody to wait for)
-            node = int(comm.node[last])
-            own = int(comm.end_ns[last] - comm.start_ns[last])
-            normal = _reference_dur(tree, nodes, key_rows, node, reference)
-            if normal is not None and own - normal > self.noise_floor_ns:
-                key = (int(comm.rank[last]), int(tree.name[node]))
-                entry = transfer.setdefault(key, [0, 0, 0, node])
-                entry[0] += own - normal
-                entry[1] += own
-                entry[2] += normal
-        out = [
-            OperatorCandidate(
-                iteration=iteration,
-                rank=rank,
-                operator=tree.names[name],
-                score=float(late),
-                observed_ns=int(late),
-                normal_ns=0,
-                z=float("inf") if late else 0.0,
-                node=node,
-                reference="arrival after the other ranks at the same collective",
-                kind="arrival",
-            )
-            for (rank, name), (late, node) in lateness.items()
-        ]
-        out.extend(
-            OperatorCandidate(
-                iteration=iteration,
-                rank=rank,
-                operator=tree.names[name],
-                score=float(excess),
-                observed_ns=observed,
-                normal_ns=normal,
-                z=_ratio_z(observed, normal),
-                node=node,
-                reference="last arriver's transfer time vs nearest normal steps",
-                kind="transfer",
-            )
-            for (rank, name), (excess, observed, normal, node) in transfer.items()
-        )
+        iteration_of, rank, name, late_ns, own_ns, node, is_last = table
+        out: list[OperatorCandidate] = []
+        here = iteration_of == iteration
+        for r in np.unique(rank[here]).tolist():
+            for n in np.unique(name[here & (rank == r)]).tolist():
+                mine = (rank == r) & (name == n)
+                now = mine & here
+                # lateness against this rank's own lateness in the reference steps: ranks skew a
+                # little all the time, only skew beyond the usual points at something
+                usual = [late_ns[mine & (iteration_of == it)].sum() for it in reference]
+                lateness = float(late_ns[now].sum() - (np.median(usual) if usual else 0.0))
+                biggest = int(node[now][np.argmax(late_ns[now])])
+                if lateness > self.noise_floor_ns:
+                    out.append(
+                        OperatorCandidate(
+                            iteration=iteration,
+                            rank=r,
+                            operator=tree.names[n],
+                            score=lateness,
+                            observed_ns=int(late_ns[now].sum()),
+                            normal_ns=int(np.median(usual)) if usual else 0,
+                            z=_ratio_z(
+                                float(late_ns[now].sum()), float(np.median(usual) if usual else 0)
+                            ),
+                            node=biggest,
+                            reference="arrival after the other ranks, vs this rank's usual skew",
+                            kind="arrival",
+                        )
+                    )
+                # transfer: a collective slower on every rank, the last arriver included, is a
+                # transfer problem; the last arriver's own time has no waiting in it
+                last_rows = now & is_last
+                if not last_rows.any():
+                    continue
+                usual_own = [
+                    own_ns[mine & (iteration_of == it) & is_last].sum() for it in reference
+                ]
+                excess = float(
+                    own_ns[last_rows].sum() - (np.median(usual_own) if usual_own else 0.0)
+                )
+                if usual_own and excess > self.noise_floor_ns:
+                    out.append(
+                        OperatorCandidate(
+                            iteration=iteration,
+                            rank=r,
+                            operator=tree.names[n],
+                            score=excess,
+                            observed_ns=int(own_ns[last_rows].sum()),
+                            normal_ns=int(np.median(usual_own)),
+                            z=_ratio_z(float(own_ns[last_rows].sum()), float(np.median(usual_own))),
+                            node=int(node[last_rows][0]),
+                            reference="last arriver's own collective time vs nearest normal steps",
+                            kind="transfer",
+                        )
+                    )
         return out
+
+
+def _arrivals(tree: CallTree, nodes) -> tuple[np.ndarray, ...] | None:
+    """Per (collective instance, rank): iteration, rank, name, lateness (arrival after the median
+    of the others, ≥ 0) and own duration. Arrival is on the GPU where collectives run there."""
+    comm = tree.comm
+    if not len(comm):
+        return None
+    use = np.ones(len(comm), dtype=bool)
+    on_gpu = tree.stream[comm.node] >= 0
+    if on_gpu.any():  # host-side enqueue times say nothing about arrival on the GPU
+        use &= on_gpu
+    step = tree.step[comm.node]
+    use &= step >= 0
+    rows = np.flatnonzero(use)
+    late = np.zeros(len(comm), dtype=np.int64)
+    last = np.zeros(len(comm), dtype=bool)
+    order = np.argsort(comm.instance[rows], kind="stable")
+    rows = rows[order]
+    boundaries = np.flatnonzero(np.diff(comm.instance[rows])) + 1
+    for group in np.split(rows, boundaries):
+        if len(group) < 2:
+            continue
+        starts = comm.start_ns[group]
+        last[group[np.argmax(starts)]] = True
+        for k, row in enumerate(group.tolist()):
+            others = np.delete(starts, k)
+            late[row] = max(0, int(starts[k] - np.median(others)))
+    kept = np.flatnonzero(use)
+    return (
+        tree.steps.index[step[kept]],
+        comm.rank[kept].astype(np.int64),
+        tree.name[comm.node[kept]].astype(np.int64),
+        late[kept].astype(float),
+        (comm.end_ns[kept] - comm.start_ns[kept]).astype(float),
+        comm.node[kept],
+        last[kept],
+    )
+
+
+#: Per-rank work measures scored beside the step's wall time: GPU compute (kernels and copies,
+#: not collectives) and host compute (self time of Python frames, operators and runtime calls).
+_GPU_WORK = frozenset(LAYER_CODE[n] for n in ("kernel", "memcpy", "memset"))
+_HOST_WORK = frozenset(LAYER_CODE[n] for n in ("cpu_op", "runtime"))
+#: Runtime calls whose time is mostly waiting for the GPU (syncs, blocking copies), not host work (Python frames are left out of
+#: host work for the same reason: their self time holds waits the profiler does not name).
+_WAITING_CALL = re.compile(r"ynchronize|Query|WaitEvent|Memcpy", re.IGNORECASE)
+#: Log-ratio scale floor for per-rank components (they are noisier than whole steps).
+MIN_COMPONENT_SCALE = 0.05
+
+
+def _component_scores(
+    tree: CallTree, iterations: list[int], kinds: np.ndarray, tokens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration: the largest robust z (and its ratio) of any rank's GPU or host work, against
+    the same rank's work in nearest-composition steps (temporal) and against its peers (imbalance)."""
+    steps = tree.steps
+    count = len(steps)
+    in_step = tree.step >= 0
+    gpu = in_step & np.isin(tree.layer, list(_GPU_WORK)) & (tree.stream >= 0)
+    host = in_step & np.isin(tree.layer, list(_HOST_WORK)) & (tree.stream < 0)
+    waiting_names = [i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name)]
+    host &= ~np.isin(tree.name, waiting_names)
+    measures = [
+        np.bincount(tree.step[gpu], weights=tree.dur[gpu], minlength=count),
+        np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=count),
+    ]
+    position = {it: i for i, it in enumerate(iterations)}
+    ranks = np.unique(steps.rank)
+    rank_pos = {int(r): j for j, r in enumerate(ranks.tolist())}
+    best_z = np.zeros(len(iterations))
+    best_ratio = np.ones(len(iterations))
+    for measure in measures:
+        grid = np.full((len(iterations), len(ranks)), np.nan)
+        for k in range(count):
+            grid[position[int(steps.index[k])], rank_pos[int(steps.rank[k])]] = measure[k]
+        if np.nanmax(grid, initial=0.0) <= 0:
+            continue
+        logs = np.log(np.maximum(grid, 1.0))
+        scores = []
+        if len(ranks) > 1:  # imbalance: this rank against the median of all ranks, same step
+            scores.append(logs - np.nanmedian(logs, axis=1, keepdims=True))
+        # temporal: this rank against its own median in steps of the same kind and similar size
+        temporal = np.zeros_like(logs)
+        for kind in set(kinds.tolist()):
+            rows = np.flatnonzero(kinds == kind)
+            order = rows[np.argsort(tokens[rows])]
+            for pos, row in enumerate(order.tolist()):
+                window = order[max(0, pos - 4) : pos + 5]
+                window = window[window != row]
+                if len(window):
+                    temporal[row] = logs[row] - np.nanmedian(logs[window], axis=0)
+        scores.append(temporal)
+        for score in scores:
+            finite = np.where(np.isfinite(score), score, 0.0)
+            centre = np.median(finite, axis=0, keepdims=True)
+            spread = 1.4826 * np.median(np.abs(finite - centre), axis=0, keepdims=True)
+            z = (finite - centre) / np.maximum(spread, MIN_COMPONENT_SCALE)
+            worst = z.max(axis=1)
+            better = worst > best_z
+            best_z = np.where(better, worst, best_z)
+            best_ratio = np.where(better, np.exp((finite - centre).max(axis=1)), best_ratio)
+    return best_z, best_ratio
 
 
 def _iteration_rows(tree: CallTree, with_iteration: bool = False) -> list[tuple]:
