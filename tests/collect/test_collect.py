@@ -322,3 +322,38 @@ def test_a_window_never_reached_writes_no_trace_and_says_why(tmp_path: Path):
         f"{manifest['processes'][0]['name']}: no trace: the process saw 6 steps, "
         "window 10:12 never began"
     ]
+
+
+TORCHRUN_PROGRAM = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x = torch.ones(256)
+for step in range(2):
+    with torch.profiler.record_function(f"ProfilerStep#{step}"):
+        dist.all_reduce(x * (rank + 1))
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_ranks_are_named_by_rank_and_the_launcher_adds_no_trace(tmp_path: Path):
+    """torchrun imports torch but runs no operator: it gets a log, not a fake rank-0 trace."""
+    program = _program(tmp_path, "ranks.py", TORCHRUN_PROGRAM)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    command += ["--master-port", str(_free_port()), str(program)]
+    result = collect(command, tmp_path / "run", env={"OMP_NUM_THREADS": "1"})
+    assert result.exit_code == 0
+    assert [p.name for p in result.traces] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    manifest = json.loads(result.manifest.read_text())
+    launcher = [key for key in manifest["ranks"] if key.startswith("pid")]
+    assert len(launcher) == 1 and manifest["ranks"][launcher[0]]["trace"] is None
+    for rank in ("0", "1"):
+        assert manifest["ranks"][rank]["rank_source"] == "RANK"
+        lines = [line.raw for line in read_log(result.out_dir / manifest["ranks"][rank]["log"])]
+        assert f"rank {rank} done".encode() in lines
+    tree = build_tree(read_run([result.out_dir / "traces"]))
+    assert np.bincount(tree.steps.rank).tolist() == [2, 2]
+    assert tree.comm.num_instances >= 2
