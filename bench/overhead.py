@@ -1,0 +1,233 @@
+"""Collection overhead: the same workload with and without `teller collect`, alternated.
+
+Issue 3's overhead bench. A workload is any command that measures its own steps and writes them to
+a JSON file it owns (`{"step_latency_ns": [...], "tokens_per_step": N}`); the path is substituted
+for `{latency_file}` in its command line. The default is a tiny Llama (Hugging Face transformers,
+random weights, 4 layers) decoding with a KV cache on the CPU, one `record_function` step
+annotation per decode step as vLLM writes them. `--workload-cmd` plugs in another one, e.g. the
+lab's server once it writes per-step latencies.
+
+Configurations, run in alternating order (ABC, CBA, ABC, ...) so load drift hits all alike:
+
+* `off`: the plain command;
+* `on`: `teller collect -- CMD` (profiler on for the whole run, shapes recorded, logs teed);
+* `window` (with `--window A:B`): `teller collect --steps A:B` (profiler only for those steps;
+  the rest of the run pays only the step counter and the log tee).
+
+Reported per configuration: medians over runs of throughput (tokens/s over the measured steps) and
+of each run's p50/p99 step latency, their ratios to `off`, and the median wall time of the whole
+command (start-up and export included).
+
+    .venv/bin/python bench/overhead.py [--pairs 5] [--steps 200] [--window 100:109]
+    .venv/bin/python bench/overhead.py --workload-cmd "python my_server_bench.py --out {latency_file}"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TELLER = [sys.executable, "-c", "import sys; from teller.cli import main; sys.exit(main())"]
+TARGET_OVERHEAD = 0.05
+CHILD_TIMEOUT_S = 900
+
+
+# -- the built-in workload (runs in the child; imports torch and transformers only there) ---------
+def run_builtin_workload(
+    latency_file: str, steps: int, warmup: int, batch: int, threads: int
+) -> None:
+    """Decode `warmup + steps` tokens for `batch` sequences with a KV cache; time each step.
+
+    `threads` intra-op threads: on a small shared host, more threads than idle cores make
+    OpenMP spin against other people's work and the noise swamps what is being measured.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+    )
+    model = LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, config.vocab_size, (batch, 32))
+    latencies_ns: list[int] = []
+    with torch.inference_mode():
+        output = model(prompt, use_cache=True)
+        cache = output.cache
+        token = output.logits[:, -1].argmax(-1, keepdim=True)
+        for step in range(warmup + steps):
+            name = f"execute_context_0(0)_generation_{batch}({batch})"
+            begin_ns = time.perf_counter_ns()
+            with torch.profiler.record_function(name):
+                output = model(token, cache=cache, use_cache=True)
+                cache = output.cache
+                token = output.logits[:, -1].argmax(-1, keepdim=True)
+            if step >= warmup:
+                latencies_ns.append(time.perf_counter_ns() - begin_ns)
+    Path(latency_file).write_text(
+        json.dumps({"step_latency_ns": latencies_ns, "tokens_per_step": batch})
+    )
+
+
+# -- the driver ------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    config: str
+    tokens_per_s: float
+    p50_ms: float
+    p99_ms: float
+    wall_s: float
+
+
+@dataclass
+class Summary:
+    runs: list[Run] = field(default_factory=list)
+
+    def of(self, config: str) -> list[Run]:
+        return [r for r in self.runs if r.config == config]
+
+    def median(self, config: str, attribute: str) -> float:
+        return statistics.median(getattr(r, attribute) for r in self.of(config))
+
+
+def percentile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return float(ordered[index])
+
+
+def one_run(config: str, workload: list[str], window: str | None, scratch: Path) -> Run:
+    latency_file = scratch / f"latency-{config}-{time.monotonic_ns()}.json"
+    command = [part.replace("{latency_file}", str(latency_file)) for part in workload]
+    if config == "on":
+        command = [
+            *TELLER,
+            "collect",
+            "--out",
+            str(latency_file.with_suffix(".collect")),
+            "--",
+            *command,
+        ]
+    elif config == "window":
+        out = str(latency_file.with_suffix(".collect"))
+        command = [*TELLER, "collect", "--out", out, "--steps", window, "--", *command]
+    begin = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, timeout=CHILD_TIMEOUT_S)
+    wall_s = time.perf_counter() - begin
+    if done.returncode != 0 or not latency_file.exists():
+        sys.stderr.write(done.stderr.decode(errors="replace")[-3000:])
+        raise SystemExit(f"{config} run failed with exit {done.returncode}")
+    measured = json.loads(latency_file.read_text())
+    latencies = measured["step_latency_ns"]
+    tokens = measured.get("tokens_per_step", 1) * len(latencies)
+    return Run(
+        config=config,
+        tokens_per_s=tokens / (sum(latencies) / 1e9),
+        p50_ms=percentile(latencies, 0.50) / 1e6,
+        p99_ms=percentile(latencies, 0.99) / 1e6,
+        wall_s=wall_s,
+    )
+
+
+def report(summary: Summary, configs: list[str], arguments: argparse.Namespace) -> str:
+    lines = [
+        f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+        f"load {'/'.join(f'{x:.2f}' for x in os.getloadavg())}, "
+        f"{len(summary.of('off'))} runs per configuration",
+        "",
+        "| config | tokens/s | ratio | p50 step ms | ratio | p99 step ms | ratio | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base = {a: summary.median("off", a) for a in ("tokens_per_s", "p50_ms", "p99_ms")}
+    for config in configs:
+        tps = summary.median(config, "tokens_per_s")
+        p50 = summary.median(config, "p50_ms")
+        p99 = summary.median(config, "p99_ms")
+        lines.append(
+            f"| {config} | {tps:,.0f} | {tps / base['tokens_per_s']:.3f} | {p50:.2f} | "
+            f"{p50 / base['p50_ms']:.3f} | {p99:.2f} | {p99 / base['p99_ms']:.3f} | "
+            f"{summary.median(config, 'wall_s'):.1f} |"
+        )
+    lines.append("")
+    for config in configs[1:]:
+        overhead = base["tokens_per_s"] / summary.median(config, "tokens_per_s") - 1
+        verdict = "PASS" if overhead < TARGET_OVERHEAD else "MISS"
+        lines.append(
+            f"{config}: throughput overhead {overhead:+.1%} (target < {TARGET_OVERHEAD:.0%}) {verdict}"
+        )
+    lines.append("")
+    lines.append("per run (config tokens/s p50_ms p99_ms wall_s), in run order:")
+    for run in summary.runs:
+        lines.append(
+            f"  {run.config:6s} {run.tokens_per_s:9.0f} {run.p50_ms:7.2f} {run.p99_ms:7.2f} "
+            f"{run.wall_s:6.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=5, help="runs per configuration (>= 5)")
+    parser.add_argument("--steps", type=int, default=200, help="measured decode steps per run")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured steps first")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="workload intra-op threads")
+    parser.add_argument("--window", help="also run `collect --steps A:B` (e.g. 100:109)")
+    parser.add_argument("--workload-cmd", help="command writing {latency_file} (replaces built-in)")
+    parser.add_argument("--workload", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    arguments = parser.parse_args(argv)
+    if arguments.workload is not None:  # child mode: `overhead.py --workload FILE STEPS WARMUP B`
+        latency_file, steps, warmup, batch, threads = arguments.workload
+        run_builtin_workload(latency_file, int(steps), int(warmup), int(batch), int(threads))
+        return 0
+    if arguments.workload_cmd:
+        workload = shlex.split(arguments.workload_cmd)
+    else:
+        workload = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--workload",
+            "{latency_file}",
+            str(arguments.steps),
+            str(arguments.warmup),
+            str(arguments.batch),
+            str(arguments.threads),
+        ]
+    configs = ["off", "on"] + (["window"] if arguments.window else [])
+    summary = Summary()
+    with tempfile.TemporaryDirectory(prefix="teller-overhead-") as scratch:
+        for round_index in range(arguments.pairs):
+            order = configs if round_index % 2 == 0 else configs[::-1]
+            for config in order:
+                run = one_run(config, workload, arguments.window, Path(scratch))
+                summary.runs.append(run)
+                print(
+                    f"round {round_index} {config}: {run.tokens_per_s:,.0f} tok/s, "
+                    f"p50 {run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, wall {run.wall_s:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print("command: .venv/bin/python bench/overhead.py " + " ".join(sys.argv[1:]))
+    print(report(summary, configs, arguments))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
