@@ -201,7 +201,11 @@ def test_steps_window_keeps_only_those_steps(tmp_path: Path):
     assert manifest["steps"] == [2, 3]
 
 
-def test_sigterm_mid_run_leaves_a_readable_trace(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("sent", "reason"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "exit after SIGINT")]
+)
+def test_a_signal_mid_run_leaves_a_readable_trace(tmp_path: Path, sent: int, reason: str):
+    """SIGTERM kills by default (the agent exports first); SIGINT raises KeyboardInterrupt."""
     program = _program(tmp_path, "endless.py", ENDLESS_PROGRAM)
     out = tmp_path / "run"
     runner = subprocess.Popen(
@@ -218,13 +222,13 @@ def test_sigterm_mid_run_leaves_a_readable_trace(tmp_path: Path):
     else:
         runner.kill()
         pytest.fail("the program never reached step 3")
-    runner.send_signal(signal.SIGTERM)  # to the runner: it forwards to the command's group
+    runner.send_signal(sent)  # to the runner: it forwards to the command's process group
     _, stderr = runner.communicate(timeout=60)
-    assert runner.returncode == 128 + signal.SIGTERM, stderr.decode(errors="replace")
+    assert runner.returncode == 128 + sent, stderr.decode(errors="replace")
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["exit_code"] == 143
+    assert manifest["exit_code"] == 128 + sent
     (process,) = manifest["processes"]
-    assert process["exit_reason"] == "SIGTERM"
+    assert process["exit_reason"] == reason
     tree = build_tree(read_run([out / "traces"]))
     assert len(tree.steps) >= 4
     assert tree.steps.name[:4] == [f"ProfilerStep#{k}" for k in range(4)]

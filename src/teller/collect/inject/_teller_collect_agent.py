@@ -122,6 +122,7 @@ class Agent:
         self.window = self._window()
         self.started_ns = time.time_ns()
         self.exit_reason = ""
+        self.signal_seen = ""
 
     # -- identity ------------------------------------------------------------------------------
     @staticmethod
@@ -247,14 +248,17 @@ class Agent:
         self.finished = True
 
     def _on_signal(self, previous, number: int, frame) -> None:
+        """Chain to what was there. A Python handler (KeyboardInterrupt, a graceful shutdown)
+        decides whether the process ends, and atexit exports if it does; the default action would
+        kill the process without atexit, so export first, then let the default action happen."""
+        name = signal.Signals(number).name
         if callable(previous):
-            if previous is not signal.default_int_handler:
-                self.finish(signal.Signals(number).name)
-            previous(number, frame)  # Python's own SIGINT handler raises; atexit exports then
+            self.signal_seen = name
+            previous(number, frame)
             return
         if previous == signal.SIG_IGN:
             return
-        self.finish(signal.Signals(number).name)
+        self.finish(name)
         signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
 
@@ -335,7 +339,7 @@ class Agent:
             if self.finished:
                 return
             self.finished = True
-            self.exit_reason = reason
+            self.exit_reason = f"{reason} after {self.signal_seen}" if self.signal_seen else reason
             try:
                 self._learn_rank()
                 self._rename_to_rank()
