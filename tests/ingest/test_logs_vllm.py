@@ -229,3 +229,16 @@ def test_multiline_traceback_is_one_record(tmp_path):
     assert python_tb["fields"]["exception"] == "RuntimeError"
     assert python_tb["raw"].count("\n") == 9 and python_tb["format"] == "python"
     assert sum(1 for _ in lines) == sum(r["raw"].count("\n") + 1 for r in got)
+
+
+def test_back_to_back_tracebacks_are_two_records(tmp_path):
+    prefix = "(EngineCore_0 pid=12) ERROR 08-14 14:09:50 [core.py:700] "
+    one = [
+        prefix + "Traceback (most recent call last):",
+        prefix + '  File "/vllm/v1/engine/core.py", line 691, in run_engine_core',
+        prefix + "ValueError: first",
+    ]
+    two = [line.replace("ValueError: first", "KeyError: 'second'") for line in one]
+    got = rows(read_lines(tmp_path, one + two))
+    assert [r["fields"]["exception"] for r in got] == ["ValueError", "KeyError"]
+    assert [r["line"] for r in got] == [1, 4]

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import re
 
-_PAIR = re.compile(
-    r"(?P<key>[#A-Za-z][\w #()/\-]*?)\s*[:=]\s*"
+#: One comma-separated part: `Key: number [unit]`, the key being the last words before the colon.
+_PART = re.compile(
+    r"(?P<key>[#A-Za-z][^:=,]*?)\s*[:=]\s*"
     r"(?P<value>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|True|False)"
-    r"\s*(?P<unit>%|tokens/s|reqs|ms|s|GiB|MiB|GB|MB)?(?=[,.;)\s]|$)"
+    r"\s*(?P<unit>%|tokens/s|reqs|ms|s|GiB|MiB|GB|MB)?[\s.;)]*$"
 )
 _NON_WORD = re.compile(r"[^a-z0-9]+")
 _UNIT_SUFFIX = {"%": "_pct", "tokens/s": "_tokens_per_s", "ms": "_ms", "s": "_s"}
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+#: Keys repeat on every stats line; normalising each once keeps the per-line cost down.
+_KEY_CACHE: dict[tuple[str, str | None], str] = {}
 
 
 def normalise_key(key: str) -> str:
@@ -34,16 +37,22 @@ def number(text: str) -> int | float | bool:
 
 
 def key_values(message: str) -> dict[str, int | float | bool]:
-    """Every `key: number [unit]` pair in the message, in order; later duplicates win."""
+    """Every `key: number [unit]` part of a comma-separated message, in order; later keys win."""
     fields: dict[str, int | float | bool] = {}
-    for match in _PAIR.finditer(message):
-        key = normalise_key(match.group("key"))
-        if not key:
+    for part in message.split(","):
+        match = _PART.search(part)
+        if match is None:
             continue
-        unit = match.group("unit")
-        if unit in _UNIT_SUFFIX and not key.endswith(_UNIT_SUFFIX[unit]):
-            key += _UNIT_SUFFIX[unit]
-        fields[key] = number(match.group("value"))
+        raw_key, value, unit = match.groups()
+        key = _KEY_CACHE.get((raw_key, unit))
+        if key is None:
+            key = normalise_key(raw_key)
+            if unit in _UNIT_SUFFIX and key and not key.endswith(_UNIT_SUFFIX[unit]):
+                key += _UNIT_SUFFIX[unit]
+            if len(_KEY_CACHE) < 10_000:
+                _KEY_CACHE[(raw_key, unit)] = key
+        if key:
+            fields[key] = number(value)
     return fields
 
 

@@ -41,6 +41,8 @@ _TRACEBACK_LINKS = (
 )
 _EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[a-z_]\w*\.)*[A-Z]\w*)(?:: ?(?P<text>.*))?$", re.DOTALL)
 _EXCEPTION_SUFFIXES = ("Error", "Exception", "Interrupt", "Exit", "Warning", "Iteration")
+#: Traceback states: inside the frames, after the exception line, between chained exceptions.
+_TB_FRAMES, _TB_RAISED, _TB_CHAINING = 1, 2, 3
 ENGINE_FORMATS = frozenset({"vllm", "sglang", "trtllm", "pytorch"})
 
 
@@ -54,16 +56,24 @@ class WallClock:
         self.last_second_of_day = 0
         self.inferred: Counter[str] = Counter()
         self._days: dict[tuple[int, int, int], int] = {}
+        self._last_printed: tuple = (None, None, None)
+        self._last_days = 0
 
     def observe_exact(self, unix_ns: int) -> None:
         """An exact time (collector prefix) fixes the date context for the lines after it."""
         moment = datetime.fromtimestamp(unix_ns / NS, UTC)
         self.current = moment.date()
+        self._last_printed = (None, None, None)
         self.last_second_of_day = moment.hour * 3600 + moment.minute * 60 + moment.second
 
     def seconds(self, clock: tuple) -> int:
         """Unix seconds of a printed time; ValueError for an impossible date."""
         year, month, day, second_of_day, _ = clock
+        if month is not None and (year, month, day) == self._last_printed:
+            # same printed date as the line before (nearly every line): no context to update
+            self.last_second_of_day = second_of_day
+            return self._last_days * _DAY_S + second_of_day
+        printed = (year, month, day)
         if month is None:
             if self.current is None:
                 self.inferred["date_from_file_mtime"] += 1
@@ -78,9 +88,9 @@ class WallClock:
         if days is None:
             days = date(year, month, day).toordinal() - _EPOCH_ORDINAL
             self._days[key] = days
-            self.current = date(year, month, day)
-        elif self.current is None or (self.current.month, self.current.day) != (month, day):
-            self.current = date(year, month, day)
+        self.current = date.fromordinal(days + _EPOCH_ORDINAL)
+        if printed[1] is not None:
+            self._last_printed, self._last_days = printed, days
         self.last_second_of_day = second_of_day
         return days * _DAY_S + second_of_day
 
@@ -94,7 +104,9 @@ class WallClock:
         year = self.current.year
         gap = (date(year, month, day) - self.current).days if _valid(year, month, day) else 0
         if gap < -_YEAR_ROLLOVER_DAYS:
-            year += 1
+            year += 1  # Dec 31 → Jan 1
+        elif gap > _YEAR_ROLLOVER_DAYS:
+            year -= 1  # a late Dec 31 line after Jan 1
         return year
 
 
@@ -141,7 +153,7 @@ class _FileReader:
         self.counts: Counter[str] = Counter()
         self.pending: LogRecord | None = None
         self.pending_lines: list[str] = []
-        self.traceback_state = 0  # 0 none, 1 inside frames, 2 after the exception line
+        self.traceback_state = 0  # 0: not in a traceback, else one of _TB_*
 
     def feed(self, text: str, line: int, exact_ns: int) -> None:
         if "\x1b" in text:
@@ -170,7 +182,7 @@ class _FileReader:
             record.event = "traceback"
             if record.format == "unparsed":
                 record.format = "python"
-            self.traceback_state = 1
+            self.traceback_state = _TB_FRAMES
         self.pending = record
         self.pending_lines = [text]
 
@@ -183,17 +195,26 @@ class _FileReader:
             return False  # another process's line (or a new header): interleaved, not ours
         text = record.message if record.format in ENGINE_FORMATS else body
         if self.traceback_state:
-            if not text.strip() or text.startswith(_TRACEBACK_LINKS):
-                self.traceback_state = 1
-                return True
-            if self.traceback_state == 1:
-                if text[:1].isspace():
-                    return True
-                if is_exception_line(text):
-                    self.traceback_state = 2
-                    return True
-            return False
+            return self._continues_traceback(text)
         return not headed and body[:1] in (" ", "\t") and bool(body.strip())
+
+    def _continues_traceback(self, text: str) -> bool:
+        """Frames, the exception line, then only the links of a chained exception continue it."""
+        state = self.traceback_state
+        if state == _TB_FRAMES:
+            if text[:1].isspace():
+                return True
+            if is_exception_line(text):
+                self.traceback_state = _TB_RAISED
+                return True
+            return not text.strip()
+        if not text.strip() or text.startswith(_TRACEBACK_LINKS[1:]):
+            self.traceback_state = _TB_CHAINING
+            return True
+        if state == _TB_CHAINING and text.startswith(_TRACEBACK_START):
+            self.traceback_state = _TB_FRAMES
+            return True
+        return False
 
     def _resolve_clock(self, record: LogRecord) -> None:
         try:

@@ -194,7 +194,7 @@ def build_log_table(records: list[LogRecord], file: str, host: str = "") -> pa.T
         _dictionary([r.event for r in records]),
         pa.array(request_ids, pa.string()),
         pa.array(keys, pa.string()),
-        pa.array(np.array([template_id(t) for t in templates], dtype=np.int64)),
+        pa.array(np.array(_template_ids(templates), dtype=np.int64)),
         _dictionary(templates),
         pa.array(fields_json, pa.string()),
         pa.array([r.raw for r in records], pa.string()),
@@ -203,6 +203,11 @@ def build_log_table(records: list[LogRecord], file: str, host: str = "") -> pa.T
         _dictionary([r.format for r in records], pa.int8()),
     ]
     return pa.Table.from_arrays(arrays, schema=LOG_SCHEMA)
+
+
+def _template_ids(templates: list[str]) -> list[int]:
+    ids: dict[str, int] = {}
+    return [ids.get(t) or ids.setdefault(t, template_id(t)) for t in templates]
 
 
 def concat_logs(tables: list[LogTable]) -> LogTable:

@@ -20,11 +20,13 @@ from teller.ingest.logs.fields import key_values, normalise_key
 from teller.ingest.logs.table import LogRecord
 
 HEADER = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<month>\d\d)-(?P<day>\d\d) "
-    r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))? "
-    r"\[?(?P<source>[\w./\-]+:\d+)\]? ?(?P<message>.*)$",
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)"
+    r"(?:[.,](?P<frac>\d{1,9}))? \[?(?P<source>[\w./\-]+:\d+)\]? ?(?P<message>.*)$",
     re.DOTALL,
 )
+#: `MM-DD HH:MM:SS` → (month, day, second of day); stamps repeat for every line of a second.
+_STAMPS: dict[str, tuple[int, int, int]] = {}
+_STAMP_CACHE_SIZE = 100_000
 #: `(APIServer pid=1)`, `(VllmWorker TP0 pid=1)`, `(RayWorkerWrapper pid=1, ip=10.0.0.2)`.
 PROCESS_PREFIX = re.compile(r"^\((?P<process>[^()]*?) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\) ")
 _PROCESS_RANK = re.compile(r"(?:TP|rank=)(\d+)")
@@ -61,31 +63,42 @@ def parse(text: str, line: int) -> LogRecord | None:
     match = HEADER.match(text)
     if match is None:
         return None
-    g = match.group
-    frac = g("frac")
+    level, stamp, frac, source, message = match.groups()
+    month, day, second_of_day = _STAMPS.get(stamp) or _parse_stamp(stamp)
     record = LogRecord(
         raw=text,
         line=line,
         format="vllm",
-        level=g("level"),
-        source=g("source"),
-        message=g("message"),
-        clock=(
-            None,
-            int(g("month")),
-            int(g("day")),
-            int(g("h")) * 3600 + int(g("m")) * 60 + int(g("s")),
-            int(frac.ljust(9, "0")) if frac else None,
-        ),
+        level=level,
+        source=source,
+        message=message,
+        clock=(None, month, day, second_of_day, int(frac.ljust(9, "0")) if frac else None),
     )
     classify(record)
     return record
 
 
+def _parse_stamp(stamp: str) -> tuple[int, int, int]:
+    parsed = (
+        int(stamp[0:2]),
+        int(stamp[3:5]),
+        int(stamp[6:8]) * 3600 + int(stamp[9:11]) * 60 + int(stamp[12:14]),
+    )
+    if len(_STAMPS) >= _STAMP_CACHE_SIZE:
+        _STAMPS.clear()
+    _STAMPS[stamp] = parsed
+    return parsed
+
+
 def classify(record: LogRecord) -> None:
-    """Set event, request id, template and fields from the message of a vLLM record."""
+    """Set event, request id, template and fields from the message of a vLLM record.
+
+    Cheap substring tests guard every regex: most lines are one of a few shapes, and this runs
+    once per line.
+    """
     message = record.message
-    if match := _REQUEST.match(message):
+    first = message[:1]
+    if first in ("R", "A", "F") and (match := _REQUEST.match(message)):
         record.event = _REQUEST_EVENT[match.group("what")]
         record.request_id = match.group("rid")
         record.template = f"vllm {match.group('what')} request <id>"
@@ -97,7 +110,7 @@ def classify(record: LogRecord) -> None:
         record.template = "vllm stats"
         record.fields = _with_engine(message, key_values(message))
         return
-    if (match := _ITERATION.search(message)) is not None:
+    if "Iteration(" in message and (match := _ITERATION.search(message)) is not None:
         record.event = "iteration"
         record.template = "vllm iteration details"
         fields = _with_engine(message, {"iteration": int(match.group("iteration"))})
@@ -106,26 +119,28 @@ def classify(record: LogRecord) -> None:
         fields.update(key_values(message[match.end() :]))
         record.fields = fields
         return
-    if match := _PREEMPTED_V0.match(message):
+    if first == "S" and (match := _PREEMPTED_V0.match(message)):
         record.event = "request_preempted"
         record.request_id = match.group("rid")
         record.template = "vllm Sequence group <id> is preempted"
-        fields: dict = {"mode": match.group("mode").lower()}
+        preempted: dict = {"mode": match.group("mode").lower()}
         if cumulative := _CUMULATIVE.search(message):
-            fields["total_num_cumulative_preemption"] = int(cumulative.group("n"))
-        record.fields = fields
+            preempted["total_num_cumulative_preemption"] = int(cumulative.group("n"))
+        record.fields = preempted
         return
-    if match := _RESUMED.match(message):
+    if first == "P" and (match := _RESUMED.match(message)):
         record.event = "request_resumed"
         record.request_id = match.group("rid")
         record.template = "vllm Preempted request <id> has been resumed"
         return
-    if match := _JIT.search(message):
+    if "JIT compilation" in message and (match := _JIT.search(message)):
         record.event = "jit_compile"
         record.template = "vllm JIT compilation during inference"
         record.fields = {"kernel": match.group("kernel")}
         return
-    if message.startswith(("Initializing an LLM engine", "Initializing a V1 LLM engine")):
+    if first == "I" and message.startswith(
+        ("Initializing an LLM engine", "Initializing a V1 LLM engine")
+    ):
         record.event = "engine_config"
         record.template = "vllm Initializing an LLM engine"
 
@@ -172,9 +187,9 @@ def _with_engine(message: str, fields: dict) -> dict:
 
 def _received_fields(message: str) -> dict | None:
     fields: dict = {}
-    if match := _PROMPT_IDS.search(message):
+    if "prompt_token_ids: [" in message and (match := _PROMPT_IDS.search(message)):
         ids = match.group("ids").strip()
         fields["prompt_tokens"] = ids.count(",") + 1 if ids else 0
-    if match := _MAX_TOKENS.search(message):
+    if "max_tokens=" in message and (match := _MAX_TOKENS.search(message)):
         fields["max_tokens"] = int(match.group("n"))
     return fields or None
