@@ -46,6 +46,10 @@ class RankCgroup:
     cpu_dir: Path
     memory_dir: Path
 
+    def procs_files(self) -> list[str]:
+        """The files a process writes its pid into to join (one per v1 controller)."""
+        return [str(d / "cgroup.procs") for d in sorted({self.cpu_dir, self.memory_dir})]
+
     def add(self, pid: int) -> None:
         """Move the whole process (all its threads) into the group."""
         if self.version == 1:

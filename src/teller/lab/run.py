@@ -103,6 +103,8 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
             if netns.is_root() and cgroup_version():
                 groups = stack.enter_context(rank_cgroups(spec.tp))
             config = _serve_config(spec, partial / "run", network)
+            if groups is not None:
+                config.cgroup_procs = [group.procs_files() for group in groups]
             config_path = config.write(partial / "run" / "serve.json")
             injector = _Injector(spec, config, network, groups)
             stack.callback(injector.stop)
@@ -217,8 +219,6 @@ class _Injector:
                 path = self.run_dir / f"rank{r}.pid"
                 if pids[r] is None and path.exists() and path.read_text().strip():
                     pids[r] = int(path.read_text())
-                    if self._groups is not None:
-                        self._groups[r].add(pids[r])
             t0_path = self.run_dir / "t0_ns"
             if all(p is not None for p in pids) and t0_path.exists():
                 self.t0_ns = int(t0_path.read_text())

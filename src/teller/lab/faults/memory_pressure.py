@@ -1,18 +1,23 @@
-"""memory_pressure: the guilty rank's cgroup memory limited to just above its anonymous memory.
+"""memory_pressure: the guilty rank's cgroup memory held just above its anonymous memory.
 
-The limit leaves the rank's heap alone (no OOM kill) but only (1 - intensity) of its page cache and
-mapped files (torch's and the model code's shared libraries), so the kernel reclaims them and the
-rank faults them back in while it runs: page-fault and reclaim time lands inside its host ops. On
-cgroup v2 this is `memory.high` (throttling); on v1 the hard `memory.limit_in_bytes`.
+Every rank's weights are file-mapped (`teller.lab.serve.model.map_weights_from_disk`), as
+mmap-loaded checkpoints are. The limit leaves the rank's heap its current size plus headroom but
+only (1 - intensity) of its file pages, so the kernel evicts weight pages and the rank faults them
+back in from disk inside its matmuls: page-fault time lands in `aten::mm`. A thread re-tightens the
+limit as the heap grows (the profiler's buffers grow all run), which is what cgroup v2's
+`memory.high` does by itself; on v2 that file is used, on v1 the hard `memory.limit_in_bytes`.
 """
 
 from __future__ import annotations
 
+import threading
+
 from teller.errors import TellerError
 from teller.lab.faults.os_fault import RankTarget
 
-#: Headroom above the anonymous memory measured when the window opens, for the heap's growth.
-HEADROOM_BYTES = 24 << 20
+#: Room above the anonymous memory for a step's activations, so the heap never hits the limit.
+HEADROOM_BYTES = 48 << 20
+RETIGHTEN_S = 0.1
 
 
 class MemoryPressure:
@@ -21,14 +26,30 @@ class MemoryPressure:
             raise TellerError("memory_pressure needs a per-rank cgroup (root)")
         self.cgroup = target.cgroup
         self.intensity = min(max(intensity, 0.0), 1.0)
-        self.limit_bytes: int | None = None
+        self.file_allowance_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def apply(self) -> None:
         stat = self.cgroup.memory_stat()
-        anon = stat.get("anon", stat.get("rss", 0))
         files = stat.get("file", stat.get("cache", 0))
-        self.limit_bytes = anon + HEADROOM_BYTES + int((1.0 - self.intensity) * files)
-        self.cgroup.set_memory_limit(self.limit_bytes)
+        self.file_allowance_bytes = int((1.0 - self.intensity) * files)
+        self._tighten()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._keep_tight, daemon=True)
+        self._thread.start()
 
     def revert(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         self.cgroup.set_memory_limit(None)
+
+    def _tighten(self) -> None:
+        stat = self.cgroup.memory_stat()
+        anon = stat.get("anon", stat.get("rss", 0))
+        self.cgroup.set_memory_limit(anon + HEADROOM_BYTES + self.file_allowance_bytes)
+
+    def _keep_tight(self) -> None:
+        while not self._stop.wait(RETIGHTEN_S):
+            self._tighten()

@@ -89,6 +89,9 @@ class ServeConfig:
     netns: list[str] = field(default_factory=list)
     ifnames: list[str] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
+    # per rank, the cgroup.procs files the rank writes its pid into first thing (memory_pressure,
+    # straggler), so everything it allocates is charged to its own group
+    cgroup_procs: list[list[str]] = field(default_factory=list)
     threads_per_rank: int = 1
     warmup_steps: int = 3
 

@@ -9,6 +9,9 @@ process group (gloo on CPU, nccl on GPUs) and `maybe_distribute_model` applies t
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -47,3 +50,39 @@ def build_model(config: ModelConfig, tp: int) -> LlamaForCausalLM:
 def set_attention(model: LlamaForCausalLM, implementation: str) -> None:
     """Switch the attention kernel path ("sdpa" or "eager"); Llama reads it on every forward."""
     model.config._attn_implementation = implementation
+
+
+def map_weights_from_disk(model: LlamaForCausalLM, path: Path) -> int:
+    """Back this rank's weights by a file mapping, as mmap-loaded checkpoints are; returns bytes.
+
+    The weights are written to `path`, dropped from the page cache, mapped back (shared, so clean
+    pages can be evicted and re-read rather than needing swap) and the file is unlinked. Every
+    case runs this way, so a memory limit on one rank (memory_pressure) makes the kernel evict
+    that rank's weight pages and fault them back in during its matmuls; without a limit the
+    pages stay resident and cost nothing extra.
+    """
+    from torch.distributed.tensor import DTensor
+
+    locals_ = []
+    for parameter in model.parameters():
+        local = parameter._local_tensor if isinstance(parameter, DTensor) else parameter.data
+        if not any(local.data_ptr() == seen.data_ptr() for seen in locals_):  # tied weights once
+            locals_.append(local)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    offsets, total_bytes = [], 0
+    with path.open("wb") as handle:
+        for local in locals_:
+            offsets.append(total_bytes)
+            data = local.detach().contiguous().numpy().tobytes()
+            handle.write(data)
+            total_bytes += len(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=total_bytes)
+    path.unlink()
+    with torch.no_grad():
+        for local, offset in zip(locals_, offsets, strict=True):
+            element = local.element_size()
+            local.set_(storage, offset // element, local.shape, local.stride())
+    return total_bytes

@@ -23,7 +23,7 @@ from teller.lab.faults import inprocess
 from teller.lab.serve.config import ServeConfig
 from teller.lab.serve.executor import Executor
 from teller.lab.serve.logs import iteration_line, process_logger, stats_line
-from teller.lab.serve.model import build_model
+from teller.lab.serve.model import build_model, map_weights_from_disk
 from teller.lab.serve.scheduler import Scheduler, StepPlan
 from teller.lab.serve.workload import generate_requests
 
@@ -38,6 +38,8 @@ def main(argv: list[str]) -> int:
     config = ServeConfig.read(argv[0])
     rank = int(os.environ["RANK"])
     run_dir = Path(config.run_dir)
+    for procs in config.cgroup_procs[rank] if config.cgroup_procs else []:
+        Path(procs).write_text(str(os.getpid()))  # join before allocating anything of our own
     (run_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     torch.set_num_threads(config.threads_per_rank)
     worker_log = process_logger(f"Worker_TP{rank}")
@@ -50,13 +52,16 @@ def main(argv: list[str]) -> int:
             backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=config.tp
         )
     model = build_model(config.model, config.tp)
+    weight_bytes = map_weights_from_disk(model, run_dir / f"weights-rank{rank}.bin")
     worker_log.info(
-        "Loaded Llama (%d layers, hidden %d) as TP rank %d of %d, attention %s",
+        "Loaded Llama (%d layers, hidden %d) as TP rank %d of %d, attention %s, "
+        "%.1f MiB of file-mapped weights",
         config.model.num_hidden_layers,
         config.model.hidden_size,
         rank,
         config.tp,
         config.model.attn_implementation,
+        weight_bytes / 2**20,
     )
     executor = Executor(model)
     _warm_up(executor, config.warmup_steps)
