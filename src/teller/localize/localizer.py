@@ -312,7 +312,7 @@ class NumericLocalizer:
         key_rows: dict[tuple, dict[int, int]],
         reference: list[int],
     ) -> list[OperatorCandidate]:
-        table = _arrivals(tree, nodes)
+        table = _arrivals(tree)
         if table is None:
             return []
         iteration_of, rank, name, late_ns, own_ns, node, is_last = table
@@ -373,7 +373,7 @@ class NumericLocalizer:
         return out
 
 
-def _arrivals(tree: CallTree, nodes) -> tuple[np.ndarray, ...] | None:
+def _arrivals(tree: CallTree) -> tuple[np.ndarray, ...] | None:
     """Per (collective instance, rank): iteration, rank, name, lateness (arrival after the median
     of the others, ≥ 0) and own duration. Arrival is on the GPU where collectives run there."""
     comm = tree.comm
@@ -434,24 +434,31 @@ def _component_scores(
     host = in_step & np.isin(tree.layer, list(_HOST_WORK)) & (tree.stream < 0)
     waiting_names = [i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name)]
     host &= ~np.isin(tree.name, waiting_names)
-    measures = [
-        np.bincount(tree.step[gpu], weights=tree.dur[gpu], minlength=count),
-        np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=count),
+    measures = [  # (per step row, compare across ranks too?)
+        (np.bincount(tree.step[gpu], weights=tree.dur[gpu], minlength=count), True),
+        (np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=count), True),
     ]
+    arrivals = _arrivals(tree)
+    if arrivals is not None:  # transfer: the last arriver's own collective time has no waiting
+        *_, own_ns, node, is_last = arrivals
+        rows = tree.step[node[is_last]]
+        measures.append((np.bincount(rows, weights=own_ns[is_last], minlength=count), False))
     position = {it: i for i, it in enumerate(iterations)}
     ranks = np.unique(steps.rank)
     rank_pos = {int(r): j for j, r in enumerate(ranks.tolist())}
     best_z = np.zeros(len(iterations))
     best_ratio = np.ones(len(iterations))
-    for measure in measures:
+    for measure, across_ranks in measures:
         grid = np.full((len(iterations), len(ranks)), np.nan)
         for k in range(count):
             grid[position[int(steps.index[k])], rank_pos[int(steps.rank[k])]] = measure[k]
+        if not across_ranks:  # a per-iteration measure: all ranks' share added up
+            grid = np.nansum(grid, axis=1, keepdims=True)
         if np.nanmax(grid, initial=0.0) <= 0:
             continue
         logs = np.log(np.maximum(grid, 1.0))
         scores = []
-        if len(ranks) > 1:  # imbalance: this rank against the median of all ranks, same step
+        if across_ranks and len(ranks) > 1:  # imbalance: against the median rank, same step
             scores.append(logs - np.nanmedian(logs, axis=1, keepdims=True))
         # temporal: this rank against its own median in steps of the same kind and similar size
         temporal = np.zeros_like(logs)

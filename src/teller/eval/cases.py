@@ -1,0 +1,96 @@
+"""Labelled cases on disk: find them, load each once, split them by case (never by step).
+
+A case is a directory with `labels.json` (teller.lab.labels) and its traces, as written by
+`teller lab run`, `teller lab dataset` and `teller lab sim`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from teller.callchain.tree import CallTree, build_tree
+from teller.errors import TellerError
+from teller.ingest import find_trace_files, read_run
+from teller.lab.labels import CaseLabels
+
+
+@dataclass
+class Case:
+    path: Path
+    labels: CaseLabels
+
+    @property
+    def case_id(self) -> str:
+        return self.path.name
+
+    def tree(self) -> CallTree:
+        traces = self.path / "traces"
+        files = find_trace_files([traces if traces.is_dir() else self.path])
+        return build_tree(read_run(files))
+
+    def log_files(self) -> list[Path]:
+        logs = self.path / "logs"
+        return sorted(logs.glob("*.log")) if logs.is_dir() else []
+
+
+def find_cases(roots: list[Path]) -> list[Case]:
+    """Every directory holding a labels.json under the given roots, sorted by path."""
+    cases = []
+    for root in roots:
+        if (root / "labels.json").is_file():
+            cases.append(Case(root, CaseLabels.read(root)))
+            continue
+        for labels in sorted(root.rglob("labels.json")):
+            cases.append(Case(labels.parent, CaseLabels.read(labels.parent)))
+    if not cases:
+        raise TellerError(f"{', '.join(map(str, roots))}: no labelled cases (labels.json) found")
+    return cases
+
+
+@dataclass
+class Split:
+    train: list[str]
+    test: list[str]
+    held_out_fault: str | None = None
+
+    def to_json(self) -> dict:
+        return {"train": self.train, "test": self.test, "held_out_fault": self.held_out_fault}
+
+    @classmethod
+    def read(cls, path: Path) -> Split:
+        try:
+            data = json.loads(path.read_text())
+            return cls(data["train"], data["test"], data.get("held_out_fault"))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise TellerError(f"{path}: not a split file (train/test case ids): {error}") from None
+
+
+def split_cases(
+    cases: list[Case], test_share: float = 0.3, seed: int = 0, held_out_fault: str | None = None
+) -> Split:
+    """Split by case, stratified by fault; a held-out fault type goes wholly to the test side."""
+    rng = random.Random(seed)
+    by_fault: dict[str, list[str]] = {}
+    for case in cases:
+        by_fault.setdefault(case.labels.fault, []).append(case.case_id)
+    train: list[str] = []
+    test: list[str] = []
+    for fault, ids in sorted(by_fault.items()):
+        ids = sorted(ids)
+        rng.shuffle(ids)
+        if fault == held_out_fault:
+            test.extend(ids)
+            continue
+        cut = max(1, round(len(ids) * test_share)) if len(ids) > 1 else 0
+        test.extend(ids[:cut])
+        train.extend(ids[cut:])
+    return Split(sorted(train), sorted(test), held_out_fault)
+
+
+def iterate(cases: list[Case], ids: list[str]) -> Iterator[Case]:
+    wanted = set(ids)
+    return (case for case in cases if case.case_id in wanted)

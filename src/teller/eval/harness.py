@@ -1,0 +1,207 @@
+"""The evaluation harness: every method on the same cases, scored by the same metrics.
+
+`evaluate(methods, cases, split)` fits each method on the training side's fault-free cases, runs it
+on every test case (each case's traces are read once for all methods), and scores the outcome
+per view (horizontal, vertical), overall and per fault type, with the false-alarm rate on the
+fault-free cases (DESIGN.md §5). Faults whose label names no operator (a configuration, a stall
+between operators) count as a joint hit when the step is flagged (and, for horizontal faults, the
+rank is right).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from tqdm import tqdm
+
+from teller.eval.cases import Case, Split, iterate
+from teller.eval.metrics import (
+    Candidate,
+    StepTruth,
+    StepVerdict,
+    accuracy_at_k,
+    average_at_k,
+    false_alarm_rate,
+    joint_prf,
+    rank_accuracy_at_1,
+    step_prf,
+)
+from teller.localize.localizer import Localization
+
+FAULT_FREE = ("none", "workload_shift")
+
+
+@dataclass
+class CaseOutcome:
+    """What one method said about one case, reduced to what the metrics need."""
+
+    case_id: str
+    fault: str
+    view: str
+    steps: list[int]
+    flagged: list[int]
+    top: dict[int, tuple[str | None, int | None]]  # iteration → (operator, rank) of its top-1
+    ranked: list[
+        tuple[str, int | None, float]
+    ]  # case-level candidates over its true-positive steps
+    truth_steps: list[int]
+    guilty_operator: str | None
+    guilty_rank: int | None
+
+
+@dataclass
+class Row:
+    """One line of the scoreboard."""
+
+    method: str
+    group: str
+    cases: int
+    step_precision: float
+    step_recall: float
+    step_f1: float
+    ac1: float
+    ac3: float
+    avg5: float
+    rank_ac1: float | None
+    joint_precision: float
+    joint_recall: float
+    joint_f1: float
+    false_alarm_rate: float | None
+
+
+@dataclass
+class EvalResult:
+    split: Split
+    rows: list[Row] = field(default_factory=list)
+    outcomes: dict[str, list[CaseOutcome]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "split": self.split.to_json(),
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+
+def outcome(case: Case, localization: Localization) -> CaseOutcome:
+    labels = case.labels
+    flagged = [s.iteration for s in localization.steps if s.anomalous]
+    truth = set(labels.steps) if labels.is_fault else set()
+    top: dict[int, tuple[str | None, int | None]] = {}
+    for iteration in flagged:
+        candidates = localization.candidates.get(iteration, [])
+        top[iteration] = (
+            (candidates[0].operator, candidates[0].rank) if candidates else (None, None)
+        )
+    totals: dict[tuple[str, int | None], float] = {}
+    for iteration in sorted(truth & set(flagged)):
+        for candidate in localization.candidates.get(iteration, []):
+            key = (candidate.operator, candidate.rank)
+            totals[key] = totals.get(key, 0.0) + candidate.score
+    ranked = sorted(
+        ((op, rank, score) for (op, rank), score in totals.items()), key=lambda t: -t[2]
+    )
+    return CaseOutcome(
+        case_id=case.case_id,
+        fault=labels.fault,
+        view=labels.view,
+        steps=[s.iteration for s in localization.steps],
+        flagged=flagged,
+        top=top,
+        ranked=ranked,
+        truth_steps=sorted(truth),
+        guilty_operator=labels.guilty_operator,
+        guilty_rank=labels.guilty_rank,
+    )
+
+
+def score_group(method: str, group: str, outcomes: list[CaseOutcome]) -> Row:
+    anomalous = {(o.case_id, s) for o in outcomes for s in o.truth_steps}
+    flagged = {(o.case_id, s) for o in outcomes for s in o.flagged}
+    steps = step_prf(anomalous, flagged)
+    located = [o for o in outcomes if o.guilty_operator and set(o.truth_steps) & set(o.flagged)]
+    ranked = [[Candidate(op, score, rank) for op, rank, score in o.ranked] for o in located]
+    guilty = [o.guilty_operator or "" for o in located]
+    horizontal = [o for o in located if o.view == "H" and o.guilty_rank is not None]
+    truths, verdicts = [], []
+    for o in outcomes:
+        truth_set = set(o.truth_steps)
+        for s in o.steps:
+            truths.append(
+                StepTruth(
+                    (o.case_id, s),
+                    s in truth_set,
+                    o.guilty_operator,
+                    o.guilty_rank,
+                    horizontal=o.view == "H",
+                )
+            )
+            operator, rank = o.top.get(s, (None, None))
+            verdict_op = operator if o.guilty_operator else None  # op-less faults: the step counts
+            verdicts.append(StepVerdict((o.case_id, s), s in set(o.flagged), verdict_op, rank))
+    joint = joint_prf(truths, verdicts)
+    fault_free = [o for o in outcomes if o.fault in FAULT_FREE]
+    alarms = [StepVerdict((o.case_id, s), s in set(o.flagged)) for o in fault_free for s in o.steps]
+    return Row(
+        method=method,
+        group=group,
+        cases=len(outcomes),
+        step_precision=round(steps.precision, 4),
+        step_recall=round(steps.recall, 4),
+        step_f1=round(steps.f1, 4),
+        ac1=round(accuracy_at_k(ranked, guilty, 1), 4),
+        ac3=round(accuracy_at_k(ranked, guilty, 3), 4),
+        avg5=round(average_at_k(ranked, guilty, 5), 4),
+        rank_ac1=round(
+            rank_accuracy_at_1(
+                [[Candidate(op, score, rank) for op, rank, score in o.ranked] for o in horizontal],
+                [o.guilty_rank for o in horizontal],
+            ),
+            4,
+        )
+        if horizontal
+        else None,
+        joint_precision=round(joint.precision, 4),
+        joint_recall=round(joint.recall, 4),
+        joint_f1=round(joint.f1, 4),
+        false_alarm_rate=round(false_alarm_rate(alarms), 4) if alarms else None,
+    )
+
+
+def evaluate(
+    methods: dict[str, Callable[[], object]],
+    cases: list[Case],
+    split: Split,
+    progress: bool = True,
+) -> EvalResult:
+    """Fit every method on the training side's fault-free cases, score the test side."""
+    normal_train = [c for c in iterate(cases, split.train) if c.labels.fault == "none"]
+    trees = [
+        c.tree()
+        for c in tqdm(
+            normal_train, desc="fitting on normal cases", disable=not progress, leave=False
+        )
+    ]
+    fitted = {name: make().fit(trees) for name, make in methods.items()}  # type: ignore[attr-defined]
+    del trees
+    result = EvalResult(split=split, outcomes={name: [] for name in methods})
+    test_cases = list(iterate(cases, split.test))
+    for case in tqdm(test_cases, desc="scoring cases", disable=not progress, leave=False):
+        tree = case.tree()
+        for name, method in fitted.items():
+            result.outcomes[name].append(outcome(case, method.score(tree)))
+    for name, outcomes in result.outcomes.items():
+        result.rows.append(score_group(name, "overall", outcomes))
+        for view, label in (("H", "horizontal"), ("V", "vertical")):
+            members = [o for o in outcomes if o.view == view or o.fault in FAULT_FREE]
+            if any(o.view == view for o in outcomes):
+                result.rows.append(score_group(name, label, members))
+        if split.held_out_fault:
+            held = [o for o in outcomes if o.fault == split.held_out_fault]
+            if held:
+                result.rows.append(score_group(name, f"held out: {split.held_out_fault}", held))
+        for fault in sorted({o.fault for o in outcomes}):
+            result.rows.append(
+                score_group(name, f"fault: {fault}", [o for o in outcomes if o.fault == fault])
+            )
+    return result

@@ -1,0 +1,64 @@
+"""The scoreboard: every method as a row, per view, as markdown and JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from teller.eval.harness import EvalResult, Row
+from teller.report import write_atomic
+
+PAPER = {"horizontal": 0.85, "vertical": 0.82}
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def render_markdown(result: EvalResult, command: str, cases_note: str) -> str:
+    lines = [
+        "# Scoreboard",
+        "",
+        f"Produced by `{command}` on {cases_note}.",
+        f"Split by case: {len(result.split.train)} train, {len(result.split.test)} test"
+        + (
+            f"; held-out fault type: {result.split.held_out_fault}"
+            if result.split.held_out_fault
+            else ""
+        )
+        + ". Paper (TELLER) joint F1: horizontal 0.85, vertical 0.82.",
+        "",
+    ]
+    groups: dict[str, list[Row]] = {}
+    for row in result.rows:
+        groups.setdefault(row.group, []).append(row)
+    for group, rows in groups.items():
+        lines.append(f"## {group}")
+        lines.append("")
+        lines.append(
+            "| method | cases | step P | step R | step F1 | AC@1 | AC@3 | Avg@5 | rank AC@1 "
+            "| joint P | joint R | **joint F1** | false alarms |"
+        )
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            lines.append(
+                f"| {r.method} | {r.cases} | {_cell(r.step_precision)} | {_cell(r.step_recall)} "
+                f"| {_cell(r.step_f1)} | {_cell(r.ac1)} | {_cell(r.ac3)} | {_cell(r.avg5)} "
+                f"| {_cell(r.rank_ac1)} | {_cell(r.joint_precision)} | {_cell(r.joint_recall)} "
+                f"| **{_cell(r.joint_f1)}** | {_cell(r.false_alarm_rate)} |"
+            )
+        if group in PAPER:
+            lines.append(f"\nPaper's joint F1 for this view: {PAPER[group]:.2f}.")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_scoreboard(
+    result: EvalResult, directory: Path, command: str, cases_note: str
+) -> list[Path]:
+    markdown = write_atomic(
+        directory / "scoreboard.md", render_markdown(result, command, cases_note)
+    )
+    data = {"command": command, "cases": cases_note, **result.to_json()}
+    js = write_atomic(directory / "scoreboard.json", json.dumps(data, indent=2))
+    return [markdown, js]
