@@ -163,6 +163,45 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from teller.eval.cases import Split, find_cases, split_cases
+    from teller.eval.harness import evaluate
+    from teller.eval.methods import METHODS
+    from teller.eval.scoreboard import render_markdown, write_scoreboard
+
+    cases = find_cases([Path(p) for p in args.cases])
+    if args.split:
+        split = Split.read(Path(args.split))
+    else:
+        split = split_cases(
+            cases, test_share=args.test_share, seed=args.seed, held_out_fault=args.held_out
+        )
+    names = list(METHODS) if args.all else [args.method]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise TellerError(f"unknown method {unknown[0]!r}; known: {', '.join(METHODS)}")
+    result = evaluate({n: METHODS[n] for n in names}, cases, split, progress=not args.quiet)
+    command = (
+        "teller eval " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["eval"] else "teller eval"
+    )
+    note = f"{len(cases)} cases under {', '.join(args.cases)}"
+    if args.all or args.out:
+        for path in write_scoreboard(result, Path(args.out or "docs"), command, note):
+            print(f"wrote {path}", file=sys.stderr)
+    print(render_markdown(result, command, note))
+    return EXIT_OK
+
+
+def cmd_lab_recipe(args: argparse.Namespace) -> int:
+    from teller.eval.recipes import build
+
+    built, skipped, failed = build(Path(args.recipe), Path(args.out), progress=not args.quiet)
+    print(
+        f"{built} built, {skipped} already there, {failed} failed; index in {args.out}/index.jsonl"
+    )
+    return EXIT_OK if not failed else EXIT_ERROR
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -214,8 +253,23 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--perfetto", help="also write an annotated Chrome/Perfetto trace here")
     analyze.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
 
+    evaluate = command("eval", cmd_eval, "score methods on labelled cases (DESIGN.md §5)")
+    evaluate.add_argument("--cases", nargs="+", required=True, help="case directories or roots")
+    chosen = evaluate.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--method", help="one method: localizer, threshold, zscore, gmm")
+    chosen.add_argument("--all", action="store_true", help="every method; writes the scoreboard")
+    evaluate.add_argument("--split", help="JSON file with train/test case ids")
+    evaluate.add_argument("--held-out", help="fault type kept wholly out of training")
+    evaluate.add_argument("--test-share", type=float, default=0.5, help="test share per fault")
+    evaluate.add_argument("--seed", type=int, default=0, help="split seed")
+    evaluate.add_argument("-o", "--out", help="scoreboard directory (default with --all: docs)")
+
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)
+    recipe = lab_commands.add_parser("recipe", help="build an evaluation set from a recipe file")
+    recipe.set_defaults(handler=cmd_lab_recipe)
+    recipe.add_argument("recipe", help="recipe JSON (see evalsets/)")
+    recipe.add_argument("--out", required=True, help="directory for the cases (resumable)")
     sim = lab_commands.add_parser(
         "sim", help="simulate a GPU-cluster case", description="simulate a GPU-cluster case"
     )
