@@ -110,8 +110,27 @@ class LayerTemplate:
             total_ns[nodes[i].name] = total_ns.get(nodes[i].name, 0) + nodes[i].dur_ns
         #: the kernel that takes most of a layer's GPU time (what a slower GPU shows first)
         self.dominant_kernel = max(total_ns, key=lambda name: total_ns[name])
+        self.kinds = [n.layer for n in nodes]
+        self.parents = [n.parent for n in nodes]
+        self.bytes = [n.bytes for n in nodes]
+        self.start_ns = np.array([n.start_ns for n in nodes], dtype=np.int64)
+        self.end_ns = np.array([n.start_ns + n.dur_ns for n in nodes], dtype=np.int64)
+        self.comm_points_ns = np.array(self.comm_points, dtype=np.int64)
+        self.no_points = np.zeros(0, dtype=np.int64)
+        launchers = {nodes[i].parent for i in self.kernel_nodes}
+        self.has_gpu = [i in launchers for i in range(len(nodes))]
+        self._names: dict[int, list[str]] = {}
         gemms = [i for i in self.kernel_nodes if "gemm" in nodes[i].name.lower()]
         self.regression_kernel = gemms[-1] if gemms else -1
+
+    def names_of_layer(self, layer_index: int) -> list[str]:
+        """Node names with module instance numbers shifted to this layer (cached)."""
+        names = self._names.get(layer_index)
+        if names is None:
+            counts = self.calibration.modules_per_layer
+            names = [module_name(n.name, layer_index, counts) for n in self.nodes]
+            self._names[layer_index] = names
+        return names
 
 
 class ReplicaModel:
@@ -257,74 +276,82 @@ class ReplicaModel:
 
     # -- host side -------------------------------------------------------------------------------
     def _layer_eager(self, state: RankState, plan: StepPlan, layer_index: int, t0: int) -> int:
-        """Replay the template for one layer from t0; returns the host time at its end."""
+        """Replay the template for one layer from t0; returns the host time at its end.
+
+        Host durations scale by one factor per layer (the calibrated spread, times any host
+        contention); a collective's host chain is inserted at the end of the attention and MLP
+        blocks, pushing everything after it later and stretching the frames around it.
+        """
         tpl = self.template
-        nodes = tpl.nodes
         rng = state.rng
         f = math.exp(self.cal.cpu_log_sigma * rng.standard_normal())
         f *= self.faults.cpu_factor(state.rank, plan.index)
         tokens = plan.tokens
-        comm_points = tpl.comm_points if self.topology.tp > 1 else []
-        inserts = [self._comm_host_ns(state) for _ in comm_points]
-
-        def shift_start(t: int) -> int:
-            return sum(d for p, d in zip(comm_points, inserts, strict=True) if p <= t)
-
-        def shift_end(t: int) -> int:
-            return sum(d for p, d in zip(comm_points, inserts, strict=True) if p < t)
-
-        counts = self.cal.modules_per_layer
-        pending = list(zip(comm_points, inserts, strict=True))
+        points = tpl.comm_points_ns if self.topology.tp > 1 else tpl.no_points
+        inserts = np.array([self._comm_host_ns(state) for _ in points], dtype=np.int64)
+        shifted = np.concatenate(([0], np.cumsum(inserts)))
+        starts = (
+            t0
+            + (tpl.start_ns * f).astype(np.int64)
+            + shifted[np.searchsorted(points, tpl.start_ns, "right")]
+        ).tolist()
+        ends = (
+            t0
+            + (tpl.end_ns * f).astype(np.int64)
+            + shifted[np.searchsorted(points, tpl.end_ns, "left")]
+        ).tolist()
+        insert_before = np.searchsorted(tpl.start_ns, points, "left").tolist()
+        insert_at = (
+            t0
+            + (points * f).astype(np.int64)
+            + shifted[np.searchsorted(points, points, "right")]
+            - inserts
+        ).tolist()
+        names = tpl.names_of_layer(layer_index)
+        kinds, parents, has_gpu, nbytes = tpl.kinds, tpl.parents, tpl.has_gpu, tpl.bytes
         runtime_of: dict[int, Launch] = {}
-        regress = self.faults.regression(state.rank, plan.index)
-        for i, node in enumerate(nodes):
-            start = t0 + int(node.start_ns * f) + shift_start(node.start_ns)
-            while pending and pending[0][0] <= node.start_ns:
-                point, dur = pending.pop(0)
-                at = t0 + int(point * f) + shift_start(point) - dur
-                self._allreduce_host(state, plan, at, dur, tokens)
-            if node.layer in ("kernel", "memset"):
-                launch = runtime_of.get(node.parent)
+        regress = self.faults.regression(state.rank, plan.index) and self.fallback_gemm
+        pending = 0
+        encoder, events = state.encoder, state.events
+        for i in range(len(kinds)):
+            while pending < len(insert_before) and insert_before[pending] <= i:
+                self._allreduce_host(state, plan, insert_at[pending], int(inserts[pending]), tokens)
+                pending += 1
+            kind = kinds[i]
+            if kind == "kernel" or kind == "memset":
+                launch = runtime_of.get(parents[i])
                 if launch is None:
                     continue
-                name = node.name
-                dur = self._kernel_ns(
-                    state, name, tokens if node.layer == "kernel" else 0, plan.index
-                )
-                if regress and i == tpl.regression_kernel and self.fallback_gemm:
+                name = names[i]
+                dur = self._kernel_ns(state, name, tokens if kind == "kernel" else 0, plan.index)
+                if regress and i == tpl.regression_kernel:
                     name = self.fallback_gemm
                     dur = int(dur * (1.0 + self.faults.spec.intensity))
-                cat = "kernel" if node.layer == "kernel" else "gpu_memset"
-                launch.kernels.append((cat, name, dur, node.bytes))
+                cat = "kernel" if kind == "kernel" else "gpu_memset"
+                launch.kernels.append((cat, name, dur, nbytes[i]))
                 continue
-            if not tpl.keep[i]:
+            if kind == "python" and not tpl.python_frames:
                 continue
-            end = (
-                t0 + int((node.start_ns + node.dur_ns) * f) + shift_end(node.start_ns + node.dur_ns)
-            )
-            dur = max(end - start, 1)
-            name = module_name(node.name, layer_index, counts)
-            if node.layer == "python":
-                self._complete(state, "python_function", name, start, dur)
-            elif node.layer == "cpu_op":
-                self._complete(state, "cpu_op", name, start, dur)
-            elif node.layer == "runtime":
-                has_gpu = any(nodes[j].parent == i for j in tpl.kernel_nodes)
-                if has_gpu:
-                    runtime_of[i] = self._runtime(state, name, start, dur, "kernels", [])
-                else:
-                    args = {
-                        "External id": state.external_id,
-                        "cbid": self.cbid.get(name, 0),
-                        "correlation": state.correlation + 1,
-                    }
-                    state.correlation += 1
-                    state.events.append(state.encoder.cpu("cuda_runtime", name, start, dur, args))
-        for point, dur in pending:
-            at = t0 + int(point * f) + shift_start(point) - dur
-            self._allreduce_host(state, plan, at, dur, tokens)
-        root = nodes[0]
-        return t0 + int((root.start_ns + root.dur_ns) * f) + shift_end(root.dur_ns + 1)
+            start = starts[i]
+            dur = max(ends[i] - start, 1)
+            if kind == "python":
+                self._complete(state, "python_function", names[i], start, dur)
+            elif kind == "cpu_op":
+                self._complete(state, "cpu_op", names[i], start, dur)
+            elif has_gpu[i]:
+                runtime_of[i] = self._runtime(state, names[i], start, dur, "kernels", [])
+            else:
+                state.correlation += 1
+                args = {
+                    "External id": state.external_id,
+                    "cbid": self.cbid.get(names[i], 0),
+                    "correlation": state.correlation,
+                }
+                events.append(encoder.cpu("cuda_runtime", names[i], start, dur, args))
+        while pending < len(insert_before):
+            self._allreduce_host(state, plan, insert_at[pending], int(inserts[pending]), tokens)
+            pending += 1
+        return ends[0]
 
     def _comm_host_ns(self, state: RankState) -> int:
         return self._fit(state.rng, _fit_of(self.cal.comm["host_dur"]))
