@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,7 +131,25 @@ def simulate(
     return SimResult(out, labels, results, time.perf_counter() - started)
 
 
+_STEPS_DONE = None  # a worker process's shared step counter (set by _init_worker)
+
+
+def _init_worker(counter) -> None:
+    global _STEPS_DONE
+    _STEPS_DONE = counter
+
+
+def _count_step(_: int) -> None:
+    with _STEPS_DONE.get_lock():
+        _STEPS_DONE.value += 1
+
+
+def _run_in_worker(config: SimConfig, replica: int, tmp: Path) -> ReplicaResult:
+    return run_replica(config, replica, tmp, _count_step)
+
+
 def _run_replicas(config: SimConfig, tmp: Path, jobs: int, progress: bool) -> list[ReplicaResult]:
+    """Replicas in-process (jobs 1) or one per worker process; the bar counts steps either way."""
     replicas = list(range(config.topology.replicas))
     bar = None
     if progress:
@@ -139,19 +158,21 @@ def _run_replicas(config: SimConfig, tmp: Path, jobs: int, progress: bool) -> li
         bar = tqdm(total=config.steps * len(replicas), desc="simulating", unit="step")
     try:
         if jobs <= 1 or len(replicas) == 1:
-            results = [run_replica(config, r, tmp, bar.update if bar else None) for r in replicas]
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(run_replica, config, r, tmp, None) for r in replicas]
-                results = []
-                for future in futures:
-                    results.append(future.result())
-                    if bar:
-                        bar.update(config.steps)
+            return [run_replica(config, r, tmp, bar.update if bar else None) for r in replicas]
+        counter = multiprocessing.Value("q", 0)
+        with ProcessPoolExecutor(
+            max_workers=jobs, initializer=_init_worker, initargs=(counter,)
+        ) as pool:
+            futures = [pool.submit(_run_in_worker, config, r, tmp) for r in replicas]
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                if bar:
+                    bar.update(counter.value - bar.n)
+            return [future.result() for future in futures]
     finally:
         if bar:
             bar.close()
-    return results
 
 
 def _device_header(config: SimConfig, rank: int, pg_names: list) -> dict:
