@@ -361,3 +361,33 @@ def test_torchrun_ranks_are_named_by_rank_and_the_launcher_adds_no_trace(tmp_pat
     tree = build_tree(read_run([result.out_dir / "traces"]))
     assert np.bincount(tree.steps.rank).tolist() == [2, 2]
     assert tree.comm.num_instances >= 2
+
+
+PARENT_AND_CHILD_PROGRAM = """
+import subprocess
+import sys
+import torch
+torch.ones(8).sum()
+child = "import torch; torch.ones(4).mul(2).sum(); print('child done', flush=True)"
+subprocess.run([sys.executable, "-c", child], check=True)
+"""
+
+
+def test_a_child_that_inherits_rank_gets_its_own_files(tmp_path: Path):
+    """RANK=0 in both processes: the child's trace sits beside the parent's instead of over it."""
+    program = _program(tmp_path, "parent.py", PARENT_AND_CHILD_PROGRAM)
+    result = collect([sys.executable, str(program)], tmp_path / "run", env={"RANK": "0"})
+    assert result.exit_code == 0
+    manifest = json.loads(result.manifest.read_text())
+    parent, child = manifest["processes"]
+    assert parent["name"] == "rank0" and child["name"] == f"rank0.pid{child['pid']}"
+    assert sorted(p.name for p in result.traces) == sorted(
+        ["rank0.pt.trace.json.gz", f"rank0.pid{child['pid']}.pt.trace.json.gz"]
+    )
+    assert set(manifest["ranks"]) == {"0", f"pid{child['pid']}"}
+    child_lines = [line.raw for line in read_log(result.out_dir / child["log"])]
+    assert b"child done" in child_lines
+    events = read_run(result.traces)
+    assert [s.rank for s in events.sources] == [0, 0]
+    ops = events.table.column("name").to_pylist()
+    assert "aten::mul" in ops and "aten::ones" in ops

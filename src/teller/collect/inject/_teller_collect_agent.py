@@ -134,7 +134,21 @@ class Agent:
         return None, ""
 
     def _name(self) -> str:
-        return f"rank{self.rank}" if self.rank is not None else f"rankpid{self.pid}"
+        """`rank{R}` if no other process of this run holds it, else `rank{R}.pid{PID}`.
+
+        A child that inherits RANK (a spawned data-loader worker, a helper) must not overwrite its
+        parent's trace; its own file still reads as rank R, beside the parent's.
+        """
+        if self.rank is None:
+            return f"rankpid{self.pid}"
+        name = f"rank{self.rank}"
+        procs = os.path.join(self.out_dir, "procs")
+        os.makedirs(procs, exist_ok=True)
+        try:
+            os.close(os.open(os.path.join(procs, f"{name}.claim"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return f"{name}.pid{self.pid}"
+        return name
 
     def _window(self) -> StepWindow | None:
         spec = os.environ.get(ENV_STEPS, "")
@@ -212,7 +226,9 @@ class Agent:
         @functools.wraps(original)
         def init_process_group(*args, **kwargs):
             result = original(*args, **kwargs)
-            self._learn_rank()
+            with self.lock:
+                self._learn_rank()
+                self._rename_to_rank()
             return result
 
         c10d.init_process_group = init_process_group
@@ -355,16 +371,14 @@ class Agent:
             self._write_record()
 
     def _rename_to_rank(self) -> None:
-        name = self._name()
-        if name == self.name:
+        """Once init_process_group told us the rank, the log (and the trace to come) take it."""
+        if self.rank is None or not self.name.startswith("rankpid"):
             return
+        name = self._name()
         if self.log_path:
             new_log = os.path.join(os.path.dirname(self.log_path), f"{name}.log")
-            if not os.path.exists(new_log):
-                os.replace(self.log_path, new_log)  # the tee helper keeps writing to the same file
-                self.log_path = new_log
-            else:
-                return  # another process already owns that rank's name: keep ours unique
+            os.replace(self.log_path, new_log)  # the tee helper keeps writing to the same file
+            self.log_path = new_log
         self.name = name
 
     def _export(self) -> None:
