@@ -109,7 +109,7 @@ def crashed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     program = _program(tmp, "crash.py", CRASHING_PROGRAM)
     out = tmp / "run"
     done = subprocess.run(
-        _cli("collect", "--out", str(out), "--", sys.executable, str(program)),
+        _cli("collect", "--out", str(out), "--with-stack", "--", sys.executable, str(program)),
         capture_output=True,
         timeout=120,
     )
@@ -135,6 +135,7 @@ def test_crash_still_leaves_a_readable_trace_with_every_step(crashed):
     assert tree.steps.name == [f"ProfilerStep#{k}" for k in range(5)]
     ops = {tree.node_name(n) for n in range(len(tree)) if tree.layer_name(n) == "cpu_op"}
     assert {"aten::mm", "aten::relu_"} <= ops
+    assert events.layer_counts().get("python", 0) > 0  # --with-stack asked for Python frames
 
 
 def test_trace_lands_on_unix_ns_inside_the_run(crashed):
@@ -195,6 +196,7 @@ def test_steps_window_keeps_only_those_steps(tmp_path: Path):
     # step k is named ..._generation_{k+1}(..): steps 2 and 3 carry 3 and 4 generation requests
     assert tree.steps.generation_requests.tolist() == [3, 4]
     assert set(tree.steps.kind) == {"decode"}
+    assert "python" not in read_run(result.traces).layer_counts()  # no stacks by default
     manifest = json.loads(result.manifest.read_text())
     (process,) = manifest["processes"]
     assert process["steps_profiled"] == [2, 3]
