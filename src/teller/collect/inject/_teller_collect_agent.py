@@ -89,6 +89,8 @@ class StepWindow:
         self._is_step: dict[str, bool] = {}
 
     def is_step(self, name: str) -> bool:
+        if self.pattern is STEP_NAME and not name.startswith(_STEP_PREFIXES):
+            return False  # the common case, decided without a dictionary or regex
         known = self._is_step.get(name)
         if known is None:
             known = bool(self.pattern.search(name))
@@ -319,12 +321,7 @@ class Agent:
 
         def __enter__(range_self):
             name = getattr(range_self, "name", "")
-            if (
-                window.open_step is None
-                and name.startswith(_STEP_PREFIXES)
-                and not agent.finished
-                and window.is_step(name)
-            ):
+            if window.open_step is None and not agent.finished and window.is_step(name):
                 index = window.seen
                 window.seen += 1
                 window.open_step = range_self
