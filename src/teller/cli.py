@@ -92,7 +92,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from teller.collect import collect
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    env = {"TELLER_COLLECT_WITH_STACK": "1"} if args.with_stack else None
+    env = {"TELLER_COLLECT_WITH_STACK": "1"} if args.with_stack else {}
+    if args.step_regex:
+        env["TELLER_COLLECT_STEP_REGEX"] = args.step_regex
     result = collect(command, Path(args.out), steps=args.steps, env=env, backend=args.backend)
     return result.exit_code  # status lines went to stderr; stdout carries only CMD's output
 
@@ -240,6 +242,7 @@ def _parser() -> argparse.ArgumentParser:
     collect.add_argument("--steps", type=_step_range, help="profile only steps A..B (0-based)")
     collect.add_argument("--backend", choices=("torch", "nsys"), default="torch")
     collect.add_argument("--with-stack", action="store_true", help="Python stacks (costly)")
+    collect.add_argument("--step-regex", help="with --steps: regex naming step annotations")
     collect.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     analyze = command(

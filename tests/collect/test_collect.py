@@ -316,6 +316,8 @@ def test_refuses_an_occupied_output_folder_and_bad_arguments(tmp_path: Path):
         collect(["true"], tmp_path / "new", steps=(3, 2))
     with pytest.raises(CollectError, match="cannot start"):
         collect(["/nonexistent/binary"], tmp_path / "other")
+    with pytest.raises(CollectError, match="step regex"):
+        collect(["true"], tmp_path / "third", env={"TELLER_COLLECT_STEP_REGEX": "step[("})
 
 
 def test_a_window_never_reached_writes_no_trace_and_says_why(tmp_path: Path):

@@ -10,6 +10,7 @@ through to our stdout/stderr unchanged), waits, and writes `manifest.json`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -68,9 +69,10 @@ def collect(
     out_dir = Path(out_dir)
     command = [str(part) for part in command]
     _check_arguments(command, out_dir, steps, backend)
+    child_env = _child_env(out_dir, steps, env, backend)
+    _check_step_regex(child_env.get(agent.ENV_STEP_REGEX))
     for sub in ("traces", "logs", "procs"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
-    child_env = _child_env(out_dir, steps, env, backend)
     argv = nsys_command(command, out_dir) if backend == "nsys" else command
     launcher_log = out_dir / "logs" / "launcher.log"
     _status(f"collecting into {out_dir}: {' '.join(command)}")
@@ -149,6 +151,16 @@ def _check_arguments(
             raise CollectError(f"steps {first}:{last}: need 0 <= A <= B")
     if (out_dir / "manifest.json").exists() or any((out_dir / "traces").glob("*")):
         raise CollectError(f"{out_dir}: already holds a collection; choose a new --out folder")
+
+
+def _check_step_regex(pattern: str | None) -> None:
+    """Fail here, not silently inside every rank, on a step regex that does not compile."""
+    if pattern is None:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise CollectError(f"step regex {pattern!r}: {error}") from None
 
 
 def _child_env(
