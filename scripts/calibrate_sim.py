@@ -189,7 +189,8 @@ def runtime_cbids(*pairs) -> dict[str, int]:
 
 
 def kernel_stats(tree: CallTree) -> dict:
-    gpu = np.flatnonzero(np.isin(tree.layer, [LAYER_CODE["kernel"], LAYER_CODE["memset"]]))
+    gpu_layers = [LAYER_CODE["kernel"], LAYER_CODE["memset"], LAYER_CODE["memcpy"]]
+    gpu = np.flatnonzero(np.isin(tree.layer, gpu_layers))
     by_name: dict[str, list[int]] = {}
     for node in gpu.tolist():
         by_name.setdefault(tree.node_name(node), []).append(int(tree.dur[node]))

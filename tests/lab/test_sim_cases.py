@@ -41,6 +41,7 @@ DEFAULTS = {
     "kv_blocks": 4096,
     "output_median": 128,
     "rate": 100.0,
+    "variant": "",
 }
 _CASES: dict[str, tuple[Path, EventTable, CallTree]] = {}
 
@@ -57,7 +58,9 @@ def case(**options) -> tuple[Path, EventTable, CallTree]:
             python_frames=o["python"],
             engine=EngineConfig(kv_blocks=o["kv_blocks"]),
             workload=WorkloadConfig(output_median=o["output_median"], rate_per_s=o["rate"]),
-            fault=FaultSpec(o["fault"], rank=o["rank"], intensity=1.0, window=WINDOW),
+            fault=FaultSpec(
+                o["fault"], rank=o["rank"], intensity=1.0, window=WINDOW, variant=o["variant"]
+            ),
             seed=o["seed"],
         )
         out = _ROOT / name

@@ -219,6 +219,23 @@ def test_kernel_regression_swaps_one_gemm_on_one_rank_and_slows_it():
     assert np.median(tree.dur[swapped]) > 1.5 * np.median(tree.dur[gemm])
 
 
+def test_graph_fallback_makes_one_rank_launch_decode_kernels_eagerly():
+    out, _, tree = case(fault="kernel_regression", rank=3, variant="graph_fallback")
+    assert CaseLabels.read(out).guilty_operator == "cudaLaunchKernel"
+    graph = named(tree, "cudaGraphLaunch")
+    eager = named(tree, "cudaLaunchKernel")
+    decode = np.array(tree.steps.kind)[np.maximum(tree.step, 0)] == "decode"
+    decode &= tree.step >= 0
+    w = in_window(tree)
+    assert (graph & decode & w & (tree.rank == 3)).sum() == 0
+    assert (eager & decode & w & (tree.rank == 3)).sum() > 100
+    assert (graph & decode & w & (tree.rank == 0)).sum() > 0
+    assert (graph & decode & outside_window(tree) & (tree.rank == 3)).sum() > 0
+    # its peers still meet it at every collective: the instances stay joined across all four
+    sizes = np.bincount(np.bincount(tree.comm.instance))
+    assert sizes.nonzero()[0].tolist() == [4]
+
+
 def test_scheduler_misconfig_shrinks_batches_inside_the_window():
     _, _, tree = case(fault="scheduler_misconfig", rank=0)
     s = tree.steps

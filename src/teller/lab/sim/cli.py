@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, default=0, help="guilty rank")
     parser.add_argument("--peer", type=int, default=-1, help="link_contention: the other rank")
     parser.add_argument("--intensity", type=float, default=1.0)
+    parser.add_argument(
+        "--variant",
+        choices=("kernel_swap", "graph_fallback"),
+        default="",
+        help="kernel_regression: swap a GEMM kernel (default) or lose CUDA graphs",
+    )
     parser.add_argument("--window", default=None, help="fault window A:B in step ordinals")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-python", action="store_true", help="no python_function frames")
@@ -66,6 +72,7 @@ def run_from_args(args: argparse.Namespace, progress: bool) -> SimResult:
                 intensity=args.intensity,
                 window=parse_window(args.window, args.steps),
                 peer=args.peer,
+                variant=args.variant,
             ),
             seed=args.seed,
         )

@@ -20,8 +20,10 @@ shows, chosen per fault:
 | straggler           | H    | the rank reaches every collective x·500 µs late      | the NCCL all-reduce kernel|
 | link_contention     | H    | the link between the rank and its ring neighbour     | the NCCL all-reduce kernel|
 |                     |      | gives 1/(1 + x) of its bandwidth                     |                           |
-| kernel_regression   | V    | one operator's GEMM kernel becomes the calibrated    | the new kernel's name     |
-|                     |      | fallback GEMM, (1 + x)× slower                       |                           |
+| kernel_regression   | V    | kernel_swap: one operator's GEMM kernel becomes the  | the new kernel's name     |
+|                     |      | calibrated fallback GEMM, (1 + x)× slower;           |                           |
+|                     |      | graph_fallback: decode on the rank loses its CUDA    | cudaLaunchKernel          |
+|                     |      | graphs and launches every kernel eagerly             |                           |
 | scheduler_misconfig | V    | token budget and batch size shrink by 1/(1 + 3x)     | none (a config, no op)    |
 | collective_hang     | H    | at the window's first step the rank never reaches    | the NCCL all-reduce kernel|
 |                     |      | its next all-reduce; peers time out (watchdog log)   |                           |
@@ -65,6 +67,7 @@ class FaultSpec:
     intensity: float = 1.0
     window: tuple[int, int] = (0, 1 << 62)
     peer: int = -1  # link_contention: the other end of the link (default: next rank in the ring)
+    variant: str = ""  # kernel_regression: "kernel_swap" (default) or "graph_fallback"
 
     def __post_init__(self) -> None:
         if self.fault not in SIM_FAULTS:
@@ -73,6 +76,8 @@ class FaultSpec:
             )
         if self.intensity < 0:
             raise ValueError("intensity must be non-negative")
+        if self.variant not in ("", "kernel_swap", "graph_fallback"):
+            raise ValueError(f"unknown variant {self.variant!r}: kernel_swap or graph_fallback")
         if self.window[0] >= self.window[1]:
             raise ValueError(f"empty window {self.window[0]}:{self.window[1]}")
 
@@ -139,8 +144,20 @@ class FaultModel:
         return first + (rank - first + 1) % self.tp
 
     def regression(self, rank: int, step: int) -> bool:
+        """The GEMM swap variant of kernel_regression is on for this rank and step."""
         s = self.spec
-        return s.fault == "kernel_regression" and rank == s.rank and s.active(step)
+        swap = s.variant in ("", "kernel_swap")
+        return s.fault == "kernel_regression" and swap and rank == s.rank and s.active(step)
+
+    def graph_fallback(self, rank: int, step: int) -> bool:
+        """The CUDA-graph fallback variant: decode steps on the rank launch every kernel eagerly."""
+        s = self.spec
+        return (
+            s.fault == "kernel_regression"
+            and s.variant == "graph_fallback"
+            and rank == s.rank
+            and s.active(step)
+        )
 
     def hangs(self, rank: int, step: int) -> bool:
         s = self.spec

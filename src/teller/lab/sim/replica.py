@@ -506,7 +506,7 @@ class ReplicaModel:
         layers = self.stage_layers[stage]
         state.pending_frames = (step_frame, frames)
         try:
-            if plan.graph:
+            if plan.graph and not self.faults.graph_fallback(state.rank, plan.index):
                 t = self._graph_layers(state, plan, layers, t)
             else:
                 for layer in layers:
@@ -592,69 +592,90 @@ class ReplicaModel:
         recv_peer_arrival: dict[int, int],
         send_peer_arrival: dict[int, int],
     ) -> bool:
-        """Run one stage's launches across its ranks; False when a collective hangs."""
+        """Run one stage's launches across its ranks; False when a collective hangs.
+
+        Ranks are aligned by their collectives, not by launch index: a rank that lost its CUDA
+        graphs launches many more kernels between two collectives than its peers.
+        """
         states = [self.ranks[r] for r in stage_ranks]
-        longest = max(states, key=lambda s: len(s.launches))
-        for j in range(len(longest.launches)):
-            kind = longest.launches[j].kind
-            if kind == "kernels":
-                for state in states:
-                    if j < len(state.launches):
-                        self._gpu_kernels(state, state.launches[j])
-            elif kind == "allreduce":
-                present = [s for s in states if j < len(s.launches)]
-                launches = [s.launches[j] for s in present]
-                arrivals = [
-                    self._arrival(s, launch, plan.index)
-                    for s, launch in zip(present, launches, strict=True)
-                ]
-                hung = len(present) < len(states)
-                if hung:  # a rank never launched it: the others wait until the watchdog fires
-                    end = max(arrivals) + WATCHDOG_TIMEOUT_NS
-                    self.hung_at = (plan.index, launches[0].comm["seq"])
-                else:
-                    end = max(arrivals) + self._ring_cost(
-                        stage_ranks, launches[0].comm["bytes"], plan.index
-                    )
-                for state, launch, arrival in zip(present, launches, arrivals, strict=True):
-                    _, name, _, nbytes = launch.kernels[0]
-                    finish = end + int(state.rng.integers(0, 400))
-                    self._emit_gpu(
-                        state,
-                        launch,
-                        "kernel",
-                        name,
-                        arrival,
-                        finish - arrival,
-                        nbytes,
-                        extra=self._kernel_extra(launch),
-                    )
-                    state.gpu_free_ns = finish
-                if hung:
+        position = dict.fromkeys(stage_ranks, 0)
+        while True:
+            heads: list[tuple[RankState, Launch]] = []
+            for state in states:
+                launches, k = state.launches, position[state.rank]
+                while k < len(launches) and launches[k].kind == "kernels":
+                    self._gpu_kernels(state, launches[k])
+                    k += 1
+                position[state.rank] = k
+                if k < len(launches):
+                    heads.append((state, launches[k]))
+            if not heads:
+                return True
+            for state, _ in heads:
+                position[state.rank] += 1
+            kind = heads[0][1].kind
+            if kind == "allreduce":
+                if not self._allreduce_gpu(plan, stage_ranks, heads, hung=len(heads) < len(states)):
                     return False
-            elif kind in ("recv", "send"):
-                for state in (s for s in states if j < len(s.launches)):
-                    launch = state.launches[j]
-                    arrival = self._arrival(state, launch, plan.index)
-                    peer = launch.comm["peer"]
-                    other = (recv_peer_arrival if kind == "send" else send_peer_arrival)[peer]
-                    cost = self._p2p_cost(state.rank, peer, launch.comm["bytes"], plan.index)
-                    end = max(arrival, other) + cost
-                    if kind == "send":
-                        send_peer_arrival[state.rank] = arrival
-                    _, name, _, nbytes = launch.kernels[0]
-                    self._emit_gpu(
-                        state,
-                        launch,
-                        "kernel",
-                        name,
-                        arrival,
-                        end - arrival,
-                        nbytes,
-                        extra=self._kernel_extra(launch),
-                    )
-                    state.gpu_free_ns = end
-        return True
+            else:
+                for state, launch in heads:
+                    self._p2p_gpu(plan, state, launch, recv_peer_arrival, send_peer_arrival)
+
+    def _allreduce_gpu(
+        self, plan: StepPlan, ranks: list[int], heads: list[tuple[RankState, Launch]], hung: bool
+    ) -> bool:
+        """Every present rank's NCCL kernel ends after the last arrival plus the ring's transfer."""
+        arrivals = [self._arrival(state, launch, plan.index) for state, launch in heads]
+        first = heads[0][1]
+        if hung:  # a rank never launched it: the others wait until the watchdog fires
+            end = max(arrivals) + WATCHDOG_TIMEOUT_NS
+            self.hung_at = (plan.index, first.comm["seq"])
+        else:
+            end = max(arrivals) + self._ring_cost(ranks, first.comm["bytes"], plan.index)
+        for (state, launch), arrival in zip(heads, arrivals, strict=True):
+            _, name, _, nbytes = launch.kernels[0]
+            finish = end + int(state.rng.integers(0, 400))
+            self._emit_gpu(
+                state,
+                launch,
+                "kernel",
+                name,
+                arrival,
+                finish - arrival,
+                nbytes,
+                extra=self._kernel_extra(launch),
+            )
+            state.gpu_free_ns = finish
+        return not hung
+
+    def _p2p_gpu(
+        self,
+        plan: StepPlan,
+        state: RankState,
+        launch: Launch,
+        recv_peer_arrival: dict[int, int],
+        send_peer_arrival: dict[int, int],
+    ) -> None:
+        """A send ends when the receiver is there too and the message crossed the link."""
+        arrival = self._arrival(state, launch, plan.index)
+        peer = launch.comm["peer"]
+        other = (recv_peer_arrival if launch.kind == "send" else send_peer_arrival)[peer]
+        cost = self._p2p_cost(state.rank, peer, launch.comm["bytes"], plan.index)
+        end = max(arrival, other) + cost
+        if launch.kind == "send":
+            send_peer_arrival[state.rank] = arrival
+        _, name, _, nbytes = launch.kernels[0]
+        self._emit_gpu(
+            state,
+            launch,
+            "kernel",
+            name,
+            arrival,
+            end - arrival,
+            nbytes,
+            extra=self._kernel_extra(launch),
+        )
+        state.gpu_free_ns = end
 
     def _copy_back(self, state: RankState, plan: StepPlan) -> int:
         """The sampled tokens come back to the host: the one place the host waits for the GPU."""
@@ -667,7 +688,7 @@ class ReplicaModel:
         launch = Launch("copy", launch_ts, state.correlation, state.external_id, [])
         nbytes = max(plan.tokens, 1) * 8
         start = max(state.gpu_free_ns, launch_ts + self._launch_delay(state))
-        dur = self._kernel_ns(state, "Memset (Device)", 0, plan.index)
+        dur = self._kernel_ns(state, name, 0, plan.index)
         self._emit_gpu(state, launch, "gpu_memcpy", name, start, dur, nbytes)
         state.gpu_free_ns = start + dur
         end = start + dur + 2_000

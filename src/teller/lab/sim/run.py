@@ -428,7 +428,9 @@ def guilty_operator(config: SimConfig) -> str | None:
         "straggler": comm,
         "link_contention": comm,
         "collective_hang": comm,
-        "kernel_regression": cal.gemm_fallback(),
+        "kernel_regression": "cudaLaunchKernel"
+        if config.fault.variant == "graph_fallback"
+        else cal.gemm_fallback(),
     }.get(fault)
 
 
@@ -443,7 +445,7 @@ EXPLANATIONS = {
     "bandwidth_throttle": "The network link of rank {rank}'s node lost bandwidth; {op} takes longer.",
     "straggler": "Rank {rank} reaches every collective late; its peers wait inside {op}.",
     "link_contention": "The link between rank {rank} and its ring neighbour is contended; {op} slows.",
-    "kernel_regression": "On rank {rank} one GEMM falls back to {op}, which is slower.",
+    "kernel_regression": "On rank {rank} an operator regressed: {op} now runs where the fast path ran.",
     "scheduler_misconfig": "The scheduler's token budget and batch size are too small: requests queue.",
     "collective_hang": "Rank {rank} never reached its all-reduce; peers hung in {op} until the NCCL watchdog fired.",
 }
