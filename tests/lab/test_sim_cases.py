@@ -308,3 +308,21 @@ def test_cli_writes_a_case(tmp_path, capsys):
     labels = CaseLabels.read(out)
     assert labels.steps == [1, 2] and labels.guilty_rank == 1 and labels.view == "V"
     assert labels.window_ns[0] < labels.window_ns[1]
+
+
+def test_python_parent_ids_name_the_enclosing_frame():
+    out, _, _ = case(python=True, tp=2, gpus=2)
+    with gzip.open(out / "traces" / "rank0.pt.trace.json.gz") as handle:
+        events = json.load(handle)["traceEvents"]
+    frames = [e for e in events if e.get("cat") == "python_function"]
+    by_id = {e["args"]["Python id"]: e for e in frames}
+    roots = 0
+    for frame in frames:
+        parent_id = frame["args"]["Python parent id"]
+        if parent_id is None:
+            roots += 1
+            continue
+        parent = by_id[parent_id]
+        assert parent["ts"] <= frame["ts"]
+        assert frame["ts"] + frame["dur"] <= parent["ts"] + parent["dur"] + 0.001
+    assert roots == STEPS  # one root frame per step, under the step annotation

@@ -80,6 +80,7 @@ class RankState:
     hung: bool = False
     cpu_ns: int = 0
     pending_frames: tuple = ()
+    python_stack: list[tuple[int, int]] = field(default_factory=list)  # (Python id, end ns)
 
 
 class LayerTemplate:
@@ -220,25 +221,34 @@ class ReplicaModel:
 
     # -- event helpers ---------------------------------------------------------------------------
     def _open(self, state: RankState, cat: str, name: str, ts: int) -> Frame:
-        frame = Frame(cat, name, ts, self._args(state, cat))
+        frame = Frame(cat, name, ts, self._args(state, cat, ts))
         state.open_frames.append(frame)
         return frame
 
     def _close(self, state: RankState, frame: Frame, end_ns: int) -> None:
         frame.end_ns = end_ns
         state.open_frames.remove(frame)
+        if frame.cat == "python_function":
+            state.python_stack = [e for e in state.python_stack if e[0] != frame.args["Python id"]]
         state.events.append(
             state.encoder.cpu(
                 frame.cat, frame.name, frame.start_ns, end_ns - frame.start_ns, frame.args
             )
         )
 
-    def _args(self, state: RankState, cat: str) -> dict:
+    def _args(self, state: RankState, cat: str, start_ns: int = 0, end_ns: int = 1 << 62) -> dict:
+        """Kineto's args; a Python frame's parent id is the innermost frame still open at its start
+        (frames come in start order; an open frame not yet closed has end 2^62)."""
         state.ev_idx += 1
         if cat == "python_function":
             state.python_id += 1
+            stack = state.python_stack
+            while stack and stack[-1][1] <= start_ns:
+                stack.pop()
+            parent = stack[-1][0] if stack else None
+            stack.append((state.python_id, end_ns))
             return {
-                "Python parent id": state.python_id - 1,
+                "Python parent id": parent,
                 "Python id": state.python_id,
                 "Ev Idx": state.ev_idx,
             }
@@ -246,7 +256,7 @@ class ReplicaModel:
         return {"External id": state.external_id, "Record function id": 0, "Ev Idx": state.ev_idx}
 
     def _complete(self, state: RankState, cat: str, name: str, ts: int, dur: int) -> dict:
-        args = self._args(state, cat)
+        args = self._args(state, cat, ts, ts + dur)
         state.events.append(state.encoder.cpu(cat, name, ts, dur, args))
         return args
 
@@ -489,6 +499,7 @@ class ReplicaModel:
 
     def _host_step(self, state: RankState, plan: StepPlan, start: int) -> None:
         state.launches = []
+        state.python_stack = []
         state.events = []
         tpl = self.template
         step_frame = self._open(state, "user_annotation", plan.annotation(), start)
@@ -686,7 +697,7 @@ class ReplicaModel:
         launch_ts = t + 1_000
         state.correlation += 1
         launch = Launch("copy", launch_ts, state.correlation, state.external_id, [])
-        nbytes = max(plan.tokens, 1) * 8
+        nbytes = max(len(plan.prefill) + len(plan.decode), 1) * 8  # one int64 token id each
         start = max(state.gpu_free_ns, launch_ts + self._launch_delay(state))
         dur = self._kernel_ns(state, name, 0, plan.index)
         self._emit_gpu(state, launch, "gpu_memcpy", name, start, dur, nbytes)
