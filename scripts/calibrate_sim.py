@@ -188,13 +188,33 @@ def runtime_cbids(*pairs) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def kernel_stats(tree: CallTree) -> dict:
+#: Per-activity ids the simulator fills in itself; every other kernel argument is copied as measured.
+RUNTIME_IDS = ("External id", "queued", "device", "context", "stream", "correlation")
+
+
+def kernel_stats(tree: CallTree, events) -> dict:
+    """Per kernel name: log-normal duration fit and the launch arguments CUPTI recorded for it
+    (grid, block, registers, shared memory, occupancy), from its first occurrence."""
     gpu_layers = [LAYER_CODE["kernel"], LAYER_CODE["memset"], LAYER_CODE["memcpy"]]
     gpu = np.flatnonzero(np.isin(tree.layer, gpu_layers))
+    args = events.table.column("args")
     by_name: dict[str, list[int]] = {}
+    first: dict[str, int] = {}
     for node in gpu.tolist():
-        by_name.setdefault(tree.node_name(node), []).append(int(tree.dur[node]))
-    return {name: lognormal(np.array(durs)) for name, durs in sorted(by_name.items())}
+        name = tree.node_name(node)
+        by_name.setdefault(name, []).append(int(tree.dur[node]))
+        first.setdefault(name, node)
+    out = {}
+    for name, durs in sorted(by_name.items()):
+        raw = args[int(tree.row[first[name]])].as_py()
+        measured = json.loads(raw) if raw else {}
+        launch = {
+            k: v
+            for k, v in measured.items()
+            if k not in RUNTIME_IDS and k not in ("bytes", "memory bandwidth (GB/s)")
+        }
+        out[name] = lognormal(np.array(durs)) | {"launch_args": launch}
+    return out
 
 
 def launch_delays(tree: CallTree) -> np.ndarray:
@@ -317,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "header": trace_header(root / HF_H100),
         "model": model_facts(hf_tree, hf_events),
         "layer": layer_template(hf_tree, hf_events),
-        "kernels": kernel_stats(hf_tree),
+        "kernels": kernel_stats(hf_tree, hf_events),
         "kernel_floor_ns": int(np.percentile(gpu_durs, 1)),
         "launch_delay": lognormal(delays),
         "runtime": runtime_stats(hf_tree, {"cudaLaunchKernel", "cudaLaunchKernelExC"})

@@ -58,6 +58,11 @@ class Calibration:
     cpu_log_sigma: float
     modules_per_layer: dict[str, int]
 
+    def launch_args(self, kernel: str) -> dict:
+        """CUPTI's measured launch arguments of a kernel (grid, block, registers, …), if known."""
+        entry = self.raw["kernels"].get(kernel)
+        return entry.get("launch_args", {}) if entry else {}
+
     @property
     def model(self) -> dict:
         return self.raw["model"]

@@ -550,6 +550,7 @@ class ReplicaModel:
             "stream": STREAM,
             "correlation": launch.correlation,
         }
+        args |= self.cal.launch_args(name)
         if cat != "kernel":
             args["bytes"] = nbytes
             args["memory bandwidth (GB/s)"] = nbytes / max(dur, 1)
