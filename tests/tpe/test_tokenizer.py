@@ -1,0 +1,236 @@
+"""TPE: lossless round trips (random trees and real traces), unseen kinds, training, persistence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import real_trace
+from teller.callchain.tree import EDGE_CALL, EDGE_LAUNCH, build_tree
+from teller.errors import TraceError
+from teller.ingest import read_trace
+from teller.ingest.schema import LAYER_CODE
+from teller.slices import root_slices, step_slices
+from teller.slices.slice import CommRelations, Slice
+from teller.tpe import TPE
+from teller.tpe.tokenizer import UNK_NAMES
+
+# names that share kinds (template arguments, line numbers, instance ids) and some that do not
+NAME_POOL = [
+    ("cpu_op", "aten::mm"),
+    ("cpu_op", "aten::linear"),
+    ("runtime", "cudaLaunchKernel"),
+    ("kernel", "void k<1>(int)"),
+    ("kernel", "void k<2>(float)"),
+    ("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)"),
+    ("python", "model.py(10): forward"),
+    ("python", "model.py(12): forward"),
+    ("python", "nn.Module: Layer_3"),
+    ("engine", "execute_context_1(5)_generation_2(2)"),
+    ("memcpy", "Memcpy HtoD (Pinned -> Device)"),
+]
+
+
+@st.composite
+def random_slices(draw: st.DrawFn, max_nodes: int = 40) -> Slice:
+    """A random forest in slice order (parents first) with random names, edges and times."""
+    count = draw(st.integers(0, max_nodes))
+    parent = [-1] + [draw(st.integers(-1, i - 1)) for i in range(1, count)] if count else []
+    picks = [draw(st.integers(0, len(NAME_POOL) - 1)) for _ in range(count)]
+    names = sorted({NAME_POOL[p][1] for p in picks})
+    edge = [0 if p < 0 else draw(st.sampled_from([EDGE_CALL, EDGE_LAUNCH])) for p in parent]
+    depth = [0] * count
+    for i, p in enumerate(parent):
+        if p >= 0:
+            depth[i] = depth[p] + 1
+    times = st.integers(-(2**40), 2**62)
+    comm_nodes = (
+        sorted(draw(st.sets(st.integers(0, max(count - 1, 0)), max_size=3))) if count else []
+    )
+    comm = CommRelations(
+        node=np.asarray(comm_nodes, dtype=np.int64),
+        instance=np.arange(len(comm_nodes), dtype=np.int64),
+        last_rank=np.ones(len(comm_nodes), dtype=np.int32),
+        last_node=np.full(len(comm_nodes), -1, dtype=np.int64),
+        last_start_ns=np.arange(len(comm_nodes), dtype=np.int64) * 7,
+    )
+    return Slice(
+        parent=np.asarray(parent, dtype=np.int32),
+        edge=np.asarray(edge, dtype=np.int8),
+        depth=np.asarray(depth, dtype=np.int32),
+        layer=np.asarray([LAYER_CODE[NAME_POOL[p][0]] for p in picks], dtype=np.int8),
+        name=np.asarray([names.index(NAME_POOL[p][1]) for p in picks], dtype=np.int32),
+        rank=np.asarray([draw(st.integers(0, 3)) for _ in range(count)], dtype=np.int32),
+        stream=np.asarray([draw(st.integers(-1, 8)) for _ in range(count)], dtype=np.int32),
+        start=np.asarray([draw(times) for _ in range(count)], dtype=np.int64),
+        dur=np.asarray([draw(st.integers(0, 2**40)) for _ in range(count)], dtype=np.int64),
+        self_ns=np.asarray([draw(st.integers(0, 2**40)) for _ in range(count)], dtype=np.int64),
+        tree_node=np.arange(count, dtype=np.int64) * 3,
+        names=names,
+        comm=comm,
+        kind="step",
+        steps=(draw(st.integers(0, 5)),),
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    corpus=st.lists(random_slices(), min_size=1, max_size=6),
+    other=random_slices(),
+    vocab=st.integers(len(UNK_NAMES), 64),
+)
+def test_decode_of_encode_is_the_slice_for_random_trees(
+    corpus: list[Slice], other: Slice, vocab: int
+) -> None:
+    tpe = TPE.train(corpus, vocab, min_count=1)
+
+    assert tpe.vocab_size <= vocab
+    for piece in [*corpus, other]:
+        piece.validate()
+        tokens = tpe.encode(piece)
+        assert tpe.decode(tokens) == piece
+        assert len(tokens) <= len(piece)
+    # every merge learned applies exactly as often on the corpus as training counted
+    encoded = sum(len(tpe.encode(p)) for p in corpus)
+    assert encoded == sum(len(p) for p in corpus) - sum(tpe.merge_counts)
+
+
+def test_equality_sees_a_changed_time_name_or_parent() -> None:
+    piece = _small_slice()
+    changed_time = _small_slice()
+    changed_time.start[2] += 1
+    changed_name = _small_slice()
+    changed_name.names[changed_name.name[1]] = "other"
+    changed_parent = _small_slice()
+    changed_parent.parent[2] = 0
+
+    assert piece == _small_slice()
+    assert piece != changed_time
+    assert piece != changed_name
+    assert piece != changed_parent
+
+
+def _small_slice() -> Slice:
+    return Slice(
+        parent=np.asarray([-1, 0, 1], dtype=np.int32),
+        edge=np.asarray([0, EDGE_CALL, EDGE_LAUNCH], dtype=np.int8),
+        depth=np.asarray([0, 1, 2], dtype=np.int32),
+        layer=np.asarray(
+            [LAYER_CODE["cpu_op"], LAYER_CODE["runtime"], LAYER_CODE["kernel"]], np.int8
+        ),
+        name=np.asarray([0, 1, 2], dtype=np.int32),
+        rank=np.zeros(3, dtype=np.int32),
+        stream=np.asarray([-1, -1, 7], dtype=np.int32),
+        start=np.asarray([0, 10, 30], dtype=np.int64),
+        dur=np.asarray([100, 20, 50], dtype=np.int64),
+        self_ns=np.asarray([80, 20, 50], dtype=np.int64),
+        tree_node=np.arange(3, dtype=np.int64),
+        names=["aten::mm", "cudaLaunchKernel", "void gemm<4>(float*)"],
+    )
+
+
+# --- real traces -------------------------------------------------------------------------------
+
+TRAIN = [
+    "hta/queue_len_rank0_of16.json.gz",
+    "hta/sampled_rank0_of128.json.gz",
+    "tracelens/hf_qwen1.5-0.5b_h100.json.gz",
+]
+HELD_OUT = "hta/df_index_resolver_rank1_of2_216k_events.json.gz"
+
+
+def slices_of(relative: str) -> list[Slice]:
+    tree = build_tree(read_trace(real_trace(relative)))
+    return step_slices(tree) if len(tree.steps) else root_slices(tree)
+
+
+@pytest.fixture(scope="module")
+def real_vocab() -> TPE:
+    corpus = [s for relative in TRAIN for s in slices_of(relative)]
+    return TPE.train(corpus, 1024)
+
+
+def test_trained_on_real_files_it_decodes_another_exactly(real_vocab: TPE) -> None:
+    held_out = slices_of(HELD_OUT)
+    assert len(held_out) == 5
+
+    for piece in held_out:
+        tokens = real_vocab.encode(piece)
+        assert real_vocab.decode(tokens) == piece
+        # merges learned elsewhere still compress this file's steps
+        assert tokens.reduction > 0.3
+        assert np.all(tokens.dur_ns >= 0)
+        assert np.all(tokens.depth == piece.depth[tokens.position[tokens.offsets[:-1]]])
+
+
+def test_real_training_corpus_compresses_and_round_trips(real_vocab: TPE) -> None:
+    corpus = slices_of(TRAIN[0])
+    tokens = [real_vocab.encode(piece) for piece in corpus]
+
+    assert all(real_vocab.decode(t) == p for t, p in zip(tokens, corpus, strict=True))
+    assert np.mean([t.reduction for t in tokens]) > 0.6
+    assert real_vocab.vocab_size <= 1024
+
+
+def test_unseen_kinds_encode_to_their_layers_unk_token_and_keep_the_exact_name(
+    real_vocab: TPE,
+) -> None:
+    piece = _small_slice()
+    piece.names[2] = "void never_seen_kernel_xyz<7>(int)"
+    piece.names[0] = "teller::made_up_op"
+
+    tokens = real_vocab.encode(piece)
+
+    kernel_unk = UNK_NAMES.index("<unk-kernel>")
+    assert kernel_unk in tokens.kind.tolist() or len(tokens) < len(piece)
+    assert real_vocab.kind_id(LAYER_CODE["kernel"], piece.names[2]) == LAYER_CODE["kernel"]
+    assert real_vocab.kind_id(LAYER_CODE["cpu_op"], piece.names[0]) == LAYER_CODE["cpu_op"]
+    decoded = real_vocab.decode(tokens)
+    assert decoded == piece
+    assert decoded.node_name(2) == "void never_seen_kernel_xyz<7>(int)"
+
+
+def test_save_and_load_give_the_same_encoding(real_vocab: TPE, tmp_path: Path) -> None:
+    path = tmp_path / "vocab.json"
+    real_vocab.save(path)
+    loaded = TPE.load(path)
+    piece = slices_of(HELD_OUT)[0]
+
+    assert loaded.vocab_size == real_vocab.vocab_size
+    first, second = real_vocab.encode(piece), loaded.encode(piece)
+    assert np.array_equal(first.kind, second.kind)
+    assert loaded.decode(second) == piece
+    assert [p.name for p in tmp_path.iterdir()] == ["vocab.json"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "invalid JSON"),
+        ('{"format": "other"}', "expected format"),
+        (
+            json.dumps(
+                {
+                    "format": "teller.tpe/1",
+                    "layers": list(LAYER_CODE),
+                    "base": [],
+                    "merges": [[99, 0, 1, 0]],
+                }
+            ),
+            "merge 0 refers to a token",
+        ),
+    ],
+)
+def test_a_bad_vocabulary_file_is_a_trace_error_naming_the_file(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "vocab.json"
+    path.write_text(content)
+    with pytest.raises(TraceError, match=message) as error:
+        TPE.load(path)
+    assert str(path) in str(error.value)
