@@ -205,6 +205,28 @@ def cmd_lab_recipe(args: argparse.Namespace) -> int:
     return EXIT_OK if not failed else EXIT_ERROR
 
 
+def cmd_tpe_train(args: argparse.Namespace) -> int:
+    from teller.tpe.corpus import train_vocab
+
+    result = train_vocab(args.paths, args.vocab, args.out, progress=not args.quiet)
+    tpe = result.tpe
+    print(
+        f"{args.out}: {tpe.vocab_size:,} tokens ({len(tpe.base):,} kinds, {len(tpe.merges):,} "
+        f"merges) from {result.runs} runs, {result.slices:,} slices, {result.nodes:,} nodes "
+        f"→ {result.tokens:,} tokens (R {1 - result.tokens / result.nodes:.1%})"
+    )
+    return EXIT_OK
+
+
+def cmd_tpe_stats(args: argparse.Namespace) -> int:
+    from teller.tpe import TPE
+    from teller.tpe.stats import render_stats, trace_stats
+
+    tpe = TPE.load(args.vocab)
+    print(render_stats(trace_stats(args.path, tpe, top=args.top), tpe))
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -317,6 +339,19 @@ def _parser() -> argparse.ArgumentParser:
     lab_dataset.add_argument("--out", required=True, help="dataset folder")
     lab_dataset.add_argument("--seed", type=int, default=0, help="plan seed")
     lab_dataset.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+    tpe = commands.add_parser("tpe", help="Trace Pair Encoding: train a vocabulary, measure it")
+    tpe_commands = tpe.add_subparsers(dest="tpe_command", required=True)
+    tpe_train = tpe_commands.add_parser("train", help="learn a TPE vocabulary from traces or cases")
+    tpe_train.set_defaults(handler=cmd_tpe_train)
+    tpe_train.add_argument("paths", nargs="+", help="trace files, case directories or their roots")
+    tpe_train.add_argument("--vocab", type=int, required=True, help="vocabulary size (tokens)")
+    tpe_train.add_argument("-o", "--out", required=True, help="vocabulary JSON to write")
+    tpe_train.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+    tpe_stats = tpe_commands.add_parser("stats", help="reduction per step and the top merges")
+    tpe_stats.set_defaults(handler=cmd_tpe_stats)
+    tpe_stats.add_argument("path", help="trace file or case directory")
+    tpe_stats.add_argument("--vocab", required=True, help="vocabulary JSON from `tpe train`")
+    tpe_stats.add_argument("--top", type=int, default=8, help="merges to show (default 8)")
     return parser
 
 
