@@ -96,10 +96,12 @@ LOG_SCHEMA = pa.schema(
     ]
 )
 
-# vLLM V1's engine id is the API id plus "-" and 8 hex digits; V0 completions add "-<n>" (the
-# sequence index) and V1's parallel sampling prefixes "<n>_". All are stripped so every stage of
-# one request shares a key.
-_ENGINE_SUFFIX = re.compile(r"^(?:\d+_)?(?P<key>[^-]+-[0-9A-Za-z]{6,}?)(?:-[0-9a-f]{8}|-\d{1,3})?$")
+# vLLM V1's engine id is the API id plus "-" and 8 hex digits; completions ids end in "-<n>" (the
+# choice index), so an engine id can carry both ("cmpl-<hex>-0-1a2b3c4d"); V1's parallel sampling
+# prefixes "<n>_". All are stripped so every stage of one request shares a key.
+_ENGINE_SUFFIX = re.compile(
+    r"^(?:\d+_)?(?P<key>[^-]+-[0-9A-Za-z]{6,}?)(?:-\d{1,3})?(?:-[0-9a-f]{8})?$"
+)
 
 
 def request_key(request_id: str) -> str:

@@ -1,0 +1,310 @@
+"""Attach every log record to the tree node it describes, with a confidence; keep the rest.
+
+A log line helps a diagnosis only once it sits next to the step it talks about: a preemption
+warning inside the slow step, a JIT-compilation warning on the rank whose kernel stretched. Each
+record is placed by the strongest evidence it has, in this order:
+
+1. *request*: it names a request (`Added`/`Finished`/preempted/resumed …) that the request trees
+   placed in steps: admission-side lines go to the request's first step, `Finished` to its last;
+   confidence is that membership's.
+2. *iteration*: an iteration-details line reports the step that just ended: the nearest step end
+   before it on the reference rank (within ITERATION_GAP_NS); confidence falls when the elapsed
+   time it prints disagrees with the step's duration.
+3. *window*: an exact time inside a step on the record's rank (or the reference rank when the line
+   names none): confidence 1 on its own rank, 0.8 when the rank was assumed; within GAP_NS of a
+   step, 0.5.
+4. *second*: a time printed to the second: the steps that second overlaps share the confidence.
+
+Anything else is kept with step -1 and the reason (`unmatched`), so nothing disappears. All
+inputs must be on one clock: `align_run` puts the traces on rank 0's clock from collectives and
+measures the log clock against the trace with iteration-line anchors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from teller.align.clock import AnchorOffsets, ClockOffsets, apply_offsets, estimate_rank_offsets
+from teller.align.logtime import LogTimes, place_log_times
+from teller.align.requests import RequestTrees, build_request_trees
+from teller.callchain.tree import CallTree, build_tree
+from teller.ingest.logs.table import LogTable
+
+#: An iteration line is printed right after its step ends; farther than this and it is not.
+ITERATION_GAP_NS = 50_000_000
+#: An exact-time line this close to a step (but outside it) is attached with confidence 0.5.
+GAP_NS = 5_000_000
+_ADMISSION_EVENTS = frozenset({"request_received", "request_added"})
+_LAST_STEP_EVENTS = frozenset({"request_finished", "request_aborted"})
+_RANK_PROCESS = re.compile(r"(?:TP|rank=)(\d+)")
+METHODS = ("request", "iteration", "window", "order", "second", "unmatched")
+
+
+@dataclass
+class Alignment:
+    """One entry per log record (same order as the log table): where it landed and how surely."""
+
+    step: np.ndarray  # step ordinal, -1 unmatched
+    rank: np.ndarray  # rank whose step node it joined, -1 unmatched
+    node: np.ndarray  # tree node (the step annotation on that rank), -1 unmatched
+    confidence: np.ndarray
+    method: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(self.method))
+
+    def to_arrow(self, logs: LogTable) -> pa.Table:
+        """The log table with the alignment columns added."""
+        return (
+            logs.table.append_column("step", pa.array(self.step, pa.int64()))
+            .append_column("step_rank", pa.array(self.rank, pa.int32()))
+            .append_column("node", pa.array(self.node, pa.int64()))
+            .append_column("confidence", pa.array(self.confidence, pa.float64()))
+            .append_column("method", pa.array(self.method, pa.string()))
+        )
+
+
+def align_logs(
+    tree: CallTree,
+    logs: LogTable,
+    requests: RequestTrees | None = None,
+    times: LogTimes | None = None,
+    reference_rank: int | None = None,
+) -> Alignment:
+    """Place each log record on a step node of `tree`.
+
+    `times` puts the records on the trace clock (default: `place_log_times`); `requests` (from
+    the same times) lets request lines follow their request's steps.
+    """
+    steps = tree.steps
+    count = len(logs)
+    step = np.full(count, -1, dtype=np.int64)
+    rank_out = np.full(count, -1, dtype=np.int32)
+    node = np.full(count, -1, dtype=np.int64)
+    confidence = np.zeros(count, dtype=np.float64)
+    method = ["unmatched"] * count
+    if count == 0 or len(steps) == 0:
+        warnings = ["the trace has no steps: every log record stays unmatched"] if count else []
+        return Alignment(step, rank_out, node, confidence, method, warnings)
+    ranks = sorted(set(steps.rank.tolist()))
+    if reference_rank is None:
+        reference_rank = requests.reference_rank if requests is not None else ranks[0]
+    if times is None:
+        times = place_log_times(tree, logs, reference_rank)
+    timeline = {r: _Timeline(tree, r) for r in ranks}
+    reference = timeline.get(reference_rank, timeline[ranks[0]])
+
+    table = logs.table
+    record_rank = table.column("rank").to_numpy()
+    events = table.column("event").to_pylist()
+    keys = table.column("request_key").to_pylist()
+    processes = table.column("process").to_pylist()
+    fields = table.column("fields").to_pylist()
+    membership = _membership(requests, reference)
+    reference_position = {int(o): p for p, o in enumerate(reference.index.tolist())}
+
+    def place(i: int, line: _Timeline, pos: int, how: str, sure: float) -> None:
+        step[i], rank_out[i] = line.index[pos], line.rank
+        node[i], confidence[i], method[i] = line.node[pos], sure, how
+
+    for i in range(count):
+        lo, hi, how = int(times.lo_ns[i]), int(times.hi_ns[i]), times.how[i]
+        if how == "none":
+            continue
+        key, event = keys[i], events[i]
+        if key is not None and key in membership:
+            positions = membership[key]
+            if event in _ADMISSION_EVENTS:
+                pos, sure = positions[0]
+            elif event in _LAST_STEP_EVENTS:
+                pos, sure = positions[-1]
+            else:  # preempted, resumed, …: the request's step nearest the line
+                middle = (lo + hi) // 2
+                pos, sure = min(positions, key=lambda p: abs(int(reference.start[p[0]]) - middle))
+            place(i, reference, pos, "request", sure)
+            continue
+        if how == "anchor":
+            pos = reference_position.get(int(times.anchor_step[i]))
+            if pos is not None:
+                sure = _iteration_confidence(fields[i], int(reference.dur[pos]))
+                place(i, reference, pos, "iteration", sure)
+                continue
+        rank = int(record_rank[i])
+        if rank < 0 and (match := _RANK_PROCESS.search(processes[i] or "")):
+            rank = int(match.group(1))
+        line = timeline.get(rank, reference)
+        assumed = rank not in timeline
+        if how in ("exact", "order"):
+            pos, inside = line.containing((lo + hi) // 2)
+            if pos >= 0:
+                sure = (0.8 if assumed else 1.0) if inside else 0.5
+                if how == "order":
+                    sure *= line.share_inside(pos, lo, hi)
+                place(i, line, pos, "window" if how == "exact" else "order", sure)
+        else:
+            candidates = line.overlapping(lo, hi)
+            if len(candidates):
+                place(i, line, int(candidates[0]), "second", 1.0 / len(candidates))
+    warnings = list(times.warnings)
+    unmatched = method.count("unmatched")
+    if unmatched:
+        warnings.append(f"{unmatched} of {count} log records match no step (kept, step -1)")
+    return Alignment(step, rank_out, node, confidence, method, warnings)
+
+
+@dataclass
+class AlignResult:
+    """Everything `teller align` shows: the run on one clock, its logs placed on its steps."""
+
+    tree: CallTree
+    logs: LogTable
+    requests: RequestTrees
+    alignment: Alignment
+    rank_offsets: ClockOffsets
+    log_offsets: AnchorOffsets | None
+    warnings: list[str]
+
+
+def align_run(
+    trace_paths: Iterable[str | Path],
+    log_paths: Sequence[str | Path],
+    span_paths: Sequence[str | Path] = (),
+    year: int | None = None,
+) -> AlignResult:
+    """Read a run's traces, logs (and OTLP spans), put them on one clock and align them."""
+    from teller.ingest import read_run
+    from teller.ingest.logs import read_logs
+    from teller.ingest.otlp import read_spans
+
+    events = read_run(trace_paths)
+    tree = build_tree(events)
+    rank_offsets = estimate_rank_offsets(tree)
+    if np.any(rank_offsets.offset_ns != 0):
+        tree = build_tree(apply_offsets(events, rank_offsets))
+    logs = read_logs(log_paths, year=year)
+    spans = read_spans(span_paths) if span_paths else None
+    times = place_log_times(tree, logs)
+    log_offsets = times.log_offset
+    warnings = list(rank_offsets.warnings) + logs.warnings
+    if log_offsets is not None and abs(int(log_offsets.offset_ns[0])) > ITERATION_GAP_NS:
+        warnings.append(
+            f"log clock is {log_offsets.offset_ns[0] / 1e6:+.1f} ms off the trace clock "
+            f"(± {log_offsets.residual_ns[0] / 1e6:.1f} ms over {log_offsets.anchors[0]} anchors)"
+        )
+    requests = build_request_trees(tree, logs=logs, spans=spans, times=times)
+    alignment = align_logs(tree, logs, requests, times)
+    warnings += requests.warnings + alignment.warnings
+    return AlignResult(tree, logs, requests, alignment, rank_offsets, log_offsets, warnings)
+
+
+def render_by_step(result: AlignResult, steps: range | None = None, width: int = 160) -> str:
+    """Per-step listing: each step on the reference rank, then the log lines placed in it."""
+    table = result.logs.table
+    alignment = result.alignment
+    tree = result.tree
+    raw = table.column("raw").to_pylist()
+    level = table.column("level").to_pylist()
+    by_step: dict[int, list[int]] = {}
+    for i, s in enumerate(alignment.step.tolist()):
+        by_step.setdefault(s, []).append(i)
+    reference = result.requests.reference_rank
+    rows = np.flatnonzero(tree.steps.rank == reference)
+    rows = rows[np.argsort(tree.steps.index[rows])]
+    lines = []
+    for row in rows.tolist():
+        ordinal = int(tree.steps.index[row])
+        if steps is not None and ordinal not in steps:
+            continue
+        members = int(np.count_nonzero(result.requests.step == ordinal))
+        lines.append(
+            f"step {ordinal}  {tree.steps.name[row][:60]}  {tree.steps.dur_ns[row] / 1e6:.2f} ms"
+            f"  requests {members}"
+        )
+        for i in by_step.get(ordinal, []):
+            text = raw[i].split("\n", 1)[0]
+            tag = f"  [{alignment.method[i]} {alignment.confidence[i]:.2f} r{alignment.rank[i]}]"
+            lines.append(f"    {level[i] or '-':7} {text[: width - 40]}{tag}")
+    unmatched = by_step.get(-1, [])
+    if unmatched and steps is None:
+        lines.append(f"unmatched: {len(unmatched)} records (outside every step or without a time)")
+    return "\n".join(lines)
+
+
+class _Timeline:
+    """One rank's steps in time order, for the lookups alignment makes."""
+
+    def __init__(self, tree: CallTree, rank: int) -> None:
+        steps = tree.steps
+        rows = np.flatnonzero(steps.rank == rank)
+        rows = rows[np.argsort(steps.start_ns[rows], kind="stable")]
+        self.rank = rank
+        self.index = steps.index[rows]
+        self.node = steps.node[rows]
+        self.start = steps.start_ns[rows]
+        self.dur = steps.dur_ns[rows]
+        self.end = self.start + self.dur
+        self._end_order = np.argsort(self.end, kind="stable")
+        self._sorted_end = self.end[self._end_order]
+
+    def containing(self, t: int) -> tuple[int, bool]:
+        """(position, inside) of the step containing t, else the nearest within GAP_NS, else -1."""
+        pos = int(np.searchsorted(self.start, t, side="right")) - 1
+        if pos >= 0 and t <= self.end[pos]:
+            return pos, True
+        best, gap = -1, GAP_NS + 1
+        for candidate in (pos, pos + 1):
+            if 0 <= candidate < len(self.start):
+                distance = max(self.start[candidate] - t, t - self.end[candidate], 0)
+                if distance < gap:
+                    best, gap = candidate, distance
+        return best, False
+
+    def share_inside(self, pos: int, lo: int, hi: int) -> float:
+        """Share of the interval [lo, hi] that lies inside step `pos` (1 for a point inside)."""
+        if hi <= lo:
+            return 1.0
+        inside = min(hi, int(self.end[pos])) - max(lo, int(self.start[pos]))
+        return float(min(max(inside / (hi - lo), 0.0), 1.0))
+
+    def overlapping(self, lo: int, hi: int) -> np.ndarray:
+        """Positions of the steps that overlap [lo, hi]."""
+        return np.flatnonzero((self.end >= lo) & (self.start <= hi))
+
+
+def _membership(
+    requests: RequestTrees | None, reference: _Timeline
+) -> dict[str, list[tuple[int, float]]]:
+    """request key → [(position on the reference timeline, confidence)], in step order."""
+    if requests is None or len(requests) == 0:
+        return {}
+    position = {int(o): p for p, o in enumerate(reference.index.tolist())}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for k in np.argsort(requests.step, kind="stable").tolist():
+        pos = position.get(int(requests.step[k]))
+        if pos is not None:
+            key = requests.requests.key[int(requests.request[k])]
+            out.setdefault(key, []).append((pos, float(requests.confidence[k])))
+    return out
+
+
+def _iteration_confidence(fields_json: str | None, step_dur_ns: int) -> float:
+    """1 when the printed elapsed time matches the step's duration, less as they drift apart."""
+    if not fields_json:
+        return 0.5
+    elapsed_ms = orjson.loads(fields_json).get("iteration_elapsed_time_ms")
+    if not isinstance(elapsed_ms, int | float) or step_dur_ns <= 0:
+        return 0.5
+    ratio = elapsed_ms * 1e6 / step_dur_ns
+    return float(max(0.0, 1.0 - abs(np.log(max(ratio, 1e-9)))))

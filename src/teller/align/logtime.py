@@ -1,0 +1,229 @@
+"""Log records on the trace clock: exact where the log says so, bracketed by anchors where not.
+
+vLLM prints times to the second, and a second holds dozens of steps, so a printed time alone
+cannot say which step a line belongs to. Two facts can:
+
+* *iteration lines are anchors*: each reports one step (its counter and elapsed time). The
+  counter-to-step shift is found by matching the printed elapsed times against the traced step
+  durations (no clock needed, so a time-zone or host offset does not matter), and the anchor then
+  sits at its step's end on the trace clock;
+* *file order is time order* within one process's console: a line printed between the anchors of
+  steps a and b happened between their ends.
+
+So each record gets an interval [lo_ns, hi_ns] on the trace clock: a point for exact times
+(collector prefix, glog nanoseconds, shifted by the measured log offset) and anchors, the bracket
+of its neighbouring anchors for lines in between, else its printed second moved by the log clock
+offset the anchors imply. `how` says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+from teller.align.clock import AnchorOffsets, estimate_anchor_offsets
+from teller.callchain.tree import CallTree
+from teller.ingest.logs.table import LogTable
+
+NS_PER_S = 1_000_000_000
+#: An exact iteration line further than this after the nearest step end is not that step's.
+ANCHOR_GAP_NS = 50_000_000
+#: Fewer elapsed-time matches than this and the counter shift is not trusted.
+MIN_MATCHES = 5
+#: A log offset smaller than this is the engine's printing delay, not a clock difference: exact
+#: times are then used as they are.
+SAME_CLOCK_NS = 10_000_000
+HOWS = ("exact", "anchor", "order", "second", "none")
+
+
+@dataclass
+class LogTimes:
+    """Per log record (table order): where on the trace clock it happened, as an interval."""
+
+    lo_ns: np.ndarray
+    hi_ns: np.ndarray
+    how: list[str]  # one of HOWS
+    anchor_step: np.ndarray  # step ordinal an iteration line reports, -1 otherwise
+    log_offset: AnchorOffsets | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def mid_ns(self) -> np.ndarray:
+        return self.lo_ns + (self.hi_ns - self.lo_ns) // 2
+
+
+def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None = None) -> LogTimes:
+    """Intervals on the trace clock for every log record (see the module docstring)."""
+    table = logs.table
+    count = len(logs)
+    ts = table.column("ts_ns").to_numpy()
+    exact = table.column("ts_exact").to_numpy(zero_copy_only=False)
+    events = table.column("event").to_pylist()
+    fields = table.column("fields").to_pylist()
+    files = table.column("file").to_pylist()
+    steps = tree.steps
+    warnings: list[str] = []
+    if reference_rank is None:
+        reference_rank = int(steps.rank.min()) if len(steps) else 0
+    rows = np.flatnonzero(steps.rank == reference_rank)
+    ordinal_end = dict(
+        zip(steps.index[rows].tolist(), (steps.start_ns + steps.dur_ns)[rows].tolist(), strict=True)
+    )
+    ordinal_dur = dict(zip(steps.index[rows].tolist(), steps.dur_ns[rows].tolist(), strict=True))
+
+    anchor_step = np.full(count, -1, dtype=np.int64)
+    iteration = [i for i in range(count) if events[i] == "iteration" and ts[i] >= 0]
+    exact_iteration = [i for i in iteration if exact[i]]
+    inexact_iteration = [i for i in iteration if not exact[i]]
+    ends_sorted = np.sort(np.asarray(list(ordinal_end.values()), dtype=np.int64))
+    end_to_ordinal = {e: o for o, e in ordinal_end.items()}
+    for i in exact_iteration:
+        k = int(np.searchsorted(ends_sorted, ts[i], side="right")) - 1
+        if k >= 0 and ts[i] - ends_sorted[k] <= ANCHOR_GAP_NS:
+            anchor_step[i] = end_to_ordinal[int(ends_sorted[k])]
+    shift = _counter_shift(inexact_iteration, fields, ordinal_dur, warnings)
+    if shift is not None:
+        for i in inexact_iteration:
+            counter = _field(fields[i], "iteration")
+            if isinstance(counter, int) and counter + shift in ordinal_end:
+                anchor_step[i] = counter + shift
+
+    log_offset = _log_offset(ts, exact, anchor_step, ordinal_end)
+    offset_lo, offset_hi = _offset_bounds(log_offset)
+    exact_shift = (offset_lo + offset_hi) // 2
+    if abs(exact_shift) < SAME_CLOCK_NS:
+        exact_shift = 0
+    lo = np.full(count, -1, dtype=np.int64)
+    hi = np.full(count, -1, dtype=np.int64)
+    how = ["none"] * count
+    for i in range(count):
+        if anchor_step[i] >= 0:
+            lo[i] = hi[i] = ordinal_end[int(anchor_step[i])]
+            how[i] = "anchor"
+        elif ts[i] >= 0 and exact[i]:
+            lo[i] = hi[i] = ts[i] - exact_shift
+            how[i] = "exact"
+    _bracket_by_file_order(files, ts, exact, lo, hi, how)
+    for i in range(count):
+        if how[i] == "none" and ts[i] >= 0:
+            second = ts[i] - ts[i] % NS_PER_S
+            lo[i], hi[i] = second - offset_hi, second + NS_PER_S - offset_lo
+            how[i] = "second"
+    return LogTimes(lo, hi, how, anchor_step, log_offset, warnings)
+
+
+def _bracket_by_file_order(
+    files: list[str],
+    ts: np.ndarray,
+    exact: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    how: list[str],
+) -> None:
+    """Inexact lines between two placed lines of one file lie between their times."""
+    by_file: dict[str, list[int]] = {}
+    for i, name in enumerate(files):
+        by_file.setdefault(name, []).append(i)
+    for indices in by_file.values():
+        placed = [i for i in indices if how[i] in ("anchor", "exact")]
+        if not placed:
+            continue
+        position = {i: k for k, i in enumerate(indices)}
+        placed_positions = np.asarray([position[i] for i in placed])
+        for k, i in enumerate(indices):
+            if how[i] != "none" or ts[i] < 0 or exact[i]:
+                continue
+            after = int(np.searchsorted(placed_positions, k, side="right"))
+            if after == 0 or after == len(placed):
+                continue  # before the first or after the last anchor: no bracket
+            before_i, after_i = placed[after - 1], placed[after]
+            lo[i], hi[i] = lo[before_i], max(hi[after_i], lo[before_i])
+            how[i] = "order"
+
+
+def _counter_shift(
+    lines: list[int], fields: list[str | None], ordinal_dur: dict[int, int], warnings: list[str]
+) -> int | None:
+    """Step ordinal minus iteration counter, from printed elapsed times vs traced durations."""
+    counters, elapsed = [], []
+    for i in lines:
+        counter = _field(fields[i], "iteration")
+        ms = _field(fields[i], "iteration_elapsed_time_ms")
+        if isinstance(counter, int) and isinstance(ms, int | float) and ms > 0:
+            counters.append(counter)
+            elapsed.append(ms * 1e6)
+    if len(counters) < MIN_MATCHES or not ordinal_dur:
+        return None
+    counter = np.asarray(counters, dtype=np.int64)
+    log_elapsed = np.log(np.asarray(elapsed))
+    ordinals = np.asarray(sorted(ordinal_dur), dtype=np.int64)
+    durations = np.asarray([max(ordinal_dur[o], 1) for o in ordinals.tolist()], dtype=np.float64)
+    best: tuple[float, int] | None = None
+    for shift in range(
+        int(ordinals.min() - counter.max()), int(ordinals.max() - counter.min()) + 1
+    ):
+        target = counter + shift
+        pos = np.searchsorted(ordinals, target)
+        hit = (pos < len(ordinals)) & (ordinals[np.minimum(pos, len(ordinals) - 1)] == target)
+        matches = int(hit.sum())
+        if matches < max(MIN_MATCHES, len(counter) // 2):
+            continue
+        error = float(np.median(np.abs(log_elapsed[hit] - np.log(durations[pos[hit]]))))
+        if best is None or error < best[0]:
+            best = (error, shift)
+    if best is None:
+        warnings.append("iteration lines do not line up with the traced steps")
+        return None
+    if best[0] > 0.2:
+        warnings.append(
+            f"iteration lines' elapsed times differ from step durations by "
+            f"{100 * (np.exp(best[0]) - 1):.0f}% (median): step matching is doubtful"
+        )
+    return best[1]
+
+
+def _log_offset(
+    ts: np.ndarray, exact: np.ndarray, anchor_step: np.ndarray, ordinal_end: dict[int, int]
+) -> AnchorOffsets | None:
+    """Log clock minus trace clock, from anchored iteration lines.
+
+    Exact lines give (time − step end) directly. Whole-second lines give an interval each (the
+    printed second contains the end plus the offset), and their intersection bounds the offset
+    to far below a second once there are many anchors.
+    """
+    anchored = np.flatnonzero(anchor_step >= 0)
+    if len(anchored) == 0:
+        return None
+    ends = np.asarray([ordinal_end[int(anchor_step[i])] for i in anchored], dtype=np.int64)
+    line_ts = ts[anchored]
+    exact_mask = exact[anchored]
+    if exact_mask.any():
+        return estimate_anchor_offsets(
+            ["logs"] * int(exact_mask.sum()), line_ts[exact_mask], ends[exact_mask]
+        )
+    seconds = line_ts - line_ts % NS_PER_S
+    lower, upper = seconds - ends, seconds + NS_PER_S - ends
+    low, high = int(np.percentile(lower, 95)), int(np.percentile(upper, 5))
+    if low > high:
+        low, high = high, low
+    return AnchorOffsets(
+        key=["logs"],
+        offset_ns=np.asarray([(low + high) // 2], dtype=np.int64),
+        residual_ns=np.asarray([(high - low) // 2], dtype=np.int64),
+        anchors=np.asarray([len(anchored)], dtype=np.int64),
+    )
+
+
+def _offset_bounds(offset: AnchorOffsets | None) -> tuple[int, int]:
+    if offset is None:
+        return 0, 0
+    middle, half = int(offset.offset_ns[0]), int(offset.residual_ns[0])
+    return middle - half, middle + half
+
+
+def _field(fields_json: str | None, key: str) -> object:
+    if not fields_json:
+        return None
+    return orjson.loads(fields_json).get(key)

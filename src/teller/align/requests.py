@@ -1,0 +1,300 @@
+"""Request trees: each request's root and the engine steps it was batched in (DESIGN.md §2).
+
+A request tree is the request plus every step that worked on it; co-batched requests share that
+step's subtree on every rank. Engines rarely say which requests a step ran, so membership is
+inferred from what each request's own records bound:
+
+* OTel `llm_request` spans: scheduled at arrival + queue time, first token at arrival + TTFT,
+  finished at arrival + e2e (ns-exact);
+* log lines: `Added`/`Received` (arrival) and `Finished` (finish) per request key (exact with the
+  collector prefix, else to the second).
+
+Every step (on the reference rank) that overlaps the request's [scheduled, finished] window is a
+candidate; the first is its prefill step. Steps whose annotation states how many requests they ran
+(vLLM's `execute_context_N(…)_generation_M(…)`, the lab's annotation) give each membership a
+confidence: N + M over the number of candidate requests for that step, capped at 1 — a step that
+ran 3 requests while 6 lifetimes overlap it gets 0.5 for each. Without any of this a request keeps
+only its lifetime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from teller.align.logtime import LogTimes
+from teller.callchain.tree import CallTree
+from teller.ingest.logs.table import LogTable
+from teller.ingest.otlp import RequestTable
+
+#: How far an exact request window may miss a step and still be in it (timer granularity, the
+#: gap between a step ending and its `Finished` line).
+WINDOW_SLACK_NS = 1_000_000
+#: The same for times printed to the second: the true time is anywhere in that second.
+INEXACT_SLACK_NS = 1_000_000_000
+#: Log times (see teller.align.logtime) that bound a record tightly enough to count as exact.
+PLACED = frozenset({"exact", "anchor", "order"})
+
+
+@dataclass
+class Requests:
+    """One row per request: its key and the times that bound which steps served it (-1 unknown)."""
+
+    key: list[str]
+    arrival_ns: np.ndarray
+    scheduled_ns: np.ndarray
+    first_token_ns: np.ndarray
+    finish_ns: np.ndarray
+    exact: np.ndarray  # bool: times are ns-exact (OTel, collector prefix) rather than to the second
+    source: list[str]  # "otel" | "logs"
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def to_arrow(self) -> pa.Table:
+        return pa.table(
+            {
+                "request_key": self.key,
+                "arrival_ns": self.arrival_ns,
+                "scheduled_ns": self.scheduled_ns,
+                "first_token_ns": self.first_token_ns,
+                "finish_ns": self.finish_ns,
+                "exact": self.exact,
+                "source": self.source,
+            }
+        )
+
+
+@dataclass
+class RequestTrees:
+    """Requests and their (request, step) memberships, struct-of-arrays.
+
+    `step` is the step ordinal (`tree.steps.index`), the same iteration on every rank;
+    `step_row` the row of that step on the reference rank in `tree.steps`.
+    """
+
+    requests: Requests
+    request: np.ndarray  # index into `requests`, one entry per membership
+    step: np.ndarray
+    step_row: np.ndarray
+    phase: list[str]  # "prefill" | "decode"
+    confidence: np.ndarray
+    reference_rank: int
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.request)
+
+    def steps_of(self, key: str) -> list[int]:
+        """Step ordinals the request with this key was batched in, in order."""
+        try:
+            index = self.requests.key.index(key)
+        except ValueError:
+            return []
+        return sorted(self.step[self.request == index].tolist())
+
+    def to_arrow(self) -> pa.Table:
+        return pa.table(
+            {
+                "request_key": [self.requests.key[i] for i in self.request.tolist()],
+                "step": self.step,
+                "phase": self.phase,
+                "confidence": self.confidence,
+            }
+        )
+
+
+def collect_requests(
+    logs: LogTable | None = None,
+    spans: RequestTable | None = None,
+    times: LogTimes | None = None,
+) -> Requests:
+    """Every request the spans or logs mention, with its bounding times (spans win when both).
+
+    With `times` (log records placed on the trace clock) a request's arrival is the earliest its
+    admission lines can have been printed and its finish the latest; without, the printed times.
+    """
+    rows: dict[str, dict] = {}
+    if logs is not None and len(logs):
+        table = logs.table
+        keys = table.column("request_key").to_pylist()
+        events = table.column("event").to_pylist()
+        if times is not None:
+            early, late = times.lo_ns.tolist(), times.hi_ns.tolist()
+            exact = [h in PLACED for h in times.how]
+        else:
+            early = late = table.column("ts_ns").to_pylist()
+            exact = table.column("ts_exact").to_pylist()
+        for i, (key, event) in enumerate(zip(keys, events, strict=True)):
+            if key is None or early[i] < 0:
+                continue
+            row = rows.setdefault(key, _blank("logs", len(rows)))
+            row["exact"] = row["exact"] and exact[i]
+            if event in ("request_received", "request_added"):
+                if row["arrival_ns"] < 0 or early[i] < row["arrival_ns"]:
+                    row["arrival_ns"] = early[i]
+            elif event in ("request_finished", "request_aborted"):
+                row["finish_ns"] = max(row["finish_ns"], late[i])
+    if spans is not None and len(spans):
+        for span in spans.table.to_pylist():
+            arrival = span["arrival_ns"]
+            row = rows.setdefault(span["request_key"], _blank("otel", len(rows)))
+            row.update(source="otel", exact=True, arrival_ns=arrival)
+            row["scheduled_ns"] = arrival + span["queue_ns"] if span["queue_ns"] >= 0 else -1
+            row["first_token_ns"] = arrival + span["ttft_ns"] if span["ttft_ns"] >= 0 else -1
+            row["finish_ns"] = arrival + span["e2e_ns"] if span["e2e_ns"] >= 0 else span["end_ns"]
+    # equal arrival bounds (lines bracketed by the same anchors) keep their order of appearance
+    keys = sorted(rows, key=lambda k: (rows[k]["arrival_ns"], rows[k]["order"]))
+
+    def column(name: str) -> np.ndarray:
+        return np.asarray([rows[k][name] for k in keys], dtype=np.int64)
+
+    return Requests(
+        key=keys,
+        arrival_ns=column("arrival_ns"),
+        scheduled_ns=column("scheduled_ns"),
+        first_token_ns=column("first_token_ns"),
+        finish_ns=column("finish_ns"),
+        exact=np.asarray([rows[k]["exact"] for k in keys], dtype=bool),
+        source=[rows[k]["source"] for k in keys],
+    )
+
+
+def build_request_trees(
+    tree: CallTree,
+    logs: LogTable | None = None,
+    spans: RequestTable | None = None,
+    reference_rank: int | None = None,
+    times: LogTimes | None = None,
+) -> RequestTrees:
+    """Attach every request to the steps (of `reference_rank`, default the lowest) it ran in.
+
+    `tree` and `spans` must be on one clock (see `teller.align.clock`); log times are taken as
+    printed unless `times` (`teller.align.logtime.place_log_times`) puts them on the trace clock.
+    """
+    requests = collect_requests(logs, spans, times)
+    steps = tree.steps
+    warnings: list[str] = []
+    ranks = sorted(set(steps.rank.tolist()))
+    if reference_rank is None:
+        reference_rank = ranks[0] if ranks else 0
+    rows = np.flatnonzero(steps.rank == reference_rank)
+    rows = rows[np.argsort(steps.start_ns[rows], kind="stable")]
+    starts, ends = steps.start_ns[rows], steps.start_ns[rows] + steps.dur_ns[rows]
+    stated = steps.context_requests[rows] + steps.generation_requests[rows]
+    stated[(steps.context_requests[rows] < 0) | (steps.generation_requests[rows] < 0)] = -1
+    begins = np.where(requests.scheduled_ns >= 0, requests.scheduled_ns, requests.arrival_ns)
+    complete = (begins >= 0) & (requests.finish_ns >= 0)
+    incomplete = int(np.count_nonzero(~complete))
+    admitted = _admit_first_come_first_served(requests, begins, complete, rows, starts, steps)
+    member_request: list[int] = []
+    member_pos: list[int] = []
+    for i in np.flatnonzero(complete).tolist():
+        begin, finish = int(begins[i]), int(requests.finish_ns[i])
+        if requests.exact[i]:
+            # a step already running when the request arrived cannot include it, and the step
+            # that produced its last token ended just before it finished
+            first = int(np.searchsorted(starts, begin - WINDOW_SLACK_NS, side="left"))
+            last = int(np.searchsorted(ends, finish + WINDOW_SLACK_NS, side="right"))
+            if admitted[i] >= first:
+                first = int(admitted[i])
+        else:  # times to the second: any step the second may overlap
+            first = int(np.searchsorted(ends, begin - INEXACT_SLACK_NS, side="right"))
+            last = int(np.searchsorted(starts, finish + INEXACT_SLACK_NS, side="left"))
+        for pos in range(first, last):
+            member_request.append(i)
+            member_pos.append(pos)
+    if incomplete:
+        warnings.append(
+            f"{incomplete} requests lack an arrival or a finish time: no steps attached"
+        )
+    if len(rows) == 0:
+        warnings.append(f"rank {reference_rank} has no steps: requests keep only their lifetimes")
+    request = np.asarray(member_request, dtype=np.int64)
+    pos = np.asarray(member_pos, dtype=np.int64)
+    candidates = np.bincount(pos, minlength=len(rows)) if len(pos) else np.zeros(len(rows), int)
+    confidence = np.ones(len(pos), dtype=np.float64)
+    if len(pos):
+        has_count = stated[pos] >= 0
+        ratio = stated[pos] / np.maximum(candidates[pos], 1)
+        confidence = np.where(has_count, np.minimum(ratio, 1.0), 0.5)
+    phase = _phases(request, pos, requests, starts, ends)
+    return RequestTrees(
+        requests=requests,
+        request=request,
+        step=steps.index[rows][pos] if len(pos) else np.zeros(0, dtype=np.int64),
+        step_row=rows[pos] if len(pos) else np.zeros(0, dtype=np.int64),
+        phase=phase,
+        confidence=confidence,
+        reference_rank=reference_rank,
+        warnings=warnings,
+    )
+
+
+def _admit_first_come_first_served(
+    requests: Requests,
+    begins: np.ndarray,
+    complete: np.ndarray,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    steps,
+) -> np.ndarray:
+    """Position of each request's admission step, -1 where it cannot be told.
+
+    A request that waits in the queue is in no step until one admits it: with exact times and
+    steps that state how many new (context) requests they took, the queue is replayed in arrival
+    order (vLLM's default first-come-first-served policy): each step admits that many of the
+    requests that had arrived before it started.
+    """
+    admitted = np.full(len(requests), -1, dtype=np.int64)
+    context = steps.context_requests[rows]
+    if len(rows) == 0 or (context < 0).any():
+        return admitted
+    order = [i for i in np.argsort(begins, kind="stable").tolist() if complete[i]]
+    order = [i for i in order if requests.exact[i]]
+    waiting = 0  # index into `order` of the first request not yet admitted
+    for pos in range(len(rows)):
+        take = int(context[pos])
+        while take and waiting < len(order):
+            i = order[waiting]
+            if begins[i] > starts[pos] + WINDOW_SLACK_NS:
+                break  # not arrived yet: the step's other context slots were chunked prefills
+            admitted[i] = pos
+            waiting += 1
+            take -= 1
+    return admitted
+
+
+def _phases(
+    request: np.ndarray,
+    pos: np.ndarray,
+    requests: Requests,
+    starts: np.ndarray,
+    ends: np.ndarray,
+) -> list[str]:
+    """Prefill for the step that produced the first token (else the request's first step)."""
+    phase = ["decode"] * len(request)
+    first_seen: dict[int, int] = {}
+    for k, (i, p) in enumerate(zip(request.tolist(), pos.tolist(), strict=True)):
+        first_token = requests.first_token_ns[i]
+        if first_token >= 0:
+            if starts[p] <= first_token <= ends[p] + WINDOW_SLACK_NS:
+                phase[k] = "prefill"
+        elif i not in first_seen:
+            first_seen[i] = k
+            phase[k] = "prefill"
+    return phase
+
+
+def _blank(source: str, order: int) -> dict:
+    return {
+        "order": order,
+        "arrival_ns": -1,
+        "scheduled_ns": -1,
+        "first_token_ns": -1,
+        "finish_ns": -1,
+        "exact": True,
+        "source": source,
+    }

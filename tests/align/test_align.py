@@ -1,0 +1,109 @@
+"""Log lines on the steps they describe, scored against a real lab case's ground truth."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from teller.align.align import align_run
+from teller.cli import main
+from teller.ingest.logs import request_key
+
+CASE = Path(__file__).parent / "data" / "lab_none_tp2"
+TRACES = CASE / "traces"
+LOG = CASE / "logs" / "rank0.log"
+PREFIX_BYTES = 28  # teller collect's `2026-11-30T08:20:30.889994Z ` prefix
+_VLLM_STAMP = re.compile(r"(INFO|WARNING|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d) ")
+
+
+@pytest.fixture(scope="module")
+def truth() -> dict[str, tuple[int, int]]:
+    """request key → (first step, last step) from the engine's own record."""
+    spans: dict[str, tuple[int, int]] = {}
+    for line in (CASE / "ground_truth" / "steps.jsonl").open():
+        step = json.loads(line)
+        for request in step["requests"]:
+            key = request_key(request["request_id"])
+            first = spans.get(key, (step["step"], step["step"]))[0]
+            spans[key] = (first, step["step"])
+    return spans
+
+
+def plain_vllm_log(tmp_path: Path, shift: timedelta = timedelta(0)) -> Path:
+    """The same console as vLLM prints it: no collector prefix, times to the second (shifted)."""
+
+    def move(match: re.Match[str]) -> str:
+        printed = datetime.strptime("2026-" + match.group(2), "%Y-%m-%d %H:%M:%S") + shift
+        return f"{match.group(1)} {printed:%m-%d %H:%M:%S} "
+
+    lines = LOG.read_text().splitlines()
+    path = tmp_path / "server.log"
+    path.write_text("\n".join(_VLLM_STAMP.sub(move, line[PREFIX_BYTES:]) for line in lines) + "\n")
+    return path
+
+
+def check_against_truth(result, truth) -> dict[str, int]:
+    rows = result.alignment.to_arrow(result.logs).to_pylist()
+    right: dict[str, int] = {"added": 0, "finished": 0, "iteration": 0}
+    for row in rows:
+        if row["event"] == "request_added":
+            right["added"] += row["step"] == truth[row["request_key"]][0]
+        elif row["event"] == "request_finished":
+            right["finished"] += row["step"] == truth[row["request_key"]][1]
+        elif row["event"] == "iteration":
+            right["iteration"] += row["step"] == json.loads(row["fields"])["iteration"]
+    return right
+
+
+def test_collector_logs_place_every_request_and_iteration_line(truth):
+    result = align_run([TRACES], [LOG])
+    assert check_against_truth(result, truth) == {"added": 34, "finished": 34, "iteration": 71}
+    methods = result.alignment.counts()
+    assert methods == {"request": 68, "iteration": 71, "window": 5, "unmatched": 5}
+    assert result.alignment.confidence[[m == "request" for m in result.alignment.method]].min() == 1
+    # the engine prints an iteration line just after its step ends: a sub-ms log offset
+    assert 0 < result.log_offsets.offset_ns[0] < 5_000_000
+    # what stays unmatched lies outside the profiled steps (start-up and shutdown lines)
+    rows = result.alignment.to_arrow(result.logs).to_pylist()
+    first_start = int(result.tree.steps.start_ns.min())
+    last_end = int((result.tree.steps.start_ns + result.tree.steps.dur_ns).max())
+    for row in rows:
+        if row["method"] == "unmatched":
+            assert not first_start <= row["ts_ns"] <= last_end, row["raw"]
+
+
+def test_plain_vllm_times_to_the_second_still_place_every_line(tmp_path, truth):
+    result = align_run([TRACES], [plain_vllm_log(tmp_path)], year=2026)
+    assert check_against_truth(result, truth) == {"added": 34, "finished": 34, "iteration": 71}
+    # the log clock is bounded from whole-second lines alone, to well under a second
+    offset, residual = result.log_offsets.offset_ns[0], result.log_offsets.residual_ns[0]
+    assert abs(offset) < 100_000_000 and residual < 100_000_000
+
+
+def test_a_server_in_another_time_zone_is_found_and_does_not_matter(tmp_path, truth):
+    result = align_run([TRACES], [plain_vllm_log(tmp_path, timedelta(hours=2))], year=2026)
+    assert check_against_truth(result, truth) == {"added": 34, "finished": 34, "iteration": 71}
+    offset_s = result.log_offsets.offset_ns[0] / 1e9
+    assert 7199.9 < offset_s < 7200.1
+    assert any("log clock is +7200" in w for w in result.warnings)
+
+
+def test_cli_prints_lines_under_their_steps(capsys):
+    assert main(["-q", "align", str(TRACES), str(LOG), "--steps", "3:4"]) == 0
+    out = capsys.readouterr()
+    listing = out.out.splitlines()
+    assert listing[0].startswith("step 3  execute_context_1(80)_generation_1(1)")
+    assert "Added request cmpl-a3d631b8f90b2498429421819e598156-0." in listing[1]
+    assert listing[1].endswith("[request 1.00 r0]")
+    assert "Iteration(3)" in listing[2] and listing[2].endswith("[iteration 1.00 r0]")
+    assert listing[3].startswith("step 4")
+    assert "149 log records" in out.err
+
+
+def test_cli_bad_log_path_is_one_line_error(capsys):
+    assert main(["-q", "align", str(TRACES), str(CASE / "missing.log")]) == 2
+    assert "missing.log: no such log file" in capsys.readouterr().err

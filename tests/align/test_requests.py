@@ -1,0 +1,72 @@
+"""Request trees on a real lab case, scored against the engine's own ground truth."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from teller.align.requests import build_request_trees
+from teller.callchain.tree import build_tree
+from teller.ingest import read_run
+from teller.ingest.logs import read_logs, request_key
+
+CASE = Path(__file__).parent / "data" / "lab_none_tp2"
+
+
+@pytest.fixture(scope="module")
+def tree():
+    return build_tree(read_run([CASE / "traces"]))
+
+
+@pytest.fixture(scope="module")
+def truth() -> list[dict]:
+    return [json.loads(line) for line in (CASE / "ground_truth" / "steps.jsonl").open()]
+
+
+def truth_pairs(truth) -> set[tuple[str, int]]:
+    return {(request_key(r["request_id"]), s["step"]) for s in truth for r in s["requests"]}
+
+
+def got_pairs(trees) -> set[tuple[str, int]]:
+    keys = trees.requests.key
+    return {(keys[i], s) for i, s in zip(trees.request.tolist(), trees.step.tolist(), strict=True)}
+
+
+def test_trace_steps_are_the_engine_steps(tree, truth):
+    rank0 = [k for k in range(len(tree.steps)) if tree.steps.rank[k] == 0]
+    assert len(rank0) == len(truth) == 71
+    assert [tree.steps.name[k] for k in rank0] == [s["annotation"] for s in truth]
+
+
+def test_collector_logs_and_step_counts_recover_every_membership(tree, truth):
+    logs = read_logs([CASE / "logs" / "rank0.log"])
+    trees = build_request_trees(tree, logs=logs)
+    assert len(trees.requests) == 34 and not trees.warnings
+    expected = truth_pairs(truth)
+    assert got_pairs(trees) == expected  # 675 (request, step) pairs, none missing, none extra
+    assert trees.confidence.min() == 1.0
+    prefill = {
+        (request_key(r["request_id"]), s["step"])
+        for s in truth
+        for r in s["requests"]
+        if r["phase"] == "prefill"
+    }
+    keys = trees.requests.key
+    got_prefill = {
+        (keys[i], s)
+        for i, s, p in zip(trees.request.tolist(), trees.step.tolist(), trees.phase, strict=True)
+        if p == "prefill"
+    }
+    assert got_prefill == prefill
+
+
+def test_lifetime_windows_alone_keep_every_membership_at_lower_confidence(tree, truth):
+    """Without the steps' request counts, queueing makes windows too wide: recall stays whole."""
+    counts_hidden = build_tree(read_run([CASE / "traces"]), step_regex=r"^execute_")
+    logs = read_logs([CASE / "logs" / "rank0.log"])
+    trees = build_request_trees(counts_hidden, logs=logs)
+    got, expected = got_pairs(trees), truth_pairs(truth)
+    assert expected <= got and len(got) > len(expected)
+    assert set(trees.confidence.tolist()) == {0.5}
