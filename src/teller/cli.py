@@ -227,6 +227,19 @@ def cmd_tpe_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_align(args: argparse.Namespace) -> int:
+    from teller.align.align import align_run, render_by_step
+
+    result = align_run([args.traces], args.logs, span_paths=args.otlp or (), year=args.year)
+    steps = range(args.steps[0], args.steps[1] + 1) if args.steps else None
+    print(render_by_step(result, steps=steps))
+    counts = ", ".join(f"{n} {how}" for how, n in sorted(result.alignment.counts().items()))
+    print(f"{len(result.logs):,} log records: {counts}", file=sys.stderr)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -290,6 +303,13 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--test-share", type=float, default=0.5, help="test share per fault")
     evaluate.add_argument("--seed", type=int, default=0, help="split seed")
     evaluate.add_argument("-o", "--out", help="scoreboard directory (default with --all: docs)")
+
+    align = command("align", cmd_align, "place engine log lines on the steps they describe")
+    align.add_argument("traces", help="trace directory (rank files) or one trace file")
+    align.add_argument("logs", nargs="+", help="engine log files or directories")
+    align.add_argument("--otlp", nargs="*", help="OTLP JSON span files with request timings")
+    align.add_argument("--year", type=int, help="year of log dates that print none")
+    align.add_argument("--steps", type=_step_range, help="show only steps A..B")
 
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)
