@@ -41,6 +41,8 @@ from teller.lab.serve.config import InProcessFault, ServeConfig
 #: How long to wait for the ranks to load the model and warm up before giving up on the fault.
 STARTUP_TIMEOUT_S = 300.0
 _POLL_S = 0.02
+#: Ranks' priority as root: above unrelated load on a shared machine (see ServeConfig.nice).
+RANK_NICE = -5
 
 
 @dataclass
@@ -144,6 +146,7 @@ def _serve_config(spec: CaseSpec, run_dir: Path, network: LabNetwork | None) -> 
     config.workload.duration_s = spec.duration_s
     config.workload.rate_per_s = spec.rate_per_s
     config.cores = [r % (os.cpu_count() or 1) for r in range(spec.tp)]
+    config.nice = RANK_NICE if netns.is_root() else 0
     start, end = spec.window_s
     kind = LAB_FAULTS[spec.fault]
     if kind.mechanism == "process":
@@ -237,6 +240,7 @@ class _Injector:
             namespace=network.namespaces[rank] if network else None,
             rank_link=network.rank_links[rank] if network else None,
             host_link=network.host_links[rank] if network else None,
+            nice=self.config.nice,
         )
 
     def _seconds_until(self, serve_s: float) -> float:

@@ -3,7 +3,7 @@
 The scheduler shares the core between the rank and the hogs, so the rank's operators stretch (its
 own compute time rises) and its peers wait for it at the next all-reduce. Ranks are pinned to
 cores first (`ServeConfig.cores`), so the hogs hit exactly one rank (plus any rank sharing its
-core when there are more ranks than cores). Number of hogs = max(1, round(4 * intensity)).
+core when there are more ranks than cores). The hogs run at the rank's own priority. Number of hogs = max(1, round(4 * intensity)).
 """
 
 from __future__ import annotations
@@ -22,14 +22,19 @@ class CpuContention:
         if target.core is None:
             raise TellerError("cpu_contention needs ranks pinned to cores")
         self.core = target.core
+        self.nice = target.nice
         self.hogs = max(1, round(4 * intensity))
         self.processes: list[subprocess.Popen] = []
+
+    @property
+    def _pinned(self) -> list[str]:
+        return ["nice", "-n", str(self.nice), "taskset", "-c", str(self.core)]
 
     def apply(self) -> None:
         for _ in range(self.hogs):
             self.processes.append(
                 subprocess.Popen(
-                    ["taskset", "-c", str(self.core), sys.executable, "-S", "-c", _BUSY_LOOP],
+                    [*self._pinned, sys.executable, "-S", "-c", _BUSY_LOOP],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

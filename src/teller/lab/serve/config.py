@@ -89,10 +89,13 @@ class ServeConfig:
     netns: list[str] = field(default_factory=list)
     ifnames: list[str] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
-    # per rank, the cgroup.procs files the rank writes its pid into first thing (memory_pressure,
-    # straggler), so everything it allocates is charged to its own group
+    # per rank, the cgroup.procs files the launcher puts the rank into before it starts
+    # (memory_pressure, straggler), so everything it allocates is charged to its own group
     cgroup_procs: list[list[str]] = field(default_factory=list)
     threads_per_rank: int = 1
+    # scheduling priority of the ranks (negative needs root): the lab raises it so unrelated load
+    # on a shared machine disturbs the ranks less; injected CPU contention gets the same priority
+    nice: int = 0
     warmup_steps: int = 3
 
     def write(self, path: str | Path) -> Path:

@@ -25,8 +25,15 @@ def rank_command(config: ServeConfig, config_path: Path, rank: int) -> list[str]
     command = [sys.executable, "-m", "teller.lab.serve.worker", str(config_path)]
     if config.cores:
         command = ["taskset", "-c", str(config.cores[rank % len(config.cores)]), *command]
+    if config.nice:
+        command = ["nice", "-n", str(config.nice), *command]
     if config.netns:
         command = ["ip", "netns", "exec", config.netns[rank], *command]
+    if config.cgroup_procs:
+        # join the rank's cgroups first (inside its namespace /sys is remounted without them);
+        # the shell's pid becomes the rank's, as `ip netns exec` and taskset exec in place
+        joins = "".join(f'echo $$ > "{procs}"; ' for procs in config.cgroup_procs[rank])
+        command = ["sh", "-c", joins + 'exec "$@"', "sh", *command]
     return command
 
 

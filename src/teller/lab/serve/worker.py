@@ -38,8 +38,6 @@ def main(argv: list[str]) -> int:
     config = ServeConfig.read(argv[0])
     rank = int(os.environ["RANK"])
     run_dir = Path(config.run_dir)
-    for procs in config.cgroup_procs[rank] if config.cgroup_procs else []:
-        Path(procs).write_text(str(os.getpid()))  # join before allocating anything of our own
     (run_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     torch.set_num_threads(config.threads_per_rank)
     worker_log = process_logger(f"Worker_TP{rank}")
