@@ -484,6 +484,7 @@ def make_labels(config: SimConfig, case_id: str, results: list[ReplicaResult]) -
             "fault_window_steps": list(spec.window)
             if spec.window[1] < 1 << 62
             else [spec.window[0], None],
+            "variant": spec.variant or None,
             "peer": FaultModel(spec, topology.gpus_per_node, topology.tp).peer_of(spec.rank)
             if spec.fault == "link_contention"
             else None,
