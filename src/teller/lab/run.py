@@ -154,6 +154,7 @@ def _serve_config(spec: CaseSpec, run_dir: Path, network: LabNetwork | None) -> 
     if spec.fault == "workload_shift":
         config.workload.burst_start_s, config.workload.burst_end_s = start, end
         config.workload.burst_rate_per_s = 1.0 + 3.0 * spec.intensity
+        config.workload.burst_prompt_tokens = int(192 + 320 * spec.intensity)
     if network is not None:
         config.netns, config.ifnames = network.namespaces, network.rank_links
         config.master_addr, config.master_port = network.addresses[0], 29500

@@ -1,0 +1,263 @@
+"""Each real-lab fault leaves its signature in the recorded traces, measured with teller's reader.
+
+Every test records a short 2-rank case (`teller.lab.run.run_case`, the workload under
+`teller.collect`), reads it back with `read_run` + `build_tree`, and checks the fault's signature
+with numbers. The machine these run on is shared and noisy, so signatures are checked inside one
+case wherever possible (guilty rank against its peer, window against the rest of the run), and
+against the shared `none` baseline, recorded once per module, where the brief asks for it.
+Faults that need root skip when not root, naming why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from teller.callchain.tree import CallTree, build_tree
+from teller.ingest import read_run
+from teller.ingest.schema import EventTable
+from teller.lab.labels import CaseLabels
+from teller.lab.netns import is_root
+from teller.lab.run import CaseSpec, run_case
+
+GUILTY, PEER = 1, 0
+WINDOW_S = (1.5, 3.5)
+needs_root = pytest.mark.skipif(not is_root(), reason="needs root: network namespaces, tc, cgroups")
+
+
+@dataclass
+class Case:
+    labels: CaseLabels
+    events: EventTable
+    tree: CallTree
+    window_ns: tuple[int, int]
+    case_dir: Path
+
+    def op_durations_ns(self, name: str, rank: int, inside: bool = True) -> np.ndarray:
+        """Durations of the `name` nodes on `rank` starting inside (or outside) the window."""
+        if name not in self.tree.names:
+            return np.zeros(0, dtype=np.int64)
+        return self.tree.dur[self._nodes(name, rank, inside)]
+
+    def mean_us(self, name: str, rank: int, inside: bool = True) -> float:
+        durations = self.op_durations_ns(name, rank, inside)
+        assert len(durations), f"no {name} on rank {rank} {'in' if inside else 'outside'} window"
+        return float(durations.mean()) / 1e3
+
+    def _nodes(self, name: str, rank: int, inside: bool) -> np.ndarray:
+        tree = self.tree
+        in_window = (tree.start >= self.window_ns[0]) & (tree.start < self.window_ns[1])
+        in_steps = tree.step >= 0
+        mask = (tree.name == tree.names.index(name)) & (tree.rank == rank) & in_steps
+        return np.flatnonzero(mask & (in_window if inside else ~in_window))
+
+    def steps(self, rank: int, inside: bool = True) -> np.ndarray:
+        """Rows of the step table on `rank` lying wholly inside (or wholly outside) the window."""
+        steps = self.tree.steps
+        end_ns = steps.start_ns + steps.dur_ns
+        within = (steps.start_ns >= self.window_ns[0]) & (end_ns <= self.window_ns[1])
+        apart = (end_ns <= self.window_ns[0]) | (steps.start_ns >= self.window_ns[1])
+        return np.flatnonzero((steps.rank == rank) & (within if inside else apart))
+
+    def allreduce_bytes(self, rank: int, inside: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(message bytes, duration ns) of each gloo all-reduce, bytes from its recorded shape."""
+        nodes = self._nodes("gloo:all_reduce", rank, inside)
+        args = self.events.table.column("args").take(self.tree.row[nodes]).to_pylist()
+        sizes = [4 * int(np.prod(json.loads(a)["Input Dims"][0])) for a in args]
+        return np.asarray(sizes), self.tree.dur[nodes]
+
+
+_CASES: dict[tuple[str, float], Case] = {}
+
+
+def record(tmp_root: Path, fault: str, intensity: float = 0.75, **workload) -> Case:
+    """Record (once per module) and read back a 2-rank case with `fault` on rank 1."""
+    key = (fault, intensity)
+    if key not in _CASES:
+        spec = CaseSpec(fault, GUILTY, intensity, WINDOW_S, tp=2, seed=3, duration_s=4.0)
+        spec.rate_per_s = workload.get("rate_per_s", 5.0)
+        result = run_case(spec, tmp_root / f"{fault}-{intensity}")
+        events = read_run([result.case_dir / "traces"])
+        labels = result.labels
+        t0_ns = labels.params["t0_ns"]
+        window = (t0_ns + int(WINDOW_S[0] * 1e9), t0_ns + int(WINDOW_S[1] * 1e9))
+        _CASES[key] = Case(labels, events, build_tree(events), window, result.case_dir)
+    return _CASES[key]
+
+
+@pytest.fixture(scope="module")
+def lab_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("lab-cases")
+
+
+@pytest.fixture(scope="module")
+def baseline(lab_root) -> Case:
+    return record(lab_root, "none")
+
+
+def test_baseline_case_is_complete_and_its_ranks_are_alike(baseline):
+    case = baseline
+    assert (case.case_dir / "manifest.json").exists()
+    assert sorted(p.name for p in (case.case_dir / "traces").iterdir()) == [
+        "rank0.pt.trace.json.gz",
+        "rank1.pt.trace.json.gz",
+    ]
+    assert case.labels.fault == "none" and case.labels.steps == []
+    steps = case.tree.steps
+    assert (steps.rank == 0).sum() == (steps.rank == 1).sum() > 20
+    truth = (case.case_dir / "ground_truth" / "steps.jsonl").read_text().splitlines()
+    assert len(truth) == (steps.rank == 0).sum()
+    first = json.loads(truth[0])
+    assert first["annotation"] == steps.name[0]
+    assert abs(first["start_ns"] - int(steps.start_ns[0])) < 2_000_000  # one clock, to 2 ms
+    log = (case.case_dir / "logs" / "rank0.log").read_text()
+    assert "(EngineCore_0 pid=" in log and "Added request cmpl-" in log
+    assert "Engine 000: Iteration(0):" in log and "(Worker_TP0 pid=" in log
+    assert "(Worker_TP1 pid=" in (case.case_dir / "logs" / "rank1.log").read_text()
+    assert len(case.tree.comm) and case.tree.comm.num_instances > 100
+    # no fault: neither rank waits for the other much more than the reverse
+    ratio = case.mean_us("gloo:all_reduce", PEER) / case.mean_us("gloo:all_reduce", GUILTY)
+    assert 0.5 < ratio < 2.0
+
+
+def test_straggler_inflates_the_peers_allreduce_and_slows_the_guilty_rank(lab_root, baseline):
+    case = record(lab_root, "straggler", 0.75)
+    assert case.labels.view == "H" and case.labels.guilty_rank == GUILTY and case.labels.steps
+    peer_wait = case.mean_us("gloo:all_reduce", PEER)
+    assert peer_wait >= 2 * baseline.mean_us("gloo:all_reduce", PEER)
+    assert peer_wait >= 2 * case.mean_us("gloo:all_reduce", GUILTY)
+    assert peer_wait >= 2 * case.mean_us("gloo:all_reduce", PEER, inside=False)
+    guilty_mm = case.mean_us("aten::mm", GUILTY)
+    assert guilty_mm >= 1.3 * case.mean_us("aten::mm", PEER)
+    assert guilty_mm >= 1.3 * case.mean_us("aten::mm", GUILTY, inside=False)
+
+
+def test_cpu_contention_stretches_the_guilty_ranks_matmuls(lab_root, baseline):
+    case = record(lab_root, "cpu_contention", 1.0)
+    guilty_mm = case.mean_us("aten::mm", GUILTY)
+    assert guilty_mm >= 1.3 * case.mean_us("aten::mm", PEER)
+    assert guilty_mm >= 1.3 * case.mean_us("aten::mm", GUILTY, inside=False)
+    # the peer waits for it at the all-reduces
+    assert case.mean_us("gloo:all_reduce", PEER) >= 1.3 * case.mean_us("gloo:all_reduce", GUILTY)
+    assert case.labels.guilty_operator in case.tree.names
+
+
+@needs_root
+def test_net_throttle_makes_allreduce_time_grow_with_message_size(lab_root, baseline):
+    case = record(lab_root, "net_throttle", 0.5)  # 100 Mbit/s
+    large, small = 64 << 10, 16 << 10
+
+    def mean_ms(inside: bool, big: bool) -> float:
+        sizes, durations = case.allreduce_bytes(GUILTY, inside)
+        chosen = durations[sizes >= large] if big else durations[sizes <= small]
+        assert len(chosen), f"no {'large' if big else 'small'} all-reduce {inside=}"
+        return float(chosen.mean()) / 1e6
+
+    assert mean_ms(True, True) >= 3 * mean_ms(False, True)
+    size_effect_inside = mean_ms(True, True) / mean_ms(True, False)
+    size_effect_outside = mean_ms(False, True) / mean_ms(False, False)
+    assert size_effect_inside >= 2 * size_effect_outside
+    assert case.labels.guilty_operator == "gloo:all_reduce"
+
+
+def test_slow_operator_swaps_sdpa_for_eager_attention_on_the_guilty_rank_only(lab_root):
+    case = record(lab_root, "slow_operator", 1.0)
+    softmax = "aten::softmax"
+    sdpa = "aten::scaled_dot_product_attention"
+    inside_steps = case.steps(GUILTY)
+    assert len(inside_steps) >= 2
+    assert len(case.op_durations_ns(softmax, GUILTY)) >= 2 * len(inside_steps)
+    assert len(case.op_durations_ns(sdpa, GUILTY, inside=False)) > 0
+    assert len(case.op_durations_ns(softmax, GUILTY, inside=False)) <= 4 * 2  # edge steps only
+    assert len(case.op_durations_ns(softmax, PEER)) == 0
+    assert len(case.op_durations_ns(softmax, PEER, inside=False)) == 0
+    steps_with_sdpa = {
+        int(case.tree.step[n])
+        for n in case._nodes(sdpa, GUILTY, inside=True)
+        if case.tree.step[n] >= 0
+    }
+    assert not steps_with_sdpa & set(inside_steps.tolist())
+    assert case.labels.guilty_operator in case.tree.names
+
+
+def test_scheduler_misconfig_shrinks_batches_and_raises_ttft(lab_root, baseline):
+    case = record(lab_root, "scheduler_misconfig", 1.0)
+    steps = case.tree.steps
+    inside = case.steps(0)
+    assert len(inside) >= 3
+    batch = steps.context_requests + steps.generation_requests
+    assert batch[inside].max() <= 1
+    assert np.median(batch[baseline.steps(0)]) >= 2
+
+    def ttft_ms(c: Case) -> float:
+        lines = (c.case_dir / "ground_truth" / "requests.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+        waits = [
+            r["first_token_ns"] - r["arrival_ns"]
+            for r in rows
+            if c.window_ns[0] <= r["arrival_ns"] < c.window_ns[1]
+        ]
+        return float(np.median(waits)) / 1e6
+
+    assert ttft_ms(case) >= 2 * ttft_ms(baseline)
+    log = (case.case_dir / "logs" / "rank0.log").read_text()
+    assert "Waiting: " in log and "Iteration(" in log
+    assert case.labels.guilty_rank == 0 and case.labels.guilty_operator is None
+
+
+def _longest_uncovered_gap_ns(case: Case, rank: int) -> int:
+    """Longest pause between consecutive ops of a step, not spent waiting in a gloo all-reduce."""
+    tree = case.tree
+    gloo = case._nodes("gloo:all_reduce", rank, inside=True)
+    gloo_start, gloo_end = tree.start[gloo], tree.start[gloo] + tree.dur[gloo]
+    longest = 0
+    for step in case.steps(rank).tolist() or []:
+        children = tree.children(int(tree.steps.node[step]))
+        children = children[np.argsort(tree.start[children])]
+        ends = np.maximum.accumulate(tree.start[children] + tree.dur[children])
+        for gap_start, gap_end in zip(ends[:-1], tree.start[children][1:], strict=True):
+            if gap_end <= gap_start:
+                continue
+            overlap = np.clip(
+                np.minimum(gloo_end, gap_end) - np.maximum(gloo_start, gap_start), 0, None
+            )
+            longest = max(longest, int(gap_end - gap_start - overlap.sum()))
+    return longest
+
+
+def test_host_stall_leaves_long_gaps_between_the_guilty_ranks_ops(lab_root):
+    case = record(lab_root, "host_stall", 0.6)
+    guilty_gap = _longest_uncovered_gap_ns(case, GUILTY)
+    assert guilty_gap >= 100_000_000  # a full collection holds the GIL for ≥ 100 ms
+    assert guilty_gap >= 5 * _longest_uncovered_gap_ns(case, PEER)
+    assert case.mean_us("gloo:all_reduce", PEER) >= 1.3 * case.mean_us("gloo:all_reduce", GUILTY)
+
+
+@needs_root
+def test_memory_pressure_faults_weight_pages_back_in_on_the_guilty_rank(lab_root):
+    case = record(lab_root, "memory_pressure", 0.9)
+    guilty_mm = case.mean_us("aten::mm", GUILTY)
+    assert guilty_mm >= 2 * case.mean_us("aten::mm", PEER)
+    assert guilty_mm >= 2 * case.mean_us("aten::mm", GUILTY, inside=False)
+
+
+def test_workload_shift_lengthens_prefill_but_not_per_token_time(lab_root):
+    case = record(lab_root, "workload_shift", 0.3)
+    steps = case.tree.steps
+    prefill = np.asarray([kind in ("prefill", "mixed") for kind in steps.kind])
+    inside = [k for k in case.steps(0).tolist() if prefill[k]]
+    outside = [k for k in case.steps(0, inside=False).tolist() if prefill[k]]
+    assert inside and outside
+    tokens_in = np.median(steps.context_tokens[inside])
+    assert tokens_in >= 2 * np.median(steps.context_tokens[outside])
+    assert np.median(steps.dur_ns[inside]) > np.median(steps.dur_ns[outside])
+    per_token_in = np.median(steps.dur_ns[inside] / steps.context_tokens[inside])
+    per_token_out = np.median(steps.dur_ns[outside] / steps.context_tokens[outside])
+    assert per_token_in <= 1.5 * per_token_out
+    ratio = case.mean_us("gloo:all_reduce", PEER) / case.mean_us("gloo:all_reduce", GUILTY)
+    assert 0.5 < ratio < 2.0  # no rank is to blame
+    assert case.labels.view == "-" and case.labels.guilty_rank is None
