@@ -21,7 +21,6 @@ from teller.ingest.logs.table import (
     LogRecord,
     LogSource,
     LogTable,
-    build_log_table,
     concat_logs,
     request_key,
     template_id,
@@ -58,9 +57,12 @@ def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = 
             raise TraceError(path, "no such log file")
         per_file.append((path, *read_file(path, miner, year=year, host=host)))
     tables = []
-    for path, records, source in per_file:
-        for record in records:
-            if record.cluster >= 0:
-                record.template = miner.template(record.cluster)
-        tables.append(LogTable(build_log_table(records, str(path), host), [source]))
+    for path, read, source in per_file:
+        texts = read.columns.templates
+        clusters = read.columns.cluster.tolist()
+        resolved = [
+            miner.template(cluster) if cluster >= 0 else text
+            for text, cluster in zip(texts, clusters, strict=True)
+        ]
+        tables.append(LogTable(read.table(resolved, str(path), host), [source]))
     return concat_logs(tables)

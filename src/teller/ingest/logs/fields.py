@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 
-#: One comma-separated part: `Key: number [unit]`, the key being the last words before the colon.
-_PART = re.compile(
-    r"(?P<key>[#A-Za-z][^:=,]*?)\s*[:=]\s*"
-    r"(?P<value>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|True|False)"
-    r"\s*(?P<unit>%|tokens/s|reqs|ms|s|GiB|MiB|GB|MB)?[\s.;)]*$"
+#: What follows a part's last `:`/`=`: a number (or bool), an optional unit, nothing else.
+_VALUE = re.compile(
+    r"\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|True|False)"
+    r"\s*(%|tokens/s|reqs|ms|s|GiB|MiB|GB|MB)?[\s.;)]*$"
 )
+#: A key is the words after the last of these inside its part (`Engine 000: Avg …`, `[PG 0] …`).
+_KEY_STARTS = (":", "]", ". ")
 _NON_WORD = re.compile(r"[^a-z0-9]+")
 _UNIT_SUFFIX = {"%": "_pct", "tokens/s": "_tokens_per_s", "ms": "_ms", "s": "_s"}
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
@@ -37,17 +38,28 @@ def number(text: str) -> int | float | bool:
 
 
 def key_values(message: str) -> dict[str, int | float | bool]:
-    """Every `key: number [unit]` part of a comma-separated message, in order; later keys win."""
+    """Every `key: number [unit]` part of a comma-separated message, in order; later keys win.
+
+    Plain string cuts rather than one regex over the part: this runs on every stats and
+    iteration line, and a regex that has to find where a key starts backtracks quadratically.
+    """
     fields: dict[str, int | float | bool] = {}
     for part in message.split(","):
-        match = _PART.search(part)
+        cut = max(part.rfind(":"), part.rfind("="))
+        if cut <= 0:
+            continue
+        match = _VALUE.match(part, cut + 1)
         if match is None:
             continue
-        raw_key, value, unit = match.groups()
+        raw_key = part[:cut]
+        for start in _KEY_STARTS:
+            raw_key = raw_key.rsplit(start, 1)[-1]
+        value, unit = match.groups()
         key = _KEY_CACHE.get((raw_key, unit))
         if key is None:
-            key = normalise_key(raw_key)
-            if unit in _UNIT_SUFFIX and key and not key.endswith(_UNIT_SUFFIX[unit]):
+            stripped = raw_key.strip()
+            key = normalise_key(stripped) if stripped[:1].isalpha() or stripped[:1] == "#" else ""
+            if key and unit in _UNIT_SUFFIX and not key.endswith(_UNIT_SUFFIX[unit]):
                 key += _UNIT_SUFFIX[unit]
             if len(_KEY_CACHE) < 10_000:
                 _KEY_CACHE[(raw_key, unit)] = key

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow as pa
 
 from teller.errors import TraceError
 from teller.ingest.logs import detect, pytorch, sglang, templates, trtllm, vllm
-from teller.ingest.logs.table import LogRecord, LogSource
+from teller.ingest.logs.table import LogColumns, LogRecord, LogSource
 
 NS = 1_000_000_000
 _DAY_S = 86_400
@@ -44,6 +46,18 @@ _EXCEPTION_SUFFIXES = ("Error", "Exception", "Interrupt", "Exit", "Warning", "It
 #: Traceback states: inside the frames, after the exception line, between chained exceptions.
 _TB_FRAMES, _TB_RAISED, _TB_CHAINING = 1, 2, 3
 ENGINE_FORMATS = frozenset({"vllm", "sglang", "trtllm", "pytorch"})
+
+
+@dataclass
+class ReadFile:
+    """One file's records as columns, with their final times (templates still to resolve)."""
+
+    columns: LogColumns
+    ts_ns: np.ndarray
+    exact: np.ndarray
+
+    def table(self, templates: list[str], file: str, host: str = "") -> pa.Table:
+        return self.columns.finish(templates, self.ts_ns, self.exact, file, host)
 
 
 class WallClock:
@@ -148,8 +162,7 @@ class _FileReader:
         self.clock = clock
         self.rank = rank
         self.host = host
-        self.records: list[LogRecord] = []
-        self.second_resolution: list[bool] = []
+        self.columns = LogColumns()
         self.counts: Counter[str] = Counter()
         self.pending: LogRecord | None = None
         self.pending_lines: list[str] = []
@@ -243,11 +256,7 @@ class _FileReader:
         self.counts[f"format_{record.format}"] += 1
         if record.fields:
             record.fields_json = orjson.dumps(record.fields).decode()
-        self.second_resolution.append(record.ts_ns >= 0 and not record.ts_exact)
-        record.fields = None
-        record.message = ""
-        record.clock = None
-        self.records.append(record)
+        self.columns.add(record)
         self.pending = None
         self.traceback_state = 0
 
@@ -285,7 +294,7 @@ def _describe_traceback(record: LogRecord, lines: list[str]) -> None:
 
 def read_file(
     path: Path, miner: templates.Templates, year: int | None = None, host: str = ""
-) -> tuple[list[LogRecord], LogSource]:
+) -> tuple[ReadFile, LogSource]:
     """Records of one log file in file order, with resolved times, plus what was counted."""
     try:
         modified = datetime.fromtimestamp(path.stat().st_mtime, UTC).date()
@@ -327,9 +336,16 @@ def read_file(
     except (OSError, EOFError) as error:
         raise TraceError(path, f"cannot read log file: {error}", f"line {number + 1}") from error
     source.lines = number
-    source.records = len(reader.records)
+    columns = reader.columns
+    source.records = len(columns)
     source.format = detect.detect_format(head)
-    _finish_times(reader.records, np.asarray(reader.second_resolution, dtype=bool), source)
+    ts_ns = (
+        np.frombuffer(columns.ts_ns, dtype=np.int64).copy()
+        if len(columns)
+        else np.zeros(0, np.int64)
+    )
+    exact = np.frombuffer(columns.exact, dtype=bool).copy() if len(columns) else np.zeros(0, bool)
+    ts_ns, exact = _finish_times(ts_ns, exact, source)
     counts = reader.counts + reader.clock.inferred + Counter(source.counts)
     if invalid_utf8:
         counts["invalid_utf8_lines"] = invalid_utf8
@@ -354,7 +370,7 @@ def read_file(
                 f"from the file's modification time (pass year= or use `teller collect`)"
             )
     source.counts = dict(sorted(counts.items()))
-    return reader.records, source
+    return ReadFile(columns, ts_ns, exact), source
 
 
 def _chain(first: list[bytes], rest):
@@ -379,21 +395,20 @@ def _collector_ns(raw: bytes) -> int:
 
 
 def _finish_times(
-    records: list[LogRecord], second_resolution: np.ndarray, source: LogSource
-) -> None:
+    ts: np.ndarray, exact: np.ndarray, source: LogSource
+) -> tuple[np.ndarray, np.ndarray]:
     """Carry times over to lines that print none, spread whole seconds, count disorder."""
-    count = len(records)
+    count = len(ts)
     if count == 0:
-        return
-    ts = np.fromiter((r.ts_ns for r in records), dtype=np.int64, count=count)
+        return ts, exact
     given = ts >= 0
     if not given.any():
         source.warnings.append("no line carries a time: ts_ns is -1 (order by `line`)")
-        return
+        return ts, exact
+    second_resolution = given & ~exact
     # forward-fill the last given time (and whether it was whole-second), back-fill the head
     last = np.maximum.accumulate(np.where(given, np.arange(count), -1))
-    first_given = int(np.argmax(given))
-    last[last < 0] = first_given
+    last[last < 0] = int(np.argmax(given))
     carried = ~given
     ts = ts[last]
     spread = second_resolution[last]
@@ -406,11 +421,8 @@ def _finish_times(
         sizes = np.diff(np.r_[starts, len(order)])
         ordinal = np.arange(len(order)) - np.repeat(starts, sizes)
         ts[order] = seconds + (ordinal + 1) * NS // (np.repeat(sizes, sizes) + 1)
+    exact = exact & ~carried
     backwards = int(np.count_nonzero(np.diff(ts) < 0))
-    for record, value, was_carried in zip(records, ts.tolist(), carried.tolist(), strict=True):
-        record.ts_ns = value
-        if was_carried:
-            record.ts_exact = False
     if carried.any():
         source.counts["time_carried_over"] = int(carried.sum())
     if backwards:
@@ -419,3 +431,4 @@ def _finish_times(
             f"{backwards} records are earlier than the record before them "
             "(interleaved processes or clock steps); kept in file order"
         )
+    return ts, exact

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,34 +178,99 @@ class LogTable:
         return self.table.to_pandas()
 
 
-def build_log_table(records: list[LogRecord], file: str, host: str = "") -> pa.Table:
-    """Rows for one file's records, timestamps already resolved."""
-    count = len(records)
-    fields_json = [r.fields_json for r in records]
-    request_ids = [r.request_id for r in records]
-    keys = [request_key(r) if r is not None else None for r in request_ids]
-    templates = [r.template for r in records]
-    arrays = [
-        pa.array([r.ts_ns for r in records], pa.int64()),
-        pa.array([r.ts_exact for r in records], pa.bool_()),
-        _constant(host, count),
-        _dictionary([r.process for r in records]),
-        pa.array([r.pid for r in records], pa.int64()),
-        pa.array([r.rank for r in records], pa.int32()),
-        _dictionary([r.level for r in records], pa.int8()),
-        _dictionary([r.source for r in records]),
-        _dictionary([r.event for r in records]),
-        pa.array(request_ids, pa.string()),
-        pa.array(keys, pa.string()),
-        pa.array(np.array(_template_ids(templates), dtype=np.int64)),
-        _dictionary(templates),
-        pa.array(fields_json, pa.string()),
-        pa.array([r.raw for r in records], pa.string()),
-        _constant(file, count),
-        pa.array([r.line for r in records], pa.int64()),
-        _dictionary([r.format for r in records], pa.int8()),
-    ]
-    return pa.Table.from_arrays(arrays, schema=LOG_SCHEMA)
+class LogColumns:
+    """Column builder for one file: records go in one by one, Arrow chunks come out.
+
+    Holding a million `LogRecord`s (and their dicts) would cost gigabytes and slow every garbage
+    collection, so every CHUNK_ROWS records the text columns become Arrow arrays and the Python
+    objects are dropped. Times, exactness and templates stay as compact arrays until `finish`,
+    because the reader fixes times per file and drain templates only once every file is mined.
+    """
+
+    CHUNK_ROWS = 65_536
+    _TEXT = ("process", "level", "source", "event", "request_id", "fields", "raw", "format")
+
+    def __init__(self) -> None:
+        self.ts_ns = array("q")
+        self.exact = bytearray()
+        self.cluster = array("q")  # drain cluster of mined records, -1 for known shapes
+        self.templates: list[str] = []  # known template text, "" for mined records
+        self.pid = array("q")
+        self.rank = array("i")
+        self.line = array("q")
+        self._text: dict[str, list] = {name: [] for name in self._TEXT}
+        self._chunks: dict[str, list[pa.Array]] = {name: [] for name in self._TEXT}
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+    def add(self, record: LogRecord) -> None:
+        self.ts_ns.append(record.ts_ns)
+        self.exact.append(record.ts_exact)
+        self.cluster.append(record.cluster)
+        self.templates.append(record.template)
+        self.pid.append(record.pid)
+        self.rank.append(record.rank)
+        self.line.append(record.line)
+        text = self._text
+        text["process"].append(record.process)
+        text["level"].append(record.level)
+        text["source"].append(record.source)
+        text["event"].append(record.event)
+        text["request_id"].append(record.request_id)
+        text["fields"].append(record.fields_json)
+        text["raw"].append(record.raw)
+        text["format"].append(record.format)
+        if len(text["raw"]) >= self.CHUNK_ROWS:
+            self._seal()
+
+    def _seal(self) -> None:
+        for name, values in self._text.items():
+            if values:
+                self._chunks[name].append(pa.array(values, pa.string()))
+                values.clear()
+
+    def finish(
+        self, templates: list[str], ts_ns: np.ndarray, exact: np.ndarray, file: str, host: str = ""
+    ) -> pa.Table:
+        """The table, given every record's final template text and times."""
+        self._seal()
+        count = len(self)
+        chunks = self._chunks
+
+        def text(name: str) -> pa.Array:
+            return pa.chunked_array(chunks[name], pa.string()).combine_chunks()
+
+        def encoded(name: str, index_type: pa.DataType | None = None) -> pa.Array:
+            return _dictionary(text(name), index_type or pa.int32())
+
+        request_ids = text("request_id")
+        keys = [request_key(r) if r is not None else None for r in request_ids.to_pylist()]
+
+        def ints(values: array, dtype: type) -> np.ndarray:
+            return np.frombuffer(values, dtype=dtype) if count else np.zeros(0, dtype=dtype)
+
+        arrays = [
+            pa.array(ts_ns, pa.int64()),
+            pa.array(exact, pa.bool_()),
+            _constant(host, count),
+            encoded("process"),
+            pa.array(ints(self.pid, np.int64), pa.int64()),
+            pa.array(ints(self.rank, np.int32), pa.int32()),
+            encoded("level", pa.int8()),
+            encoded("source"),
+            encoded("event"),
+            request_ids,
+            pa.array(keys, pa.string()),
+            pa.array(np.array(_template_ids(templates), dtype=np.int64)),
+            _dictionary(templates),
+            text("fields"),
+            text("raw"),
+            _constant(file, count),
+            pa.array(ints(self.line, np.int64), pa.int64()),
+            encoded("format", pa.int8()),
+        ]
+        return pa.Table.from_arrays(arrays, schema=LOG_SCHEMA)
 
 
 def _template_ids(templates: list[str]) -> list[int]:
@@ -228,8 +294,9 @@ def _constant(value: str, count: int) -> pa.DictionaryArray:
     )
 
 
-def _dictionary(values: list[str], index_type: pa.DataType | None = None) -> pa.DictionaryArray:
-    array = pa.array(values, pa.string()).dictionary_encode()
+def _dictionary(values: pa.Array | list[str], index_type: pa.DataType | None = None) -> pa.Array:
+    array = values if isinstance(values, pa.Array) else pa.array(values, pa.string())
+    encoded = array.dictionary_encode()
     if index_type is not None:
-        array = array.cast(pa.dictionary(index_type, pa.string()))
-    return array
+        encoded = encoded.cast(pa.dictionary(index_type, pa.string()))
+    return encoded
