@@ -70,3 +70,53 @@ def test_lifetime_windows_alone_keep_every_membership_at_lower_confidence(tree, 
     got, expected = got_pairs(trees), truth_pairs(truth)
     assert expected <= got and len(got) > len(expected)
     assert set(trees.confidence.tolist()) == {0.5}
+
+
+def write_spans(path: Path) -> Path:
+    """The engine's recorded request times, exported as vLLM's OTLP `llm_request` spans would be."""
+    spans = []
+    for line in (CASE / "ground_truth" / "requests.jsonl").open():
+        request = json.loads(line)
+        arrival = request["arrival_ns"]
+
+        def seconds(key: str, value: int) -> dict:
+            return {"key": key, "value": {"doubleValue": value / 1e9}}
+
+        spans.append(
+            {
+                "traceId": "0" * 32,
+                "spanId": f"{len(spans):016x}",
+                "name": "llm_request",
+                "startTimeUnixNano": str(arrival),
+                "endTimeUnixNano": str(request["finish_ns"]),
+                "attributes": [
+                    {"key": "gen_ai.request.id", "value": {"stringValue": request["request_id"]}},
+                    seconds(
+                        "gen_ai.latency.time_to_first_token", request["first_token_ns"] - arrival
+                    ),
+                    seconds("gen_ai.latency.e2e", request["finish_ns"] - arrival),
+                ],
+            }
+        )
+    export = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": spans}]}]}
+    path.write_text(json.dumps(export))
+    return path
+
+
+def test_otel_request_spans_alone_recover_every_membership(tree, truth, tmp_path):
+    from teller.ingest.otlp import read_spans
+
+    spans = read_spans([write_spans(tmp_path / "spans.json")])
+    trees = build_request_trees(tree, spans=spans)
+    assert set(trees.requests.source) == {"otel"}
+    assert got_pairs(trees) == truth_pairs(truth)
+    prefill_steps = {
+        trees.requests.key[i]: s
+        for i, s, p in zip(trees.request.tolist(), trees.step.tolist(), trees.phase, strict=True)
+        if p == "prefill"
+    }
+    first_steps = {}
+    for s in truth:
+        for r in s["requests"]:
+            first_steps.setdefault(request_key(r["request_id"]), s["step"])
+    assert prefill_steps == first_steps  # the step whose end is the first token

@@ -9,7 +9,7 @@ import pytest
 
 from teller.collect.logs import timestamp_prefix
 from teller.errors import TraceError
-from teller.ingest.logs import read_logs
+from teller.ingest.logs import read_logs, request_key
 
 ADDED = "(APIServer pid=90458) INFO 02-13 11:33:33 [async_llm.py:382] Added request chatcmpl-a269fdcb7c6ce890-a8a65d16."
 STATS = "(APIServer pid=90458) INFO 02-13 11:33:39 [loggers.py:257] Engine 000: Avg prompt throughput: 0.8 tokens/s, Avg generation throughput: 4.6 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%"
@@ -107,3 +107,22 @@ def test_empty_file_is_an_empty_table(tmp_path):
     path.write_text("")
     table = read_logs([path])
     assert len(table) == 0 and table.sources[0].lines == 0
+
+
+@pytest.mark.parametrize(
+    ("request_id", "key"),
+    [
+        ("chatcmpl-a269fdcb7c6ce890-a8a65d16", "chatcmpl-a269fdcb7c6ce890"),  # V1 engine id
+        ("chatcmpl-a269fdcb7c6ce890", "chatcmpl-a269fdcb7c6ce890"),  # V1 API id
+        ("cmpl-c5044c83c77b430d9038ecd2b7d1089e-0", "cmpl-c5044c83c77b430d9038ecd2b7d1089e"),
+        (
+            "cmpl-e309b6d4f57c26a5b87e098c9ac8f851-0-00000000",
+            "cmpl-e309b6d4f57c26a5b87e098c9ac8f851",
+        ),
+        ("1_chatcmpl-a269fdcb7c6ce890-a8a65d16", "chatcmpl-a269fdcb7c6ce890"),  # parallel sample
+        ("550e8400-e29b-41d4-a716-446655440000", "550e8400-e29b-41d4-a716-446655440000"),
+        ("165", "165"),  # V0 sequence group
+    ],
+)
+def test_request_key_joins_api_and_engine_ids(request_id, key):
+    assert request_key(request_id) == key
