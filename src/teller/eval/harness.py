@@ -57,16 +57,16 @@ class Row:
     method: str
     group: str
     cases: int
-    step_precision: float
-    step_recall: float
-    step_f1: float
+    step_precision: float | None  # None where the group has no anomalous step
+    step_recall: float | None
+    step_f1: float | None
     ac1: float
     ac3: float
     avg5: float
     rank_ac1: float | None
-    joint_precision: float
-    joint_recall: float
-    joint_f1: float
+    joint_precision: float | None
+    joint_recall: float | None
+    joint_f1: float | None
     false_alarm_rate: float | None
 
 
@@ -142,13 +142,20 @@ def score_group(method: str, group: str, outcomes: list[CaseOutcome]) -> Row:
     joint = joint_prf(truths, verdicts)
     fault_free = [o for o in outcomes if o.fault in FAULT_FREE]
     alarms = [StepVerdict((o.case_id, s), s in set(o.flagged)) for o in fault_free for s in o.steps]
+    has_positives = (
+        steps.positives > 0
+    )  # fault-free groups: only the false-alarm rate means anything
+
+    def shown(value: float) -> float | None:
+        return round(value, 4) if has_positives else None
+
     return Row(
         method=method,
         group=group,
         cases=len(outcomes),
-        step_precision=round(steps.precision, 4),
-        step_recall=round(steps.recall, 4),
-        step_f1=round(steps.f1, 4),
+        step_precision=shown(steps.precision),
+        step_recall=shown(steps.recall),
+        step_f1=shown(steps.f1),
         ac1=round(accuracy_at_k(ranked, guilty, 1), 4),
         ac3=round(accuracy_at_k(ranked, guilty, 3), 4),
         avg5=round(average_at_k(ranked, guilty, 5), 4),
@@ -161,9 +168,9 @@ def score_group(method: str, group: str, outcomes: list[CaseOutcome]) -> Row:
         )
         if horizontal
         else None,
-        joint_precision=round(joint.precision, 4),
-        joint_recall=round(joint.recall, 4),
-        joint_f1=round(joint.f1, 4),
+        joint_precision=shown(joint.precision),
+        joint_recall=shown(joint.recall),
+        joint_f1=shown(joint.f1),
         false_alarm_rate=round(false_alarm_rate(alarms), 4) if alarms else None,
     )
 
