@@ -198,7 +198,10 @@ def align_run(
     times = place_log_times(tree, logs)
     log_offsets = times.log_offset
     warnings = list(rank_offsets.warnings) + logs.warnings
-    if log_offsets is not None and abs(int(log_offsets.offset_ns[0])) > ITERATION_GAP_NS:
+    if (
+        log_offsets is not None
+        and abs(int(log_offsets.offset_ns[0])) - int(log_offsets.residual_ns[0]) > ITERATION_GAP_NS
+    ):  # an offset clearly beyond printing delays: another host's clock, or a time zone
         warnings.append(
             f"log clock is {log_offsets.offset_ns[0] / 1e6:+.1f} ms off the trace clock "
             f"(± {log_offsets.residual_ns[0] / 1e6:.1f} ms over {log_offsets.anchors[0]} anchors)"

@@ -186,13 +186,16 @@ def build_request_trees(
     stated = steps.context_requests[rows] + steps.generation_requests[rows]
     stated[(steps.context_requests[rows] < 0) | (steps.generation_requests[rows] < 0)] = -1
     begins = np.where(requests.scheduled_ns >= 0, requests.scheduled_ns, requests.arrival_ns)
-    complete = (begins >= 0) & (requests.finish_ns >= 0)
+    # arrived but never finished in the records: still in flight when the trace ended
+    in_flight = (begins >= 0) & (requests.finish_ns < 0)
+    finishes = np.where(in_flight, np.iinfo(np.int64).max // 2, requests.finish_ns)
+    complete = (begins >= 0) & (finishes >= 0)
     incomplete = int(np.count_nonzero(~complete))
     admitted = _admit_first_come_first_served(requests, begins, complete, rows, starts, steps)
     member_request: list[int] = []
     member_pos: list[int] = []
     for i in np.flatnonzero(complete).tolist():
-        begin, finish = int(begins[i]), int(requests.finish_ns[i])
+        begin, finish = int(begins[i]), int(finishes[i])
         if requests.exact[i]:
             # a step already running when the request arrived cannot include it, and the step
             # that produced its last token ended just before it finished
@@ -207,8 +210,11 @@ def build_request_trees(
             member_request.append(i)
             member_pos.append(pos)
     if incomplete:
+        warnings.append(f"{incomplete} requests have no arrival time: no steps attached")
+    if in_flight.any():
         warnings.append(
-            f"{incomplete} requests lack an arrival or a finish time: no steps attached"
+            f"{int(in_flight.sum())} requests never finish in the records: attached up to the "
+            "last traced step (still in flight)"
         )
     if len(rows) == 0:
         warnings.append(f"rank {reference_rank} has no steps: requests keep only their lifetimes")
