@@ -125,6 +125,7 @@ class Agent:
         self.started_ns = time.time_ns()
         self.exit_reason = ""
         self.signal_seen = ""
+        self.writer: threading.Thread | None = None
 
     # -- identity ------------------------------------------------------------------------------
     @staticmethod
@@ -337,19 +338,27 @@ class Agent:
             if window.open_step is range_self:
                 window.open_step = None
                 if getattr(range_self, "_teller_step", -1) >= window.last and agent.profiling:
-                    agent.finish(f"step {window.last} done")
+                    agent.finish(f"step {window.last} done", background=True)
             return result
 
         record_function.__enter__ = __enter__
         record_function.__exit__ = __exit__
 
     # -- finish ----------------------------------------------------------------------------------
-    def finish(self, reason: str) -> None:
-        """Stop, export, rename, record. Idempotent; safe from atexit and signal handlers."""
+    def finish(self, reason: str, background: bool = False) -> None:
+        """Stop, export, rename, record. Idempotent; safe from atexit and signal handlers.
+
+        `background` (the end of a --steps window, mid-run) writes the trace on a thread so the
+        target's next step does not wait for it; the thread is not a daemon, so the interpreter
+        waits for it at exit, and a later finish (a signal) joins it before the process dies.
+        """
         if os.getpid() != self.pid:
             return
         with self.lock:
             if self.finished:
+                writer = self.writer
+                if writer is not None and writer is not threading.current_thread():
+                    writer.join()
                 return
             self.finished = True
             self.exit_reason = f"{reason} after {self.signal_seen}" if self.signal_seen else reason
@@ -357,7 +366,14 @@ class Agent:
                 self._learn_rank()
                 self._rename_to_rank()
                 if self.profiling:
-                    self._export()
+                    self._stop()
+                    if background:
+                        self.writer = threading.Thread(
+                            target=self._write_trace_and_record, name="teller-collect-export"
+                        )
+                        self.writer.start()
+                        return
+                    self._write_trace()
                 elif self.window is not None and self.profile_enabled:
                     self.trace_note = (
                         f"no trace: the process saw {self.window.seen} steps, "
@@ -366,6 +382,13 @@ class Agent:
             except Exception as error:  # report, never raise into the target's exit path
                 self.trace_note = f"export failed: {type(error).__name__}: {error}"
             self._write_record()
+
+    def _write_trace_and_record(self) -> None:
+        try:
+            self._write_trace()
+        except Exception as error:
+            self.trace_note = f"export failed: {type(error).__name__}: {error}"
+        self._write_record()
 
     def _rename_to_rank(self) -> None:
         """Once init_process_group told us the rank, the log (and the trace to come) take it."""
@@ -378,7 +401,7 @@ class Agent:
             self.log_path = new_log
         self.name = name
 
-    def _export(self) -> None:
+    def _stop(self) -> None:
         profiler = self.profiler
         metadata = getattr(profiler, "_trace_metadata", {})
         if self.rank is not None and "distributedInfo" not in metadata:
@@ -390,6 +413,9 @@ class Agent:
         )
         profiler.stop()
         self.profiling = False
+
+    def _write_trace(self) -> None:
+        profiler = self.profiler
         traces = os.path.join(self.out_dir, "traces")
         os.makedirs(traces, exist_ok=True)
         final = os.path.join(traces, f"{self.name}.pt.trace.json.gz")
