@@ -4,15 +4,16 @@ Stand-alone on purpose (standard library plus the target's own torch; no `teller
 the target may run in an interpreter where teller is not installed. It does nothing until the
 process imports torch; then, in that process only, it
 
-* starts `torch.profiler` (CPU, plus CUDA when `torch.cuda.is_available()`, shapes recorded) and
-  reads the clocks (`time.time_ns`, `monotonic_ns`, `perf_counter_ns`) at that moment;
-* with `TELLER_COLLECT_STEPS=A:B`, instead counts the target's own step annotations and profiles
-  only steps A..B (see `StepWindow`);
+* starts `torch.profiler` (CPU, plus CUDA when `torch.cuda.is_available()`, shapes recorded,
+  Python stacks only with TELLER_COLLECT_WITH_STACK=1) and reads the clocks (`time.time_ns`,
+  `monotonic_ns`, `perf_counter_ns`) at that moment;
+* with `TELLER_COLLECT_STEPS=A:B`, instead warms the profiler up at import, counts the target's own
+  step annotations, and records only steps A..B (see `StepWindow`);
 * copies the process's stdout/stderr, line by line with timestamps, to `logs/<name>.log` through a
   small helper process (`_teller_collect_tee.py`) that outlives a crash of the target;
 * exports the trace to `traces/<name>.pt.trace.json.gz` (temp file, then rename) at normal exit,
   on an uncaught exception, on SIGTERM/SIGINT/SIGHUP (chaining to the handlers that were there),
-  or right after step B;
+  or right after step B (then on a thread, so the target's next step does not wait for it);
 * records what it did in `procs/<pid>.json` (written atomically), which the runner merges into
   `manifest.json`.
 
