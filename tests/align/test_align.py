@@ -107,3 +107,25 @@ def test_cli_prints_lines_under_their_steps(capsys):
 def test_cli_bad_log_path_is_one_line_error(capsys):
     assert main(["-q", "align", str(TRACES), str(CASE / "missing.log")]) == 2
     assert "missing.log: no such log file" in capsys.readouterr().err
+
+
+def test_nccl_watchdog_lines_attach_to_the_hung_collective(tmp_path):
+    """A simulated collective hang (the GPU-cluster fault the CPU lab cannot make)."""
+    case = tmp_path / "hang"
+    argv = ["-q", "lab", "sim", "--out", str(case), "--tp", "2", "--gpus-per-node", "2"]
+    argv += ["--steps", "4", "--layers", "2", "--jobs", "1", "--fault", "collective_hang"]
+    assert main([*argv, "--rank", "1"]) == 0
+    result = align_run([case / "traces"], [case / "logs"], year=2026)
+    rows = result.alignment.to_arrow(result.logs).to_pylist()
+    watchdog = [row for row in rows if row["event"] == "nccl_timeout"]
+    assert watchdog and all(row["method"] == "collective" for row in watchdog)
+    comm = result.tree.comm
+    for row in watchdog:
+        seq = json.loads(row["fields"])["seq"]
+        (k,) = [
+            k
+            for k in range(len(comm))
+            if comm.rank[k] == row["rank"] and comm.seq[k] == seq and comm.node[k] == row["node"]
+        ]
+        assert comm.kind[k] == json.loads(row["fields"]).get("op_type", comm.kind[k])
+        assert row["confidence"] == 1.0

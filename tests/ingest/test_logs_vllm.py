@@ -150,6 +150,13 @@ def test_nccl_watchdog_timeout_has_exact_time_and_rank(tmp_path):
     assert (first["event"], first["rank"], first["level"]) == ("nccl_timeout", 3, "ERROR")
     assert first["ts_exact"] and first["ts_ns"] == 1727798764_889919061  # 2024-10-01T16:06:04Z
     assert first["source"] == "ProcessGroupNCCL.cpp:1709"
+    assert first["fields"] == {
+        "pg": 0,
+        "pg_name": "default_pg",
+        "seq": 1,
+        "last_enqueued_seq": 1,
+        "last_completed_seq": -1,
+    }
     assert second["event"] == "nccl_timeout" and second["rank"] == 3
     assert second["fields"] == {
         "seq": 1,

@@ -45,7 +45,7 @@ GAP_NS = 5_000_000
 _ADMISSION_EVENTS = frozenset({"request_received", "request_added"})
 _LAST_STEP_EVENTS = frozenset({"request_finished", "request_aborted"})
 _RANK_PROCESS = re.compile(r"(?:TP|rank=)(\d+)")
-METHODS = ("request", "iteration", "window", "order", "second", "unmatched")
+METHODS = ("collective", "request", "iteration", "window", "order", "second", "unmatched")
 
 
 @dataclass
@@ -95,8 +95,22 @@ def align_logs(
     node = np.full(count, -1, dtype=np.int64)
     confidence = np.zeros(count, dtype=np.float64)
     method = ["unmatched"] * count
-    if count == 0 or len(steps) == 0:
-        warnings = ["the trace has no steps: every log record stays unmatched"] if count else []
+    if count == 0:
+        return Alignment(step, rank_out, node, confidence, method, [])
+    record_rank = logs.table.column("rank").to_numpy()
+    events = logs.table.column("event").to_pylist()
+    fields = logs.table.column("fields").to_pylist()
+    collectives = _Collectives(tree)
+    for i in range(count):
+        if events[i] == "nccl_timeout" and (found := collectives.find(record_rank[i], fields[i])):
+            comm_node, comm_rank = found
+            row = int(tree.step[comm_node])
+            step[i] = steps.index[row] if row >= 0 else -1
+            rank_out[i], node[i] = comm_rank, comm_node
+            confidence[i], method[i] = 1.0, "collective"
+    if len(steps) == 0:
+        unplaced = method.count("unmatched")
+        warnings = [f"the trace has no steps: {unplaced} log records stay unmatched"]
         return Alignment(step, rank_out, node, confidence, method, warnings)
     ranks = sorted(set(steps.rank.tolist()))
     if reference_rank is None:
@@ -107,11 +121,8 @@ def align_logs(
     reference = timeline.get(reference_rank, timeline[ranks[0]])
 
     table = logs.table
-    record_rank = table.column("rank").to_numpy()
-    events = table.column("event").to_pylist()
     keys = table.column("request_key").to_pylist()
     processes = table.column("process").to_pylist()
-    fields = table.column("fields").to_pylist()
     membership = _membership(requests, reference)
     reference_position = {int(o): p for p, o in enumerate(reference.index.tolist())}
 
@@ -134,6 +145,8 @@ def align_logs(
                 middle = (lo + hi) // 2
                 pos, sure = min(positions, key=lambda p: abs(int(reference.start[p[0]]) - middle))
             place(i, reference, pos, "request", sure)
+            continue
+        if method[i] == "collective":
             continue
         if how == "anchor":
             pos = reference_position.get(int(times.anchor_step[i]))
@@ -284,6 +297,34 @@ class _Timeline:
     def overlapping(self, lo: int, hi: int) -> np.ndarray:
         """Positions of the steps that overlap [lo, hi]."""
         return np.flatnonzero((self.end >= lo) & (self.start <= hi))
+
+
+class _Collectives:
+    """Collective instances by (rank, sequence number), for the NCCL watchdog's `SeqNum`."""
+
+    def __init__(self, tree: CallTree) -> None:
+        comm = tree.comm
+        self._by_rank_seq: dict[tuple[int, int], list[tuple[str, int]]] = {}
+        for rank, seq, group, node in zip(
+            comm.rank.tolist(), comm.seq.tolist(), comm.group, comm.node.tolist(), strict=True
+        ):
+            if seq >= 0:
+                self._by_rank_seq.setdefault((rank, seq), []).append((group, node))
+
+    def find(self, rank: int, fields_json: str | None) -> tuple[int, int] | None:
+        """(node, rank) of the collective a watchdog line names; None if not in the trace."""
+        if rank < 0 or not fields_json:
+            return None
+        fields = orjson.loads(fields_json)
+        seq = fields.get("seq")
+        if not isinstance(seq, int):
+            return None
+        candidates = self._by_rank_seq.get((int(rank), seq), [])
+        groups = {str(fields.get("pg")), str(fields.get("pg_name"))}
+        named = [node for group, node in candidates if group in groups]
+        if named or len(candidates) == 1:
+            return (named or [candidates[0][1]])[0], int(rank)
+        return None
 
 
 def _membership(

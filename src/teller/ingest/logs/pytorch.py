@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 
-from teller.ingest.logs.fields import key_values
 from teller.ingest.logs.table import LogRecord
 
 HEADER = re.compile(
@@ -24,7 +23,11 @@ HEADER = re.compile(
     re.DOTALL,
 )
 _SEVERITY = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
-_MESSAGE_RANK = re.compile(r"\[(?:PG \d+ \([^)]*\) )?Rank (?P<rank>\d+)\]")
+_MESSAGE_RANK = re.compile(r"\[(?:PG (?P<pg>\d+) \((?P<pg_name>[^)]*)\) )?Rank (?P<rank>\d+)\]")
+_WORK_COUNTERS = re.compile(
+    r"Timeout at NCCL work: (?P<seq>-?\d+), last enqueued NCCL work: (?P<enqueued>-?\d+), "
+    r"last completed NCCL work: (?P<completed>-?\d+)"
+)
 _WORK = re.compile(
     r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
     r"(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?\)(?: ran for (?P<ran>\d+) milliseconds)?"
@@ -56,12 +59,15 @@ def parse(text: str, line: int) -> LogRecord | None:
         else None,
     )
     message = record.message
-    if record.rank < 0 and (rank := _MESSAGE_RANK.search(message)):
-        record.rank = int(rank.group("rank"))
+    tag = _MESSAGE_RANK.search(message)
+    if record.rank < 0 and tag:
+        record.rank = int(tag.group("rank"))
     if "Timeout at NCCL work" in message or "collective operation timeout" in message:
         record.event = "nccl_timeout"
         record.template = "pytorch NCCL watchdog timeout"
         fields: dict = {}
+        if tag and tag.group("pg") is not None:
+            fields["pg"], fields["pg_name"] = int(tag.group("pg")), tag.group("pg_name")
         if work := _WORK.search(message):
             fields["seq"] = int(work.group("seq"))
             fields["op_type"] = work.group("op").lower()
@@ -69,7 +75,9 @@ def parse(text: str, line: int) -> LogRecord | None:
                 fields["timeout_ms"] = int(work.group("timeout"))
             if work.group("ran"):
                 fields["ran_for_ms"] = int(work.group("ran"))
-        else:
-            fields.update(key_values(_MESSAGE_RANK.sub("", message)))
-        record.fields = fields
+        elif counters := _WORK_COUNTERS.search(message):
+            fields["seq"] = int(counters.group("seq"))
+            fields["last_enqueued_seq"] = int(counters.group("enqueued"))
+            fields["last_completed_seq"] = int(counters.group("completed"))
+        record.fields = fields or None
     return record
