@@ -59,6 +59,13 @@ class RankCgroup:
         for directory in {self.cpu_dir, self.memory_dir}:
             (directory / "cgroup.procs").write_text(str(pid))
 
+    def set_cpu_weight(self, shares: int) -> None:
+        """Relative CPU weight against other groups (v1 cpu.shares; v2 cpu.weight, 1024 → 100)."""
+        if self.version == 2:
+            (self.cpu_dir / "cpu.weight").write_text(str(max(1, min(10_000, shares * 100 // 1024))))
+        else:
+            (self.cpu_dir / "cpu.shares").write_text(str(shares))
+
     def set_cpu_share(self, share: float) -> None:
         """Cap the rank at `share` of one CPU (None-like 1.0+ lifts the cap)."""
         quota_us = int(CPU_PERIOD_US * share)
@@ -68,6 +75,11 @@ class RankCgroup:
         else:
             (self.cpu_dir / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
             (self.cpu_dir / "cpu.cfs_quota_us").write_text("-1" if share >= 1 else str(quota_us))
+
+    def set_oom_kill(self, enabled: bool) -> None:
+        """v1 only: with the OOM killer off, a group at its limit waits instead of being killed."""
+        if self.version == 1:
+            (self.memory_dir / "memory.oom_control").write_text("0" if enabled else "1")
 
     def memory_stat(self) -> dict[str, int]:
         lines = (self.memory_dir / "memory.stat").read_text().splitlines()

@@ -41,8 +41,10 @@ from teller.lab.serve.config import InProcessFault, ServeConfig
 #: How long to wait for the ranks to load the model and warm up before giving up on the fault.
 STARTUP_TIMEOUT_S = 300.0
 _POLL_S = 0.02
-#: Ranks' priority as root: above unrelated load on a shared machine (see ServeConfig.nice).
-RANK_NICE = -5
+#: cpu.shares of each rank's cgroup (v1 default 1024): ranks in their own groups are outside the
+#: kernel's session autogroups, and this weight keeps unrelated load on a shared machine from
+#: disturbing them much; contention injected into a rank's own group still hits it fully.
+RANK_CPU_SHARES = 8192
 
 
 @dataclass
@@ -107,6 +109,8 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
             config = _serve_config(spec, partial / "run", network)
             if groups is not None:
                 config.cgroup_procs = [group.procs_files() for group in groups]
+                for group in groups:
+                    group.set_cpu_weight(RANK_CPU_SHARES)
             config_path = config.write(partial / "run" / "serve.json")
             injector = _Injector(spec, config, network, groups)
             stack.callback(injector.stop)
@@ -146,7 +150,6 @@ def _serve_config(spec: CaseSpec, run_dir: Path, network: LabNetwork | None) -> 
     config.workload.duration_s = spec.duration_s
     config.workload.rate_per_s = spec.rate_per_s
     config.cores = [r % (os.cpu_count() or 1) for r in range(spec.tp)]
-    config.nice = RANK_NICE if netns.is_root() else 0
     start, end = spec.window_s
     kind = LAB_FAULTS[spec.fault]
     if kind.mechanism == "process":
@@ -241,7 +244,6 @@ class _Injector:
             namespace=network.namespaces[rank] if network else None,
             rank_link=network.rank_links[rank] if network else None,
             host_link=network.host_links[rank] if network else None,
-            nice=self.config.nice,
         )
 
     def _seconds_until(self, serve_s: float) -> float:

@@ -1,9 +1,11 @@
-"""cpu_contention: busy processes pinned to the guilty rank's core.
+"""cpu_contention: busy processes pinned to the guilty rank's core, in the rank's own cgroup.
 
 The scheduler shares the core between the rank and the hogs, so the rank's operators stretch (its
 own compute time rises) and its peers wait for it at the next all-reduce. Ranks are pinned to
 cores first (`ServeConfig.cores`), so the hogs hit exactly one rank (plus any rank sharing its
-core when there are more ranks than cores). The hogs run at the rank's own priority. Number of hogs = max(1, round(4 * intensity)).
+core when there are more ranks than cores). As root the hogs join the rank's cpu cgroup, so they
+compete with it inside its group (as co-located processes in one container do) rather than as one
+unrelated session the kernel's autogroup scheduling would weigh as a single task. Number of hogs = max(1, round(4 * intensity)).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ class CpuContention:
         if target.core is None:
             raise TellerError("cpu_contention needs ranks pinned to cores")
         self.core = target.core
-        self.nice = target.nice
+        self.join_files = target.cgroup.procs_files() if target.cgroup is not None else []
         self.hogs = max(1, round(4 * intensity))
         self.processes: list[subprocess.Popen] = []
 
     @property
     def _pinned(self) -> list[str]:
-        return ["nice", "-n", str(self.nice), "taskset", "-c", str(self.core)]
+        joins = "".join(f'echo $$ > "{procs}"; ' for procs in self.join_files)
+        return ["sh", "-c", joins + 'exec "$@"', "sh", "taskset", "-c", str(self.core)]
 
     def apply(self) -> None:
         for _ in range(self.hogs):

@@ -5,7 +5,8 @@ mmap-loaded checkpoints are. The limit leaves the rank's heap its current size p
 only (1 - intensity) of its file pages, so the kernel evicts weight pages and the rank faults them
 back in from disk inside its matmuls: page-fault time lands in `aten::mm`. A thread re-tightens the
 limit as the heap grows (the profiler's buffers grow all run), which is what cgroup v2's
-`memory.high` does by itself; on v2 that file is used, on v1 the hard `memory.limit_in_bytes`.
+`memory.high` does by itself; on v2 that file is used, on v1 the hard `memory.limit_in_bytes` with
+the group's OOM killer off, so a burst over the limit stalls the rank instead of killing it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from teller.lab.faults.os_fault import RankTarget
 
 #: Room above the anonymous memory for a step's activations; well under the weights (~20 MiB a
 #: rank), so the limit binds on the file-mapped weights, not on the heap.
-HEADROOM_BYTES = 8 << 20
+HEADROOM_BYTES = 16 << 20
 RETIGHTEN_S = 0.1
 
 
@@ -35,6 +36,7 @@ class MemoryPressure:
         stat = self.cgroup.memory_stat()
         files = stat.get("file", stat.get("cache", 0))
         self.file_allowance_bytes = int((1.0 - self.intensity) * files)
+        self.cgroup.set_oom_kill(False)  # a burst over the limit waits for the next re-tightening
         self._tighten()
         self._stop.clear()
         self._thread = threading.Thread(target=self._keep_tight, daemon=True)
@@ -45,6 +47,7 @@ class MemoryPressure:
         if self._thread is not None:
             self._thread.join()
         self.cgroup.set_memory_limit(None)
+        self.cgroup.set_oom_kill(True)
 
     def _tighten(self) -> None:
         stat = self.cgroup.memory_stat()

@@ -19,7 +19,6 @@ class RankTarget:
     namespace: str | None
     rank_link: str | None  # veth inside the rank's namespace
     host_link: str | None  # its peer on the bridge
-    nice: int = 0  # the rank's scheduling priority, which competing load should share
 
 
 class OsFault(Protocol):

@@ -93,9 +93,6 @@ class ServeConfig:
     # (memory_pressure, straggler), so everything it allocates is charged to its own group
     cgroup_procs: list[list[str]] = field(default_factory=list)
     threads_per_rank: int = 1
-    # scheduling priority of the ranks (negative needs root): the lab raises it so unrelated load
-    # on a shared machine disturbs the ranks less; injected CPU contention gets the same priority
-    nice: int = 0
     warmup_steps: int = 3
 
     def write(self, path: str | Path) -> Path:

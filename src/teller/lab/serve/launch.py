@@ -25,8 +25,6 @@ def rank_command(config: ServeConfig, config_path: Path, rank: int) -> list[str]
     command = [sys.executable, "-m", "teller.lab.serve.worker", str(config_path)]
     if config.cores:
         command = ["taskset", "-c", str(config.cores[rank % len(config.cores)]), *command]
-    if config.nice:
-        command = ["nice", "-n", str(config.nice), *command]
     if config.netns:
         command = ["ip", "netns", "exec", config.netns[rank], *command]
     if config.cgroup_procs:
