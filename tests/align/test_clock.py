@@ -16,6 +16,7 @@ from teller.align.clock import (
     apply_offsets,
     estimate_anchor_offsets,
     estimate_rank_offsets,
+    host_offsets,
 )
 from teller.callchain.tree import build_tree
 from teller.ingest import read_run
@@ -78,6 +79,15 @@ def test_recovers_a_known_shift_within_50_us(gloo_run):
     error = corrected.table.column("ts_ns").to_numpy() - gloo_run.table.column("ts_ns").to_numpy()
     assert np.abs(error).max() < TOLERANCE_NS
     assert moved.table.column("ts_ns").equals(shifted(gloo_run, 1, SHIFT_NS).table.column("ts_ns"))
+
+
+def test_ranks_on_one_host_share_its_offset(gloo_run):
+    offsets = estimate_rank_offsets(build_tree(gloo_run))
+    hosts = {source.host for source in gloo_run.sources}
+    assert len(hosts) == 1  # both ranks ran here
+    ((host, (offset, spread)),) = host_offsets(gloo_run, offsets).items()
+    assert host == hosts.pop()
+    assert abs(offset) < TOLERANCE_NS and spread < TOLERANCE_NS
 
 
 def test_reference_rank_can_be_chosen(gloo_run):

@@ -149,6 +149,23 @@ def apply_offsets(events: EventTable, offsets: ClockOffsets) -> EventTable:
     return EventTable(table=corrected, sources=list(events.sources))
 
 
+def host_offsets(events: EventTable, offsets: ClockOffsets) -> dict[str, tuple[int, int]]:
+    """Per host: (median offset of its ranks, half their spread), from the files' host names.
+
+    Ranks on one host read one clock, so their offsets should agree to within the estimate's
+    residual; a spread much larger than that means the host names or the instances are wrong.
+    Logs from a host are put on the trace clock with its offset.
+    """
+    rank_host = {source.rank: source.host for source in events.sources}
+    by_host: dict[str, list[int]] = {}
+    for rank, offset in zip(offsets.rank.tolist(), offsets.offset_ns.tolist(), strict=True):
+        by_host.setdefault(rank_host.get(rank, ""), []).append(offset)
+    return {
+        host: (int(np.median(values)), int((max(values) - min(values)) // 2))
+        for host, values in sorted(by_host.items())
+    }
+
+
 @dataclass
 class AnchorOffsets:
     """Offsets of log clocks (per host or process key) against the trace clock, from anchors."""
