@@ -395,3 +395,28 @@ def test_a_child_that_inherits_rank_gets_its_own_files(tmp_path: Path):
     assert [s.rank for s in events.sources] == [0, 0]
     ops = events.table.column("name").to_pylist()
     assert "aten::mul" in ops and "aten::ones" in ops
+
+
+def test_nsys_mode_agent_asks_for_nvtx_and_says_when_torch_has_none(tmp_path: Path):
+    """What the agent does under `--backend nsys`, run without nsys: on this CPU-only torch,
+    emit_nvtx is refused, and the record says so instead of failing the target."""
+    from teller.collect.runner import INJECT_DIR
+
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(INJECT_DIR))
+    env.update(TELLER_COLLECT_DIR=str(out), TELLER_COLLECT_PROFILE="nvtx")
+    program = "import torch; print(torch.ones(3).sum().item())"
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout == b"3.0\n"
+    (record,) = [json.loads(p.read_text()) for p in (out / "procs").glob("*.json")]
+    assert record["trace"] is None and record["clock_at_profiler_start"] is None
+    if not torch_has_cuda():
+        assert record["trace_note"].startswith("NVTX ranges off: AssertionError")
+
+
+def torch_has_cuda() -> bool:
+    import torch
+
+    return torch.backends.cuda.is_built()

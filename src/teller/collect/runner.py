@@ -171,7 +171,7 @@ def _child_env(
     python_path = child_env.get("PYTHONPATH", "")
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(INJECT_DIR), python_path) if p)
     child_env[agent.ENV_DIR] = str(out_dir.resolve())
-    child_env[agent.ENV_PROFILE] = "off" if backend == "nsys" else "torch"
+    child_env[agent.ENV_PROFILE] = "nvtx" if backend == "nsys" else "torch"
     if steps is not None:
         child_env[agent.ENV_STEPS] = f"{steps[0]}:{steps[1]}"
     else:

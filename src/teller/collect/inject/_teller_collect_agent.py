@@ -42,7 +42,9 @@ import time
 
 ENV_DIR = "TELLER_COLLECT_DIR"
 ENV_STEPS = "TELLER_COLLECT_STEPS"
-ENV_PROFILE = "TELLER_COLLECT_PROFILE"  # "torch" (default) or "off" (logs and records only)
+#: "torch" (default); "nvtx" (under nsys: NVTX ranges for ops and annotations, no Kineto);
+#: "off" (logs and records only).
+ENV_PROFILE = "TELLER_COLLECT_PROFILE"
 ENV_WITH_STACK = "TELLER_COLLECT_WITH_STACK"
 ENV_STEP_REGEX = "TELLER_COLLECT_STEP_REGEX"
 
@@ -121,7 +123,8 @@ class Agent:
         self.finished = False
         self.lock = threading.RLock()
         self.with_stack = os.environ.get(ENV_WITH_STACK, "") == "1"
-        self.profile_enabled = os.environ.get(ENV_PROFILE, "torch") != "off"
+        self.profile_mode = os.environ.get(ENV_PROFILE, "torch")
+        self.profile_enabled = self.profile_mode == "torch"
         self.window = self._window()
         self.started_ns = time.time_ns()
         self.exit_reason = ""
@@ -167,6 +170,8 @@ class Agent:
         self._start_log_capture()
         self._watch_distributed_init()
         self._install_exit_hooks()
+        if self.profile_mode == "nvtx":
+            self._emit_nvtx()
         if self.profile_enabled:
             self._prepare_profiler()
             if self.window is None:
@@ -294,6 +299,15 @@ class Agent:
             activities=activities, record_shapes=True, with_stack=self.with_stack
         )
         self.profiler.prepare_trace()
+
+    def _emit_nvtx(self) -> None:
+        """Under Nsight Systems: every operator and record_function range becomes an NVTX range
+        (with shapes), so the nsys report holds the steps and operators Kineto would have had."""
+        try:
+            self.nvtx = self.torch.autograd.profiler.emit_nvtx(record_shapes=True)
+            self.nvtx.__enter__()  # left open: the ranges run until the process ends
+        except Exception as error:  # e.g. a CPU-only torch build has no NVTX
+            self.trace_note = f"NVTX ranges off: {type(error).__name__}: {error}"
 
     def _begin_profiling(self) -> None:
         self.clock = _clock_readings()
