@@ -86,7 +86,12 @@ def run_builtin_workload(
                 cpu_ns.append(time.thread_time_ns() - begin_cpu_ns)
     Path(latency_file).write_text(
         json.dumps(
-            {"step_latency_ns": latencies_ns, "step_cpu_ns": cpu_ns, "tokens_per_step": batch}
+            {
+                "step_latency_ns": latencies_ns,
+                "step_cpu_ns": cpu_ns,
+                "tokens_per_step": batch,
+                "first_step": warmup,  # step-annotation index of the first measured step
+            }
         )
     )
 
@@ -98,8 +103,9 @@ class Run:
     tokens_per_s: float
     p50_ms: float
     p99_ms: float
-    cpu_p50_ms: float  # median CPU time of the stepping thread per step: robust to others' load
+    cpu_p50_ms: float  # median CPU time of the stepping thread per step
     wall_s: float
+    in_window_ratio: float | None = None  # window runs: profiled steps / unprofiled neighbours
 
 
 @dataclass
@@ -150,7 +156,29 @@ def one_run(config: str, workload: list[str], window: str | None, scratch: Path)
         p99_ms=percentile(latencies, 0.99) / 1e6,
         cpu_p50_ms=percentile(measured.get("step_cpu_ns") or [0], 0.50) / 1e6,
         wall_s=wall_s,
+        in_window_ratio=in_window_ratio(latencies, measured.get("first_step"), window)
+        if config == "window"
+        else None,
     )
+
+
+def in_window_ratio(latencies: list[int], first_step: int | None, window: str) -> float | None:
+    """Median latency of the profiled steps over that of as many unprofiled steps on each side.
+
+    Both sets run in the same process within a second or two of each other, so other people's load
+    hits them alike: this is the cost of recording while it records, measured on a busy host. The
+    steps next to the window (start and stop) are left out of both.
+    """
+    if first_step is None:
+        return None
+    first, last = (int(part) - first_step for part in window.split(":"))
+    width = last - first + 1
+    inside = latencies[first : last + 1]
+    outside = latencies[max(0, first - 1 - width) : max(0, first - 1)]
+    outside += latencies[last + 2 : last + 2 + width]
+    if not inside or not outside:
+        return None
+    return statistics.median(inside) / statistics.median(outside)
 
 
 def report(summary: Summary, configs: list[str]) -> str:
@@ -191,6 +219,13 @@ def report(summary: Summary, configs: list[str]) -> str:
         lines.append(
             f"{config}: CPU per step {cpu:+.1%} (target < {TARGET_OVERHEAD:.0%}) {verdict}; "
             f"throughput {wall:+.1%}{trust}"
+        )
+    ratios = [r.in_window_ratio for r in summary.of("window") if r.in_window_ratio]
+    if ratios:
+        lines.append(
+            f"window: profiled steps take {statistics.median(ratios):.2f}x their unprofiled "
+            f"neighbours in the same run (median of {len(ratios)} runs: "
+            f"{', '.join(f'{x:.2f}' for x in ratios)})"
         )
     lines.append("")
     lines.append("per run (config tokens/s p50_ms p99_ms cpu_ms wall_s), in run order:")
