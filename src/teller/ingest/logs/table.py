@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 FORMATS: tuple[str, ...] = (
     "vllm",
@@ -103,6 +104,10 @@ LOG_SCHEMA = pa.schema(
 _ENGINE_SUFFIX = re.compile(
     r"^(?:\d+_)?(?P<key>[^-]+-[0-9A-Za-z]{6,}?)(?:-\d{1,3})?(?:-[0-9a-f]{8})?$"
 )
+
+
+#: The same pattern for Arrow's RE2 engine (no named groups), used on whole columns.
+_ENGINE_SUFFIX_RE2 = _ENGINE_SUFFIX.pattern.replace("(?P<key>", "(")
 
 
 def request_key(request_id: str) -> str:
@@ -238,14 +243,16 @@ class LogColumns:
         count = len(self)
         chunks = self._chunks
 
-        def text(name: str) -> pa.Array:
-            return pa.chunked_array(chunks[name], pa.string()).combine_chunks()
+        def text(name: str) -> pa.ChunkedArray:
+            return pa.chunked_array(chunks[name], pa.string())
 
         def encoded(name: str, index_type: pa.DataType | None = None) -> pa.Array:
             return _dictionary(text(name), index_type or pa.int32())
 
         request_ids = text("request_id")
-        keys = [request_key(r) if r is not None else None for r in request_ids.to_pylist()]
+        keys = pc.replace_substring_regex(
+            request_ids, pattern=_ENGINE_SUFFIX_RE2, replacement=r"\1"
+        )
 
         def ints(values: array, dtype: type) -> np.ndarray:
             return np.frombuffer(values, dtype=dtype) if count else np.zeros(0, dtype=dtype)
@@ -261,7 +268,7 @@ class LogColumns:
             encoded("source"),
             encoded("event"),
             request_ids,
-            pa.array(keys, pa.string()),
+            keys,
             pa.array(np.array(_template_ids(templates), dtype=np.int64)),
             _dictionary(templates),
             text("fields"),
@@ -294,8 +301,13 @@ def _constant(value: str, count: int) -> pa.DictionaryArray:
     )
 
 
-def _dictionary(values: pa.Array | list[str], index_type: pa.DataType | None = None) -> pa.Array:
-    array = values if isinstance(values, pa.Array) else pa.array(values, pa.string())
+def _dictionary(
+    values: pa.ChunkedArray | list[str], index_type: pa.DataType | None = None
+) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        array = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
+    else:
+        array = pa.array(values, pa.string())
     encoded = array.dictionary_encode()
     if index_type is not None:
         encoded = encoded.cast(pa.dictionary(index_type, pa.string()))
