@@ -111,7 +111,7 @@ def render_pattern(tpe: TPE, token: int, max_nodes: int = 12) -> str:
             depth[i] = depth[p] + 1
             children.setdefault(p, []).append(i)
     order: list[int] = []
-    stack = [0]
+    stack = [i for i in reversed(range(len(kinds))) if parents[i] < 0]  # one or more roots
     while stack:
         node = stack.pop()
         order.append(node)

@@ -1,26 +1,30 @@
 """Trace Pair Encoding (TPE): byte-pair encoding for call-chain slices, lossless.
 
 BPE joins the most frequent pair of *adjacent* symbols into a new symbol, again and again. A slice
-is a tree, so TPE joins the most frequent *parent → child* pair of token kinds instead:
+is a tree, so TPE joins the most frequent *parent → child* pair of token kinds instead, and, so
+that a run of a thousand identical siblings (an optimizer's per-parameter ops, a backward pass's
+kernels) costs log₂ 1000 merges rather than a thousand, also adjacent *sibling* pairs:
 
 * the base alphabet is node kinds: a layer plus the normalised name (`teller.tpe.normalize`), and
   one `<unk-LAYER>` token per layer for kinds training never saw (or left out of a small
   vocabulary); the node's exact name always travels in the residual, so an unknown kind is never
   an error;
-* a token covers a connected piece of the tree, its *pattern*: base kinds with parent links inside
-  the piece. A token hangs from one node of its parent token's pattern (`slot`) by a call or launch
-  edge, so a pair is `(parent kind, slot, edge, child kind)`;
-* a merge turns a parent token of kind A with a child of kind B at (slot, edge) into one token of a
-  new kind C = A + B; a parent absorbs one such child per merge (the first in slice order), as BPE
-  joins "aa" once per position;
+* a token covers a piece of the tree, its *pattern*: base kinds with parent links inside the
+  piece; its roots (one, or several siblings) hang from one node of the parent token's pattern
+  (`slot`) by one edge kind (call or launch);
+* a pair is `(parent kind, slot, edge, child kind)`: a child token hanging from that slot of a
+  parent token; or `(left kind, SIBLING, edge, right kind)`: two tokens next to each other under
+  the same node by the same edge;
+* a merge turns such a pair into one token of a new kind C = A + B. A parent absorbs one child
+  per merge (the first in slice order); a sibling run "BBB" holds one "BB", as in BPE;
 * merges are an ordered table; encoding applies them in that order, like minbpe's `encode`.
 
 `Tokens` keeps, besides the token columns a model reads (kind, parent token, depth, span), the
 per-node residuals that normalisation and merging drop: each node's original position, exact name,
 rank, stream, start, duration and self time. `decode` rebuilds the slice from those exactly.
 
-Training keeps a pair → count table and a pair → parent-token index and updates them only around
-each merge (a lazy max-heap picks the next pair); encoding uses one heap of (merge rank, parent
+Training keeps a pair → count table and a pair → owner-token index and updates them only around
+each merge (a lazy max-heap picks the next pair); encoding uses one heap of (merge rank, owner
 token) candidates, so both run in time near-linear in the number of nodes.
 """
 
@@ -48,13 +52,17 @@ UNK_NAMES: tuple[str, ...] = tuple(f"<unk-{layer}>" for layer in LAYERS)
 #: A merge must be seen at least this often (BPE on trees overfits singletons otherwise).
 DEFAULT_MIN_COUNT = 2
 
+#: The `slot` of a sibling merge: the child token is the parent token's next sibling.
+SIBLING = -1
+
 Key = tuple[int, int, int]  # (slot, edge, child kind) as seen from a parent token
 Pair = tuple[int, int, int, int]  # (parent kind, slot, edge, child kind)
 
 
 @dataclass(frozen=True)
 class Merge:
-    """Merge `rank`: a `parent` kind token absorbs a `child` kind token hanging from `slot`."""
+    """A merge: a `parent` kind token absorbs a `child` kind token hanging from its `slot` by
+    `edge`, or, with `slot` = SIBLING, the `child` kind token right after it under one node."""
 
     parent: int
     slot: int
@@ -185,10 +193,15 @@ class TPE:
             offset = len(kinds)
             child_kinds, child_parents, child_edges = self.pattern(merge.child)
             kinds.extend(child_kinds)
-            parents.extend(merge.slot if p < 0 else p + offset for p in child_parents)
-            edges.extend(
-                merge.edge if p < 0 else e for p, e in zip(child_parents, child_edges, strict=True)
-            )
+            if merge.slot == SIBLING:  # a second root beside the first: same parent node, edge
+                parents.extend(-1 if p < 0 else p + offset for p in child_parents)
+                edges.extend(child_edges)
+            else:
+                parents.extend(merge.slot if p < 0 else p + offset for p in child_parents)
+                edges.extend(
+                    merge.edge if p < 0 else e
+                    for p, e in zip(child_parents, child_edges, strict=True)
+                )
             result = (kinds, parents, edges)
         self._pattern_cache[token] = result
         return result
@@ -274,7 +287,7 @@ class TPE:
         root_parent_row = np.where(
             parent_token >= 0, tokens.offsets[:-1][np.maximum(parent_token, 0)] + tokens.slot, -1
         )
-        is_root = within == 0
+        is_root = pat_parent[source] < 0  # a token's roots all hang from its slot by its edge
         parent_row = np.where(
             is_root, root_parent_row[owner], tokens.offsets[:-1][owner] + pat_parent[source]
         )
@@ -362,7 +375,7 @@ class TPE:
             limit = tpe.merge_id(rank)
             if not (0 <= merge.parent < limit and 0 <= merge.child < limit):
                 raise TraceError(path, f"merge {rank} refers to a token not defined before it")
-            if not 0 <= merge.slot < tpe.pattern_length(merge.parent):
+            if merge.slot != SIBLING and not 0 <= merge.slot < tpe.pattern_length(merge.parent):
                 raise TraceError(path, f"merge {rank} hangs from a slot outside its parent")
         tpe._rebuild_indexes()
         return tpe
@@ -390,10 +403,16 @@ def _node_kinds(slices: Sequence[Slice]) -> tuple[list[np.ndarray], list[list[st
 
 
 class _Forest:
-    """Tokens as a mutable forest. A token is named by its root node's index (global across the
-    slices), so the order of tokens is the order of their root nodes."""
+    """Tokens as a mutable forest. A token is named by its first root node's index (global across
+    the slices), so the order of tokens is the order of their root nodes.
 
-    def __init__(self, kind: list[int], parent: list[int], edge: list[int]) -> None:
+    Tokens hanging from the same node (the same parent token and slot; for slice roots, the same
+    slice) are linked in slice order (`prev`/`next`), so sibling merges see who is adjacent.
+    """
+
+    def __init__(
+        self, kind: list[int], parent: list[int], edge: list[int], slice_starts: list[int]
+    ) -> None:
         count = len(kind)
         self.kind = kind
         self.parent = parent
@@ -402,12 +421,27 @@ class _Forest:
         self.alive = [True] * count
         self.nodes: list[list[int]] = [[i] for i in range(count)]
         self.children: list[dict[Key, list[int]] | None] = [None] * count
-        for child, p in enumerate(parent):  # node order: children arrive sorted
+        self.prev = [-1] * count
+        self.next = [-1] * count
+        last_child = [-1] * count
+        starts = set(slice_starts)
+        last_root = -1
+        for node, p in enumerate(parent):  # node order: children and roots arrive sorted
+            if node in starts:
+                last_root = -1
             if p >= 0:
                 table = self.children[p]
                 if table is None:
                     table = self.children[p] = {}
-                table.setdefault((0, edge[child], kind[child]), []).append(child)
+                table.setdefault((0, edge[node], kind[node]), []).append(node)
+                before = last_child[p]
+                last_child[p] = node
+            else:
+                before = last_root
+                last_root = node
+            if before >= 0:
+                self.prev[node] = before
+                self.next[before] = node
 
     @classmethod
     def from_slices(
@@ -420,9 +454,11 @@ class _Forest:
         kind: list[int] = []
         parent: list[int] = []
         edge: list[int] = []
+        starts: list[int] = []
         offset = 0
         ids = tpe._kind_ids
         for piece, layers, names in zip(slices, layer_codes, kind_names, strict=True):
+            starts.append(offset)
             kind.extend(
                 ids.get((layer, name), layer)
                 for layer, name in zip(layers.tolist(), names, strict=True)
@@ -430,7 +466,43 @@ class _Forest:
             parent.extend(p + offset if p >= 0 else -1 for p in piece.parent.tolist())
             edge.extend(piece.edge.tolist())
             offset += len(piece)
-        return cls(kind, parent, edge)
+        return cls(kind, parent, edge, starts)
+
+    # --- the pairs a token owns: as a parent (one per child key) and as a left sibling ---------
+
+    def child_pairs(self, token: int, keys: Sequence[Key] | None = None) -> list[Pair]:
+        table = self.children[token]
+        if not table:
+            return []
+        kind = self.kind[token]
+        if keys is None:
+            return [(kind, *key) for key in table]
+        return [(kind, *key) for key in keys if key in table]
+
+    def sibling_pair(self, token: int) -> list[Pair]:
+        after = self.next[token]
+        if after < 0 or self.edge[after] != self.edge[token]:
+            return []
+        return [(self.kind[token], SIBLING, self.edge[token], self.kind[after])]
+
+    def owned(self, token: int) -> list[Pair]:
+        return self.child_pairs(token) + self.sibling_pair(token)
+
+    def applicable(self, token: int, merge: Merge) -> bool:
+        """Whether `merge` applies with `token` as its parent (or left sibling) right now."""
+        if not self.alive[token] or self.kind[token] != merge.parent:
+            return False
+        if merge.slot == SIBLING:
+            after = self.next[token]
+            return (
+                after >= 0
+                and self.kind[after] == merge.child
+                and self.edge[token] == merge.edge == self.edge[after]
+            )
+        table = self.children[token]
+        return bool(table) and (merge.slot, merge.edge, merge.child) in table
+
+    # --- the two merges ------------------------------------------------------------------------
 
     def absorb(self, token: int, key: Key, new_kind: int) -> int:
         """Merge the first child of `token` under `key` into it; returns the absorbed child."""
@@ -440,73 +512,138 @@ class _Forest:
         child = siblings.pop(0)
         if not siblings:
             del table[key]
+        self._unlink(child)
+        self._take_over(token, child)
+        self._rekind(token, new_kind)
+        return child
+
+    def join(self, token: int, new_kind: int) -> int:
+        """Merge `token` with its next sibling into one token; returns the sibling."""
+        sibling = self.next[token]
+        up = self.parent[token]
+        if up >= 0:
+            up_table = self.children[up]
+            assert up_table is not None
+            key = (self.slot[sibling], self.edge[sibling], self.kind[sibling])
+            _remove_sorted(up_table, key, sibling)
+        self._unlink(sibling)
+        self._take_over(token, sibling)
+        self._rekind(token, new_kind)
+        return sibling
+
+    def _unlink(self, token: int) -> None:
+        before, after = self.prev[token], self.next[token]
+        if before >= 0:
+            self.next[before] = after
+        if after >= 0:
+            self.prev[after] = before
+        self.prev[token] = self.next[token] = -1
+
+    def _take_over(self, token: int, other: int) -> None:
+        """`token` takes `other`'s nodes and children (their slots shift past its own nodes)."""
         offset = len(self.nodes[token])
-        self.nodes[token].extend(self.nodes[child])
-        self.nodes[child] = []
-        grandchildren = self.children[child]
+        self.nodes[token].extend(self.nodes[other])
+        self.nodes[other] = []
+        grandchildren = self.children[other]
         if grandchildren:
+            table = self.children[token]
+            if table is None:
+                table = self.children[token] = {}
             for (slot, edge, kind), ids in grandchildren.items():
                 for g in ids:
                     self.parent[g] = token
                     self.slot[g] = slot + offset
                 table[(slot + offset, edge, kind)] = ids
-        self.children[child] = None
-        self.alive[child] = False
+        self.children[other] = None
+        self.alive[other] = False
+
+    def _rekind(self, token: int, new_kind: int) -> None:
         old_kind = self.kind[token]
         self.kind[token] = new_kind
         up = self.parent[token]
         if up >= 0:
             up_table = self.children[up]
             assert up_table is not None
-            old_key = (self.slot[token], self.edge[token], old_kind)
-            old_list = up_table[old_key]
-            del old_list[bisect_left(old_list, token)]
-            if not old_list:
-                del up_table[old_key]
-            insort(up_table.setdefault((old_key[0], old_key[1], new_kind), []), token)
-        return child
+            _remove_sorted(up_table, (self.slot[token], self.edge[token], old_kind), token)
+            insort(up_table.setdefault((self.slot[token], self.edge[token], new_kind), []), token)
+
+    def apply(
+        self, token: int, merge: Merge, new_kind: int
+    ) -> list[tuple[int, Sequence[Key] | None]]:
+        """Apply `merge` at `token`; returns the owners whose pairs changed (with the parent keys
+        that changed for the parent above, None meaning all of a token's pairs)."""
+        up = self.parent[token]
+        before = self.prev[token]
+        if merge.slot == SIBLING:
+            gone_kind = self.kind[self.next[token]]
+            up_keys = list(
+                dict.fromkeys(
+                    (self.slot[token], self.edge[token], k) for k in (merge.parent, gone_kind)
+                )
+            )
+            self.join(token, new_kind)
+            affected: list[tuple[int, Sequence[Key] | None]] = [(token, None)]
+        else:
+            key = (merge.slot, merge.edge, merge.child)
+            child = self.children[token][key][0]  # type: ignore[index]
+            child_before = self.prev[child]
+            up_keys = [(self.slot[token], self.edge[token], merge.parent)]
+            self.absorb(token, key, new_kind)
+            affected = [(token, None)]
+            if child_before >= 0:
+                affected.append((child_before, ()))
+        if before >= 0:
+            affected.append((before, ()))
+        if up >= 0:
+            new_key = (self.slot[token], self.edge[token], new_kind)
+            affected.append((up, list(dict.fromkeys([*up_keys, new_key]))))
+        return affected
+
+    def pairs_of(self, token: int, keys: Sequence[Key] | None) -> list[Pair]:
+        """Pairs owned by `token`: all (keys None), its sibling pair only (keys empty), or its
+        child pairs under `keys`."""
+        if not self.alive[token]:
+            return []
+        if keys is None:
+            return self.owned(token)
+        if not keys:
+            return self.sibling_pair(token)
+        return self.child_pairs(token, keys)
 
     def apply_merges(self, tpe: TPE) -> None:
-        """Apply `tpe`'s merges in rank order with one heap of (rank, parent token) candidates.
+        """Apply `tpe`'s merges in rank order with one heap of (rank, owner token) candidates.
 
-        A merge only creates candidates of higher rank (it makes a new kind), so popping the heap
-        visits merges in rank order and, within a rank, parents in token order: the same order
-        training applied them in.
+        A merge only creates candidates of higher rank (it makes a new kind) except where it
+        makes two old tokens adjacent; training never revisits an earlier merge, so such
+        candidates are dropped. Popping the heap thus visits merges in rank order and, within a
+        rank, owners in token order: the order training applied them in.
         """
         ranks = tpe._ranks
         if not ranks:
             return
         heap: list[tuple[int, int]] = []
-        for token, table in enumerate(self.children):
-            if table:
-                kind = self.kind[token]
-                for key in table:
-                    rank = ranks.get((kind, *key))
-                    if rank is not None:
-                        heap.append((rank, token))
+        for token in range(len(self.kind)):
+            for pair in self.owned(token):
+                rank = ranks.get(pair)
+                if rank is not None:
+                    heap.append((rank, token))
         heapq.heapify(heap)
         merges = tpe.merges
         num_base = tpe.num_base
+        current = -1
         while heap:
             rank, token = heapq.heappop(heap)
+            if rank < current:
+                continue
+            current = rank
             merge = merges[rank]
-            table = self.children[token]
-            key = (merge.slot, merge.edge, merge.child)
-            if not self.alive[token] or self.kind[token] != merge.parent or not table:
+            if not self.applicable(token, merge):
                 continue
-            if key not in table:
-                continue
-            new_kind = num_base + rank
-            self.absorb(token, key, new_kind)
-            for other in self.children[token] or ():
-                found = ranks.get((new_kind, *other))
-                if found is not None:
-                    heapq.heappush(heap, (found, token))
-            up = self.parent[token]
-            if up >= 0:
-                found = ranks.get((self.kind[up], self.slot[token], self.edge[token], new_kind))
-                if found is not None:
-                    heapq.heappush(heap, (found, up))
+            for owner, keys in self.apply(token, merge, num_base + rank):
+                for pair in self.pairs_of(owner, keys):
+                    found = ranks.get(pair)
+                    if found is not None and found > rank:
+                        heapq.heappush(heap, (found, owner))
 
     def emit(self, piece: Slice) -> Tokens:
         roots = [t for t, alive in enumerate(self.alive) if alive]
@@ -550,12 +687,20 @@ class _Forest:
         )
 
 
+def _remove_sorted(table: dict[Key, list[int]], key: Key, token: int) -> None:
+    ids = table[key]
+    del ids[bisect_left(ids, token)]
+    if not ids:
+        del table[key]
+
+
 class _Trainer:
     """Greedy merge learning with incremental pair counts.
 
-    `count[pair]` is the number of parent tokens that have at least one child under the pair's
-    key (the number of times the merge would apply); `where[pair]` holds those parents. A merge
-    touches only the parent, its parent and the absorbed child, so only their pairs are updated.
+    `count[pair]` is the number of owner tokens that have the pair (a parent with a child under
+    the pair's key, or a left sibling next to a right one); `where[pair]` holds those owners. A
+    merge changes the pairs of a handful of owners (the token, the one it absorbed, the parent
+    above, the left neighbours), so only theirs are taken out before and put back after.
     """
 
     def __init__(self, tpe: TPE, forest: _Forest) -> None:
@@ -563,12 +708,11 @@ class _Trainer:
         self.forest = forest
         self.count: dict[Pair, int] = {}
         self.where: dict[Pair, set[int]] = {}
+        self.merged: set[Pair] = set()
         self.touched: set[Pair] = set()
-        for token, table in enumerate(forest.children):
-            if table:
-                kind = forest.kind[token]
-                for key in table:
-                    self._add((kind, *key), token)
+        for token in range(len(forest.kind)):
+            for pair in forest.owned(token):
+                self._add(pair, token)
         self.heap = [(-c, pair) for pair, c in self.count.items()]
         heapq.heapify(self.heap)
         self.touched.clear()
@@ -591,7 +735,7 @@ class _Trainer:
     def _best(self) -> tuple[Pair, int] | None:
         while self.heap:
             negative, pair = self.heap[0]
-            if self.count.get(pair, 0) == -negative:
+            if pair not in self.merged and self.count.get(pair, 0) == -negative:
                 return pair, -negative
             heapq.heappop(self.heap)
         return None
@@ -607,13 +751,14 @@ class _Trainer:
             best = self._best()
             if best is None or best[1] < min_count:
                 break
-            pair = best[0]
+            merge = Merge(*best[0])
             new_kind = tpe.num_base + len(tpe.merges)
-            tpe.merges.append(Merge(*pair))
-            tpe.merge_counts.append(self._merge(pair, new_kind))
+            tpe.merges.append(merge)
+            self.merged.add(merge.pair)
+            tpe.merge_counts.append(self._merge(merge, new_kind))
             for changed in self.touched:
                 current = self.count.get(changed)
-                if current:
+                if current and changed not in self.merged:
                     heapq.heappush(self.heap, (-current, changed))
             self.touched.clear()
             if bar is not None:
@@ -621,42 +766,62 @@ class _Trainer:
         if bar is not None:
             bar.close()
 
-    def _merge(self, pair: Pair, new_kind: int) -> int:
+    def _merge(self, merge: Merge, new_kind: int) -> int:
         """Apply one merge everywhere, in token order; returns how often it applied (fewer than
-        counted when a chain of same-kind tokens shares occurrences)."""
+        counted when a run of same-kind tokens shares occurrences, as "aaa" holds one "aa")."""
         forest = self.forest
         applied = 0
-        parent_kind, slot, edge, child_kind = pair
-        key = (slot, edge, child_kind)
-        for token in sorted(self.where.get(pair, ())):
-            table = forest.children[token]
-            if not forest.alive[token] or forest.kind[token] != parent_kind or not table:
+        for token in sorted(self.where.get(merge.pair, ())):
+            if not forest.applicable(token, merge):
                 continue
-            if key not in table:
-                continue
-            for other in table:
-                self._remove((parent_kind, *other), token)
-            up = forest.parent[token]
-            if up >= 0:
-                up_key = (forest.slot[token], forest.edge[token], parent_kind)
-                up_table = forest.children[up]
-                assert up_table is not None
-                if len(up_table[up_key]) == 1:
-                    self._remove((forest.kind[up], *up_key), up)
-            child = table[key][0]
-            for other in forest.children[child] or ():
-                self._remove((child_kind, *other), child)
-            forest.absorb(token, key, new_kind)
+            affected = self._predict(token, merge, new_kind)
+            for owner, keys in affected:
+                for pair in forest.pairs_of(owner, keys):
+                    self._remove(pair, owner)
+            dead = forest.next[token] if merge.slot == SIBLING else None
+            if dead is None:
+                table = forest.children[token]
+                assert table is not None
+                dead = table[(merge.slot, merge.edge, merge.child)][0]
+            for pair in forest.owned(dead):
+                self._remove(pair, dead)
+            after = forest.apply(token, merge, new_kind)
             applied += 1
-            for other in forest.children[token] or ():
-                self._add((new_kind, *other), token)
-            if up >= 0:
-                new_up_key = (forest.slot[token], forest.edge[token], new_kind)
-                up_table = forest.children[up]
-                assert up_table is not None
-                if len(up_table[new_up_key]) == 1:
-                    self._add((forest.kind[up], *new_up_key), up)
+            for owner, keys in after:
+                for pair in forest.pairs_of(owner, keys):
+                    self._add(pair, owner)
         return applied
+
+    def _predict(
+        self, token: int, merge: Merge, new_kind: int
+    ) -> list[tuple[int, Sequence[Key] | None]]:
+        """The owners (and parent keys) `forest.apply` will report, before applying it."""
+        forest = self.forest
+        affected: list[tuple[int, Sequence[Key] | None]] = [(token, None)]
+        slot, edge = forest.slot[token], forest.edge[token]
+        kinds = [merge.parent]
+        if merge.slot == SIBLING:
+            kinds.append(merge.child)
+        else:
+            table = forest.children[token]
+            assert table is not None
+            child = table[(merge.slot, merge.edge, merge.child)][0]
+            if forest.prev[child] >= 0:
+                affected.append((forest.prev[child], ()))
+        if forest.prev[token] >= 0:
+            affected.append((forest.prev[token], ()))
+        if forest.parent[token] >= 0:
+            keys = list(dict.fromkeys((slot, edge, k) for k in [*kinds, new_kind]))
+            affected.append((forest.parent[token], keys))
+        return affected
+
+    def recount(self) -> dict[Pair, int]:
+        """Pair counts from scratch (for tests: the incremental table must always equal this)."""
+        counts: dict[Pair, int] = {}
+        for token in range(len(self.forest.kind)):
+            for pair in self.forest.pairs_of(token, None):
+                counts[pair] = counts.get(pair, 0) + 1
+        return counts
 
 
 def _depths(parent: np.ndarray) -> np.ndarray:
