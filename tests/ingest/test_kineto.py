@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import real_trace, traces_root
+from conftest import real_trace
 from teller.callchain.tree import EDGE_LAUNCH, build_tree
 from teller.errors import TraceError
 from teller.ingest import find_trace_files, kineto, read_trace
@@ -260,7 +260,8 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
 
 
 def test_directory_finds_only_trace_files() -> None:
-    found = find_trace_files([traces_root() / "tracelens" / "vllm_prefilldecode_piecewise"])
+    directory = real_trace("tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz").parent
+    found = find_trace_files([directory])
     names = sorted(p.name for p in found)
     assert "execution_details.json" not in names
     assert "graph_execution.json.gz" in names
