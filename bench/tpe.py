@@ -135,24 +135,25 @@ def summarise(rows: list[Encoded], group: str) -> str:
     return f"{per_slice.mean():.1%} | {np.median(per_slice):.1%} | {overall:.1%}"
 
 
-def reduction_table(name: str, runs: list[Run], vocab_sizes: list[int]) -> None:
+def reduction_table(name: str, runs: list[Run], vocab_sizes: list[int], cap: int | None) -> None:
     groups = sorted({r.group for r in runs})
     slices = [s for r in runs for s in r.slices]
     nodes = sum(len(s) for s in slices)
     split = "by run" if len(runs) >= 2 else "by step parity (one run)"
     print(f"\n### {name}: {len(runs)} runs, {len(slices):,} slices, {nodes:,} nodes")
-    print(f"held out = two folds {split}; R per slice mean | median | over all nodes\n")
+    capped = f"; at most {cap} nodes per token" if cap else ""
+    print(f"held out = two folds {split}; R per slice mean | median | over all nodes{capped}\n")
     print(
         "| group | vocab | kinds | merges | in-sample mean | median | all nodes "
         "| held-out mean | median | all nodes | train CPU s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for vocab in vocab_sizes:
-        tpe, _, train_s = timed(lambda vocab=vocab: TPE.train(slices, vocab))
+        tpe, _, train_s = timed(lambda v=vocab: TPE.train(slices, v, max_token_nodes=cap))
         in_sample = encode_all(tpe, runs)
         held_out: list[Encoded] = []
         for train, test in folds(runs):
-            fold_tpe = TPE.train([s for r in train for s in r.slices], vocab)
+            fold_tpe = TPE.train([s for r in train for s in r.slices], vocab, max_token_nodes=cap)
             held_out.extend(encode_all(fold_tpe, test))
         for group in groups:
             print(
@@ -221,6 +222,7 @@ def main() -> None:
     parser.add_argument("--lab", nargs="*", default=[], help="lab case directories")
     parser.add_argument("--speed-nodes", type=int, default=1_000_000)
     parser.add_argument("--speed-vocab", type=int, default=8192)
+    parser.add_argument("--max-token-nodes", type=int, help="cap on nodes per token (default none)")
     args = parser.parse_args()
     load = os.getloadavg()
     print(
@@ -237,8 +239,9 @@ def main() -> None:
         if args.lab:
             corpora.append(("Lab cases (teller lab run)", lab_runs(args.lab)))
         for name, runs in corpora:
-            reduction_table(name, runs, args.vocab)
-        speed([r for _, runs in corpora for r in runs], args.speed_nodes, args.speed_vocab)
+            reduction_table(name, runs, args.vocab, args.max_token_nodes)
+        if args.speed_nodes:
+            speed([r for _, runs in corpora for r in runs], args.speed_nodes, args.speed_vocab)
 
 
 if __name__ == "__main__":

@@ -249,8 +249,8 @@ def test_a_bad_vocabulary_file_is_a_trace_error_naming_the_file(
     assert str(path) in str(error.value)
 
 
-def test_a_run_of_identical_siblings_costs_log_merges_not_one_per_sibling() -> None:
-    """An optimizer step launching 256 identical ops: sibling merges double the run each time."""
+def optimizer_step_slice() -> Slice:
+    """An optimizer step launching 256 identical ops (op → launch → kernel)."""
     count = 1 + 256 * 3
     parent = [-1]
     layers, names = [LAYER_CODE["engine"]], ["Optimizer.step#SGD.step"]
@@ -279,6 +279,12 @@ def test_a_run_of_identical_siblings_costs_log_merges_not_one_per_sibling() -> N
         names=symbols,
     )
     piece.validate()
+    return piece
+
+
+def test_a_run_of_identical_siblings_costs_log_merges_not_one_per_sibling() -> None:
+    """Sibling merges double the run of ops each time: 8 merges for 256, not 256."""
+    piece = optimizer_step_slice()
 
     tpe = TPE.train([piece], 64, min_count=1)
     tokens = tpe.encode(piece)
@@ -286,4 +292,15 @@ def test_a_run_of_identical_siblings_costs_log_merges_not_one_per_sibling() -> N
     assert len(tokens) == 1, "op→launch→kernel, then 2, 4, …, 256 of them, then under the step"
     assert len(tpe.merges) <= 2 + 8 + 1
     assert any(m.slot == SIBLING for m in tpe.merges)
+    assert tpe.decode(tokens) == piece
+
+
+def test_max_token_nodes_caps_what_one_token_stands_for() -> None:
+    piece = optimizer_step_slice()
+
+    tpe = TPE.train([piece], 64, min_count=1, max_token_nodes=12)
+    tokens = tpe.encode(piece)
+
+    assert max(tpe.pattern_length(t) for t in range(tpe.vocab_size)) == 12
+    assert len(tokens) == 1 + 256 // 4, "the step, then 64 tokens of four ops each"
     assert tpe.decode(tokens) == piece

@@ -218,13 +218,16 @@ class TPE:
         vocab_size: int,
         min_count: int = DEFAULT_MIN_COUNT,
         progress: bool = False,
+        max_token_nodes: int | None = None,
     ) -> TPE:
         """Learn a vocabulary of at most `vocab_size` tokens from `slices`.
 
         The base alphabet is every node kind seen, most frequent first; when there are more kinds
         than half of the vocabulary leaves room for, the rarest become `<unk-LAYER>` (their exact
         names still round-trip) so the other half is left for merges. Merges are then learned
-        until the vocabulary is full or no pair is seen `min_count` times.
+        until the vocabulary is full or no pair is seen `min_count` times. `max_token_nodes` caps
+        the nodes one token may stand for (None: no cap; very regular traces then learn whole
+        steps as one token).
         """
         slices = list(slices)
         if vocab_size < len(UNK_NAMES):
@@ -242,7 +245,8 @@ class TPE:
         tpe.base = ranked[:room]
         tpe._rebuild_indexes()
         forest = _Forest.from_slices(tpe, slices, layer_codes, kind_names)
-        _Trainer(tpe, forest).run(vocab_size - tpe.num_base, min_count, progress)
+        trainer = _Trainer(tpe, forest, max_token_nodes)
+        trainer.run(vocab_size - tpe.num_base, min_count, progress)
         tpe._rebuild_indexes()
         return tpe
 
@@ -703,9 +707,11 @@ class _Trainer:
     above, the left neighbours), so only theirs are taken out before and put back after.
     """
 
-    def __init__(self, tpe: TPE, forest: _Forest) -> None:
+    def __init__(self, tpe: TPE, forest: _Forest, max_token_nodes: int | None = None) -> None:
         self.tpe = tpe
         self.forest = forest
+        self.max_token_nodes = max_token_nodes
+        self.token_nodes = [1] * tpe.num_base  # nodes per vocabulary entry, merges appended
         self.count: dict[Pair, int] = {}
         self.where: dict[Pair, set[int]] = {}
         self.merged: set[Pair] = set()
@@ -736,9 +742,17 @@ class _Trainer:
         while self.heap:
             negative, pair = self.heap[0]
             if pair not in self.merged and self.count.get(pair, 0) == -negative:
-                return pair, -negative
+                if self._fits(pair):
+                    return pair, -negative
+                self.merged.add(pair)  # too big now, too big forever: kinds never grow
             heapq.heappop(self.heap)
         return None
+
+    def _fits(self, pair: Pair) -> bool:
+        if self.max_token_nodes is None:
+            return True
+        size = self.token_nodes[pair[0]] + self.token_nodes[pair[3]]
+        return size <= self.max_token_nodes
 
     def run(self, max_merges: int, min_count: int, progress: bool) -> None:
         bar = None
@@ -755,6 +769,7 @@ class _Trainer:
             new_kind = tpe.num_base + len(tpe.merges)
             tpe.merges.append(merge)
             self.merged.add(merge.pair)
+            self.token_nodes.append(self.token_nodes[merge.parent] + self.token_nodes[merge.child])
             tpe.merge_counts.append(self._merge(merge, new_kind))
             for changed in self.touched:
                 current = self.count.get(changed)
