@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,12 @@ def test_empty_file_is_an_empty_table(tmp_path):
 )
 def test_request_key_joins_api_and_engine_ids(request_id, key):
     assert request_key(request_id) == key
+
+
+def test_collector_console_copy_is_skipped_beside_rank_logs():
+    logs_dir = Path(__file__).parents[1] / "align" / "data" / "lab_none_tp2" / "logs"
+    table = read_logs([logs_dir])
+    assert sorted(Path(s.path).name for s in table.sources) == ["rank0.log", "rank1.log"]
+    assert any("skipped" in w and "launcher.log" in w for w in table.warnings)
+    explicit = read_logs([logs_dir / "launcher.log"])
+    assert len(explicit) == sum(s.records for s in table.sources)  # the same lines, once

@@ -46,7 +46,7 @@ def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = 
     collector prefix, a dated line, or the file's modification time (which the warnings name).
     """
     paths = list(paths)
-    files = find_log_files(paths)
+    files, skipped = find_log_files(paths)
     if not files:
         shown = ", ".join(str(p) for p in paths)
         raise TraceError(shown, "no log files found (looked for *.log, *.txt, *.out, *.err)")
@@ -65,4 +65,10 @@ def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = 
             for text, cluster in zip(texts, clusters, strict=True)
         ]
         tables.append(LogTable(read.table(resolved, str(path), host), [source]))
-    return concat_logs(tables)
+    logs = concat_logs(tables)
+    for path in skipped:
+        logs.sources[0].warnings.append(
+            f"skipped {path}: `teller collect`'s console copy repeats the rank logs beside it "
+            "(name it explicitly to read it)"
+        )
+    return logs

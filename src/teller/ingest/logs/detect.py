@@ -23,19 +23,37 @@ COLLECTOR_PREFIX = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z ")
 SNIFF_LINES = 200
 
 
-def find_log_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories into the log files under them, sorted; plain files pass through."""
+#: `teller collect`'s console copy: it repeats every line of the per-process `rank*.log` files.
+COLLECTOR_CONSOLE = "launcher.log"
+_COLLECTOR_PROCESS_LOG = re.compile(r"^rank(?:pid)?\d+\.log$")
+
+
+def find_log_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
+    """(log files to read, files skipped): directories expand to their log files, sorted.
+
+    In a `teller collect` folder the console copy (`launcher.log`) repeats the per-process logs
+    line for line, so it is skipped when those are there; a file named explicitly is always read.
+    """
     found: list[Path] = []
+    skipped: list[Path] = []
     for path in map(Path, paths):
-        if path.is_dir():
-            found.extend(
-                p
-                for p in sorted(path.rglob("*"))
-                if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES)
-            )
-        else:
+        if not path.is_dir():
             found.append(path)
-    return found
+            continue
+        files = [
+            p
+            for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name.lower().endswith(LOG_SUFFIXES)
+        ]
+        for file in files:
+            siblings = (p.name for p in files if p.parent == file.parent)
+            if file.name == COLLECTOR_CONSOLE and any(
+                _COLLECTOR_PROCESS_LOG.match(name) for name in siblings
+            ):
+                skipped.append(file)
+            else:
+                found.append(file)
+    return found, skipped
 
 
 def open_log(path: Path):
