@@ -107,6 +107,7 @@ def test_v1_process_prefix_and_engine_request_id_suffix(tmp_path):
         ("(Worker_TP0 pid=14) ", "Worker_TP0", 0),
         ("(VllmWorkerProcess pid=15) ", "VllmWorkerProcess", -1),
         ("(RayWorkerWrapper pid=16) ", "RayWorkerWrapper", -1),
+        ("(RayWorkerWrapper pid=17, ip=10.0.0.2) ", "RayWorkerWrapper", -1),
         ("", "", -1),
     ],
 )
@@ -117,7 +118,10 @@ def test_every_process_prefix(tmp_path, prefix, process, rank):
     )
     (row,) = rows(read_lines(tmp_path, [line]))
     assert (row["process"], row["rank"], row["event"]) == (process, rank, "request_added")
-    assert row["pid"] == (int(prefix.split("pid=")[1].rstrip(") ")) if prefix else -1)
+    assert row["pid"] == (
+        int(prefix.split("pid=")[1].split(")")[0].split(",")[0]) if prefix else -1
+    )
+    assert row["host"] == ("10.0.0.2" if "ip=" in prefix else "")
 
 
 def test_ansi_colour_codes_are_removed(tmp_path):

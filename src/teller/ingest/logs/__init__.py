@@ -64,7 +64,7 @@ def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = 
             miner.template(cluster) if cluster >= 0 else text
             for text, cluster in zip(texts, clusters, strict=True)
         ]
-        tables.append(LogTable(read.table(resolved, str(path), host), [source]))
+        tables.append(LogTable(read.table(resolved, str(path)), [source]))
     logs = concat_logs(tables)
     for path in skipped:
         logs.sources[0].warnings.append(

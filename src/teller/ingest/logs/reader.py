@@ -56,8 +56,8 @@ class ReadFile:
     ts_ns: np.ndarray
     exact: np.ndarray
 
-    def table(self, templates: list[str], file: str, host: str = "") -> pa.Table:
-        return self.columns.finish(templates, self.ts_ns, self.exact, file, host)
+    def table(self, templates: list[str], file: str) -> pa.Table:
+        return self.columns.finish(templates, self.ts_ns, self.exact, file)
 
 
 class WallClock:
@@ -185,6 +185,7 @@ class _FileReader:
         record.raw = text
         record.process = record.process or process[0]
         record.pid = process[1]
+        record.host = process[3] or self.host
         if record.rank < 0:
             record.rank = process[2] if process[2] >= 0 else self.rank
         if exact_ns >= 0:

@@ -10,7 +10,7 @@ one logical message: a multi-line traceback is one row whose `raw` keeps every l
 | ts_exact     | bool                      | false when the sub-second part (or the whole time) was     |
 |              |                           | inferred: lines within one printed second are spread over  |
 |              |                           | it in file order                                           |
-| host         | dictionary<int32, string> | host name ("" unknown)                                     |
+| host         | dictionary<int32, string> | host: the line's own (Ray's `ip=`), else the caller's, or "" |
 | process      | dictionary<int32, string> | engine process tag: `APIServer`, `EngineCore_0`, `TP0`, …  |
 | pid          | int64                     | process id from the line prefix, -1 unknown                |
 | rank         | int32                     | rank from the line (`TP1`, `rank=1`, `[rank3]`) or the     |
@@ -144,6 +144,7 @@ class LogRecord:
     #: the time as printed: (year, month, day, second of day, ns fraction); None for "not printed"
     clock: tuple[int | None, int | None, int | None, int, int | None] | None = None
     fields_json: str | None = None  # `fields` serialised when the record is complete
+    host: str = ""
     cluster: int = -1  # drain cluster of a mined record, resolved to `template` once all are seen
 
 
@@ -193,7 +194,7 @@ class LogColumns:
     """
 
     CHUNK_ROWS = 65_536
-    _TEXT = ("process", "level", "source", "event", "request_id", "fields", "raw", "format")
+    _TEXT = ("host", "process", "level", "source", "event", "request_id", "fields", "raw", "format")
 
     def __init__(self) -> None:
         self.ts_ns = array("q")
@@ -218,6 +219,7 @@ class LogColumns:
         self.rank.append(record.rank)
         self.line.append(record.line)
         text = self._text
+        text["host"].append(record.host)
         text["process"].append(record.process)
         text["level"].append(record.level)
         text["source"].append(record.source)
@@ -236,7 +238,7 @@ class LogColumns:
                 values.clear()
 
     def finish(
-        self, templates: list[str], ts_ns: np.ndarray, exact: np.ndarray, file: str, host: str = ""
+        self, templates: list[str], ts_ns: np.ndarray, exact: np.ndarray, file: str
     ) -> pa.Table:
         """The table, given every record's final template text and times."""
         self._seal()
@@ -260,7 +262,7 @@ class LogColumns:
         arrays = [
             pa.array(ts_ns, pa.int64()),
             pa.array(exact, pa.bool_()),
-            _constant(host, count),
+            encoded("host"),
             encoded("process"),
             pa.array(ints(self.pid, np.int64), pa.int64()),
             pa.array(ints(self.rank, np.int32), pa.int32()),
