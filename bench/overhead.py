@@ -20,6 +20,7 @@ command (start-up and export included).
 
     .venv/bin/python bench/overhead.py [--pairs 5] [--steps 200] [--window 100:109]
     .venv/bin/python bench/overhead.py --workload-cmd "python my_server_bench.py --out {latency_file}"
+    .venv/bin/python bench/overhead.py --per-op     # the per-operator recording cost alone
 """
 
 from __future__ import annotations
@@ -93,6 +94,42 @@ def run_builtin_workload(
                 "first_step": warmup,  # step-annotation index of the first measured step
             }
         )
+    )
+
+
+def per_op_cost(repeats: int = 5, ops: int = 20_000) -> str:
+    """CPU µs per small operator without the profiler, with it, and with it minus shapes.
+
+    The mechanism behind the step figures: Kineto records every operator in the calling thread,
+    so its cost is per operator and a step pays it as many times as it runs operators. Minimum
+    of `repeats` (thread CPU time, so other processes' load does not count), alternated.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.randn(16, 16)
+
+    def timed() -> float:
+        begin = time.thread_time_ns()
+        for _ in range(ops):
+            torch.add(a, a)
+        return (time.thread_time_ns() - begin) / ops / 1000
+
+    best = {"off": [], "shapes": [], "no shapes": []}
+    for _ in range(repeats):
+        best["off"].append(timed())
+        for label, shapes in (("shapes", True), ("no shapes", False)):
+            profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=shapes
+            )
+            profiler.start()
+            best[label].append(timed())
+            profiler.stop()
+    off = min(best["off"])
+    return (
+        f"per operator (torch.add 16x16, thread CPU µs, min of {repeats}): off {off:.2f}, "
+        f"profiled with shapes {min(best['shapes']):.2f} (+{min(best['shapes']) - off:.2f}), "
+        f"without shapes {min(best['no shapes']):.2f} (+{min(best['no shapes']) - off:.2f})"
     )
 
 
@@ -246,8 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="workload intra-op threads")
     parser.add_argument("--window", help="also run `collect --steps A:B` (e.g. 100:109)")
     parser.add_argument("--workload-cmd", help="command writing {latency_file} (replaces built-in)")
+    parser.add_argument("--per-op", action="store_true", help="only the per-operator cost")
     parser.add_argument("--workload", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
+    if arguments.per_op:
+        print(per_op_cost())
+        return 0
     if arguments.workload is not None:  # child mode: `overhead.py --workload FILE STEPS WARMUP B`
         latency_file, steps, warmup, batch, threads = arguments.workload
         run_builtin_workload(latency_file, int(steps), int(warmup), int(batch), int(threads))
