@@ -1,23 +1,25 @@
 """Attach every log record to the tree node it describes, with a confidence; keep the rest.
 
 A log line helps a diagnosis only once it sits next to the step it talks about: a preemption
-warning inside the slow step, a JIT-compilation warning on the rank whose kernel stretched. Each
-record is placed by the strongest evidence it has, in this order:
+warning inside the slow step, a JIT-compilation warning on the rank whose kernel stretched. Records
+are first put on the trace clock (`teller.align.logtime`: exact, anchored, bracketed by file order,
+or to the second), then placed by the strongest evidence each has:
 
-1. *request*: it names a request (`Added`/`Finished`/preempted/resumed …) that the request trees
-   placed in steps: admission-side lines go to the request's first step, `Finished` to its last;
-   confidence is that membership's.
-2. *iteration*: an iteration-details line reports the step that just ended: the nearest step end
-   before it on the reference rank (within ITERATION_GAP_NS); confidence falls when the elapsed
-   time it prints disagrees with the step's duration.
-3. *window*: an exact time inside a step on the record's rank (or the reference rank when the line
-   names none): confidence 1 on its own rank, 0.8 when the rank was assumed; within GAP_NS of a
-   step, 0.5.
-4. *second*: a time printed to the second: the steps that second overlaps share the confidence.
+1. *collective*: an NCCL watchdog line names its rank, process group and `SeqNum`: the node of
+   that collective instance on that rank (confidence 1).
+2. *request*: it names a request (`Added`/`Finished`/preempted/resumed …) that the request trees
+   placed in steps: admission-side lines go to the request's first step, `Finished` to its last,
+   others to the request's step nearest the line; confidence is that membership's.
+3. *iteration*: an iteration-details line is the anchor of the step it reports; confidence falls
+   as the elapsed time it prints drifts from the step's traced duration.
+4. *window* / *order*: an exact time (or a file-order bracket) inside a step on the record's rank,
+   else the reference rank: confidence 1 on its own rank, 0.8 when the rank was assumed, 0.5 just
+   outside a step (within GAP_NS); a bracket is scaled by the share of it inside the step.
+5. *second*: a time known only to the second: the steps it overlaps share the confidence.
 
-Anything else is kept with step -1 and the reason (`unmatched`), so nothing disappears. All
-inputs must be on one clock: `align_run` puts the traces on rank 0's clock from collectives and
-measures the log clock against the trace with iteration-line anchors.
+Anything else is kept with step -1 (`unmatched`), so nothing disappears. `align_run` reads a run,
+puts every rank on rank 0's clock from collectives, and aligns. The steps are one engine's: with
+several data-parallel engines in one trace folder, align each engine's ranks and logs separately.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from teller.align.requests import RequestTrees, build_request_trees
 from teller.callchain.tree import CallTree, build_tree
 from teller.ingest.logs.table import LogTable
 
-#: An iteration line is printed right after its step ends; farther than this and it is not.
-ITERATION_GAP_NS = 50_000_000
+#: A log clock offset beyond printing delays by more than this is reported (another host's clock
+#: or a time zone); below it the engine's printing delay explains it.
+CLOCK_WARNING_NS = 50_000_000
 #: An exact-time line this close to a step (but outside it) is attached with confidence 0.5.
 GAP_NS = 5_000_000
 _ADMISSION_EVENTS = frozenset({"request_received", "request_added"})
@@ -213,7 +216,7 @@ def align_run(
     warnings = list(rank_offsets.warnings) + logs.warnings
     if (
         log_offsets is not None
-        and abs(int(log_offsets.offset_ns[0])) - int(log_offsets.residual_ns[0]) > ITERATION_GAP_NS
+        and abs(int(log_offsets.offset_ns[0])) - int(log_offsets.residual_ns[0]) > CLOCK_WARNING_NS
     ):  # an offset clearly beyond printing delays: another host's clock, or a time zone
         warnings.append(
             f"log clock is {log_offsets.offset_ns[0] / 1e6:+.1f} ms off the trace clock "
