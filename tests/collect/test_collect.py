@@ -358,6 +358,7 @@ def test_torchrun_ranks_are_named_by_rank_and_the_launcher_adds_no_trace(tmp_pat
     manifest = json.loads(result.manifest.read_text())
     launcher = [key for key in manifest["ranks"] if key.startswith("pid")]
     assert len(launcher) == 1 and manifest["ranks"][launcher[0]]["trace"] is None
+    assert manifest["ranks"][launcher[0]]["trace_note"].startswith("torchrun launcher")
     for rank in ("0", "1"):
         assert manifest["ranks"][rank]["rank_source"] == "RANK"
         lines = [line.raw for line in read_log(result.out_dir / manifest["ranks"][rank]["log"])]

@@ -172,6 +172,9 @@ class Agent:
         self._install_exit_hooks()
         if self.profile_mode == "nvtx":
             self._emit_nvtx()
+        if self.profile_enabled and _is_torch_launcher(sys.argv):
+            self.profile_enabled = False
+            self.trace_note = "torchrun launcher: logged, not profiled (it runs no operator)"
         if self.profile_enabled:
             self._prepare_profiler()
             if self.window is None:
@@ -474,6 +477,25 @@ class Agent:
             "exit_reason": self.exit_reason,
         }
         _write_json_atomic(os.path.join(procs, f"{self.pid}.json"), record)
+
+
+#: Scripts that only start and watch ranks: profiling them costs Kineto's start-up and shows nothing.
+_TORCH_LAUNCHERS = ("torchrun", "torch/distributed/run.py", "torch/distributed/launch.py")
+
+
+_TORCH_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def _is_torch_launcher(argv: list[str]) -> bool:
+    """`torchrun ...` or `python -m torch.distributed.run ...` (where, while runpy imports the
+    package, `sys.argv[0]` is still "-m": the interpreter's own `orig_argv` names the module)."""
+    if argv and argv[0].replace(os.sep, "/").endswith(_TORCH_LAUNCHERS):
+        return True
+    original = list(getattr(sys, "orig_argv", []))  # Python 3.10+; the target's may be older
+    return any(
+        original[i] == "-m" and original[i + 1] in _TORCH_LAUNCHER_MODULES
+        for i in range(len(original) - 1)
+    )
 
 
 def _has_operator_events(path: str) -> bool:
