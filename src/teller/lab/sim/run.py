@@ -113,6 +113,7 @@ def simulate(
         raise TellerError(f"{out}: already exists and is not empty; choose a new case directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a case is an ordinary directory
     started = time.perf_counter()
     try:
         for sub in ("traces", "logs", "otlp"):
