@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from teller.lab.sim.calibration import Calibration, module_name
+from teller.lab.sim.calibration import Calibration, Fit, module_name
 from teller.lab.sim.engine import StepPlan
 from teller.lab.sim.faults import WATCHDOG_TIMEOUT_NS, FaultModel
 from teller.lab.sim.kineto_writer import EventEncoder
@@ -194,6 +194,7 @@ class ReplicaModel:
         self.hung_at: tuple[int, int] | None = None  # (step, seq) of a collective hang
         self.cbid = calibration.raw["runtime_cbid"]
         self.graph_launch = calibration.vllm["graph_launch"]
+        self.comm_host_fit = Fit.of(calibration.comm["host_dur"])
 
     # -- sampling helpers ------------------------------------------------------------------------
     def _fit(self, rng: np.random.Generator, fit) -> int:
@@ -364,7 +365,7 @@ class ReplicaModel:
         return ends[0]
 
     def _comm_host_ns(self, state: RankState) -> int:
-        return self._fit(state.rng, _fit_of(self.cal.comm["host_dur"]))
+        return self._fit(state.rng, self.comm_host_fit)
 
     def _allreduce_host(
         self, state: RankState, plan: StepPlan, at: int, dur: int, tokens: int
@@ -760,9 +761,3 @@ class ReplicaModel:
         events = self.ranks[rank].events
         self.ranks[rank].events = []
         return events
-
-
-def _fit_of(entry: dict):
-    from teller.lab.sim.calibration import Fit
-
-    return Fit.of(entry)
