@@ -1,12 +1,13 @@
 """The real lab's faults: how each is made, whether it needs root, and what its label says.
 
 `guilty_operator` is the call-chain node (as teller's Kineto reader names it) whose time the fault
-inflates on the guilty rank, chosen from recorded cases (see tests/lab): the CPU-bound faults slow
-the tensor-parallel matmuls (`aten::mm`, most of a step's compute); net_throttle slows the
-transfer inside the gloo all-reduce (`gloo:all_reduce`); slow_operator's eager attention is led by
-`aten::softmax`'s neighbours `aten::matmul` (the node that replaces sdpa). host_stall and
-scheduler_misconfig slow no operator (gaps between ops; smaller batches), and workload_shift is
-the negative control, so they name none.
+inflates on the guilty rank, chosen from recorded cases (see tests/lab): cpu_contention, straggler
+and memory_pressure slow the tensor-parallel matmuls (`aten::mm`, most of a step's compute; for
+memory_pressure the weight pages are faulted back in there); net_throttle slows the transfer inside
+the gloo all-reduce (`gloo:all_reduce`); slow_operator's eager attention computes QKᵀ and AV as
+`aten::matmul` (with an `aten::softmax` between, seen only then) where sdpa ran one
+`aten::scaled_dot_product_attention`. host_stall and scheduler_misconfig slow no operator (gaps
+between ops; smaller batches) and workload_shift is the negative control, so they name none.
 """
 
 from __future__ import annotations
