@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import hashlib
 import json
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from teller.lab.labels import CaseLabels
 from teller.lab.sim import EngineConfig, FaultSpec, SimConfig, Topology, WorkloadConfig, simulate
 
 _ROOT = Path(tempfile.mkdtemp(prefix="teller-sim-tests-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)  # the session's cases go with it
 WINDOW = (10, 30)
 STEPS = 40
 
