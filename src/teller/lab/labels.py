@@ -81,6 +81,9 @@ class CaseLabels:
         path = Path(case_dir) / "labels.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".labels.", dir=path.parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private 0600
         with os.fdopen(fd, "w") as handle:
             json.dump(asdict(self), handle, indent=2)
         os.replace(tmp, path)
