@@ -95,6 +95,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
     env = {"TELLER_COLLECT_WITH_STACK": "1"} if args.with_stack else {}
     if args.step_regex:
         env["TELLER_COLLECT_STEP_REGEX"] = args.step_regex
+    if args.no_shapes:
+        env["TELLER_COLLECT_RECORD_SHAPES"] = "0"
     result = collect(command, Path(args.out), steps=args.steps, env=env, backend=args.backend)
     return result.exit_code  # status lines went to stderr; stdout carries only CMD's output
 
@@ -278,6 +280,7 @@ def _parser() -> argparse.ArgumentParser:
     collect.add_argument("--backend", choices=("torch", "nsys"), default="torch")
     collect.add_argument("--with-stack", action="store_true", help="Python stacks (costly)")
     collect.add_argument("--step-regex", help="with --steps: regex naming step annotations")
+    collect.add_argument("--no-shapes", action="store_true", help="cheaper; no batch shapes")
     collect.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     analyze = command(

@@ -109,7 +109,11 @@ def crashed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     program = _program(tmp, "crash.py", CRASHING_PROGRAM)
     out = tmp / "run"
     done = subprocess.run(
-        _cli("collect", "--out", str(out), "--with-stack", "--", sys.executable, str(program)),
+        _cli(
+            "collect",
+            *("--out", str(out), "--with-stack", "--no-shapes"),
+            *("--", sys.executable, str(program)),
+        ),
         capture_output=True,
         timeout=120,
     )
@@ -136,6 +140,8 @@ def test_crash_still_leaves_a_readable_trace_with_every_step(crashed):
     ops = {tree.node_name(n) for n in range(len(tree)) if tree.layer_name(n) == "cpu_op"}
     assert {"aten::mm", "aten::relu_"} <= ops
     assert events.layer_counts().get("python", 0) > 0  # --with-stack asked for Python frames
+    args = " ".join(a for a in events.table.column("args").to_pylist() if a)
+    assert "Input Dims" not in args  # --no-shapes
 
 
 def test_trace_lands_on_unix_ns_inside_the_run(crashed):
@@ -196,7 +202,18 @@ def test_steps_window_keeps_only_those_steps(tmp_path: Path):
     # step k is named ..._generation_{k+1}(..): steps 2 and 3 carry 3 and 4 generation requests
     assert tree.steps.generation_requests.tolist() == [3, 4]
     assert set(tree.steps.kind) == {"decode"}
-    assert "python" not in read_run(result.traces).layer_counts()  # no stacks by default
+    events = read_run(result.traces)
+    assert "python" not in events.layer_counts()  # no stacks by default
+    mm_args = [
+        arg
+        for name, arg in zip(
+            events.table.column("name").to_pylist(),
+            events.table.column("args").to_pylist(),
+            strict=True,
+        )
+        if name == "aten::mm"
+    ]
+    assert mm_args and all('"Input Dims": [[32, 32], [32, 32]]' in arg for arg in mm_args)
     manifest = json.loads(result.manifest.read_text())
     (process,) = manifest["processes"]
     assert process["steps_profiled"] == [2, 3]

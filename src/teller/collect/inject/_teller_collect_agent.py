@@ -46,6 +46,8 @@ ENV_STEPS = "TELLER_COLLECT_STEPS"
 #: "off" (logs and records only).
 ENV_PROFILE = "TELLER_COLLECT_PROFILE"
 ENV_WITH_STACK = "TELLER_COLLECT_WITH_STACK"
+#: "0" turns input shapes off: most of the per-operator cost, but batch facts come from shapes.
+ENV_RECORD_SHAPES = "TELLER_COLLECT_RECORD_SHAPES"
 ENV_STEP_REGEX = "TELLER_COLLECT_STEP_REGEX"
 
 #: Step annotations the agent counts: the same shapes teller.callchain.steps recognises.
@@ -123,6 +125,7 @@ class Agent:
         self.finished = False
         self.lock = threading.RLock()
         self.with_stack = os.environ.get(ENV_WITH_STACK, "") == "1"
+        self.record_shapes = os.environ.get(ENV_RECORD_SHAPES, "1") != "0"
         self.profile_mode = os.environ.get(ENV_PROFILE, "torch")
         self.profile_enabled = self.profile_mode == "torch"
         self.window = self._window()
@@ -299,7 +302,7 @@ class Agent:
         if self._cuda_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(
-            activities=activities, record_shapes=True, with_stack=self.with_stack
+            activities=activities, record_shapes=self.record_shapes, with_stack=self.with_stack
         )
         self.profiler.prepare_trace()
 
@@ -307,7 +310,7 @@ class Agent:
         """Under Nsight Systems: every operator and record_function range becomes an NVTX range
         (with shapes), so the nsys report holds the steps and operators Kineto would have had."""
         try:
-            self.nvtx = self.torch.autograd.profiler.emit_nvtx(record_shapes=True)
+            self.nvtx = self.torch.autograd.profiler.emit_nvtx(record_shapes=self.record_shapes)
             self.nvtx.__enter__()  # left open: the ranges run until the process ends
         except Exception as error:  # e.g. a CPU-only torch build has no NVTX
             self.trace_note = f"NVTX ranges off: {type(error).__name__}: {error}"
@@ -472,6 +475,8 @@ class Agent:
             "steps": [self.window.first, self.window.last] if self.window else None,
             "steps_seen": self.window.seen if self.window else None,
             "steps_profiled": self.steps_profiled,
+            "record_shapes": self.record_shapes,
+            "with_stack": self.with_stack,
             "torch_imported_wall_ns": self.started_ns,
             "finished": self.finished,
             "exit_reason": self.exit_reason,
