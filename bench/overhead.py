@@ -11,6 +11,7 @@ Configurations, run in alternating order (ABC, CBA, ABC, ...) so load drift hits
 
 * `off`: the plain command;
 * `on`: `teller collect -- CMD` (profiler on for the whole run, shapes recorded, logs teed);
+* `noshapes` (with `--no-shapes`): `teller collect --no-shapes -- CMD` (no input shapes);
 * `window` (with `--window A:B`): `teller collect --steps A:B` (profiler only for those steps;
   the rest of the run pays only the step counter and the log tee).
 
@@ -18,7 +19,7 @@ Reported per configuration: medians over runs of throughput (tokens/s over the m
 of each run's p50/p99 step latency, their ratios to `off`, and the median wall time of the whole
 command (start-up and export included).
 
-    .venv/bin/python bench/overhead.py [--pairs 5] [--steps 200] [--window 100:109]
+    .venv/bin/python bench/overhead.py [--pairs 5] [--steps 200] [--no-shapes] [--window 100:129]
     .venv/bin/python bench/overhead.py --workload-cmd "python my_server_bench.py --out {latency_file}"
     .venv/bin/python bench/overhead.py --per-op     # the per-operator recording cost alone
 """
@@ -177,6 +178,9 @@ def one_run(config: str, workload: list[str], window: str | None, scratch: Path)
     elif config == "window":
         out = str(latency_file.with_suffix(".collect"))
         command = [*TELLER, "collect", "--out", out, "--steps", window, "--", *command]
+    elif config == "noshapes":
+        out = str(latency_file.with_suffix(".collect"))
+        command = [*TELLER, "collect", "--out", out, "--no-shapes", "--", *command]
     begin = time.perf_counter()
     done = subprocess.run(command, capture_output=True, timeout=CHILD_TIMEOUT_S)
     wall_s = time.perf_counter() - begin
@@ -282,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="workload intra-op threads")
     parser.add_argument("--window", help="also run `collect --steps A:B` (e.g. 100:109)")
+    parser.add_argument("--no-shapes", action="store_true", help="also run `collect --no-shapes`")
     parser.add_argument("--workload-cmd", help="command writing {latency_file} (replaces built-in)")
     parser.add_argument("--per-op", action="store_true", help="only the per-operator cost")
     parser.add_argument("--workload", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -306,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             str(arguments.batch),
             str(arguments.threads),
         ]
-    configs = ["off", "on"] + (["window"] if arguments.window else [])
+    configs = ["off", "on"] + (["noshapes"] if arguments.no_shapes else [])
+    configs += ["window"] if arguments.window else []
     summary = Summary()
     with tempfile.TemporaryDirectory(prefix="teller-overhead-") as scratch:
         for round_index in range(arguments.pairs):
