@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from teller.callchain.tree import CallTree, build_tree
@@ -25,6 +27,9 @@ from teller.ingest import find_trace_files, read_run
 from teller.ingest.schema import EventTable
 from teller.localize.localizer import NumericLocalizer
 from teller.rca.verdict import Verdict
+
+if TYPE_CHECKING:
+    from teller.align.align import AlignResult
 
 PathLike = str | Path
 
@@ -69,7 +74,26 @@ class Analysis:
 
     @cached_property
     def tree(self) -> CallTree:
-        return build_tree(self.event_table, step_regex=self.step_regex)
+        """The call-chain forest with every rank on one clock (offsets from collectives)."""
+        tree = build_tree(self.event_table, step_regex=self.step_regex)
+        if len(self.event_table.ranks) > 1 and len(tree.comm):
+            from teller.align.clock import apply_offsets, estimate_rank_offsets
+
+            self.rank_offsets = estimate_rank_offsets(tree)
+            if np.any(self.rank_offsets.offset_ns != 0):
+                tree = build_tree(
+                    apply_offsets(self.event_table, self.rank_offsets), step_regex=self.step_regex
+                )
+        return tree
+
+    @cached_property
+    def alignment(self) -> AlignResult | None:
+        """Logs (and spans) placed on the tree's steps; None when the run has neither."""
+        if not self.log_files and not self.otlp_files:
+            return None
+        from teller.align.align import align_tree
+
+        return align_tree(self.tree, self.log_files, self.otlp_files)
 
     # -- tables for notebooks -------------------------------------------------------------------
     def events(self) -> pa.Table:
@@ -87,6 +111,18 @@ class Analysis:
     def collectives(self) -> pa.Table:
         """One row per (collective instance, rank): arrival and end on each rank."""
         return self.tree.comm.to_arrow()
+
+    def logs(self) -> pa.Table:
+        """One row per log record, with the step, rank and node it was aligned to (-1: none)."""
+        if self.alignment is None:
+            raise TellerError("no logs: pass logs=[...] or put them under DIR/logs/")
+        return self.alignment.alignment.to_arrow(self.alignment.logs)
+
+    def requests(self) -> pa.Table:
+        """One row per (request, step) it was batched in, from logs or OpenTelemetry spans."""
+        if self.alignment is None:
+            raise TellerError("no logs or spans: request trees need one of them")
+        return self.alignment.requests.to_arrow()
 
     # -- the verdict ---------------------------------------------------------------------------
     @cached_property

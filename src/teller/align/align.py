@@ -39,6 +39,7 @@ from teller.align.logtime import LogTimes, place_log_times
 from teller.align.requests import RequestTrees, build_request_trees
 from teller.callchain.tree import CallTree, build_tree
 from teller.ingest.logs.table import LogTable
+from teller.ingest.schema import EventTable
 
 #: A log clock offset beyond printing delays by more than this is reported (another host's clock
 #: or a time zone); below it the engine's printing delay explains it.
@@ -201,14 +202,33 @@ def align_run(
 ) -> AlignResult:
     """Read a run's traces, logs (and OTLP spans), put them on one clock and align them."""
     from teller.ingest import read_run
-    from teller.ingest.logs import read_logs
-    from teller.ingest.otlp import read_spans
 
-    events = read_run(trace_paths)
+    tree, rank_offsets = one_clock_tree(read_run(trace_paths))
+    return align_tree(tree, log_paths, span_paths, year, rank_offsets)
+
+
+def one_clock_tree(events: EventTable) -> tuple[CallTree, ClockOffsets]:
+    """The run's tree with every rank on the reference rank's clock (offsets from collectives)."""
     tree = build_tree(events)
     rank_offsets = estimate_rank_offsets(tree)
     if np.any(rank_offsets.offset_ns != 0):
         tree = build_tree(apply_offsets(events, rank_offsets))
+    return tree, rank_offsets
+
+
+def align_tree(
+    tree: CallTree,
+    log_paths: Sequence[str | Path],
+    span_paths: Sequence[str | Path] = (),
+    year: int | None = None,
+    rank_offsets: ClockOffsets | None = None,
+) -> AlignResult:
+    """Align logs (and OTLP spans) to a tree already on one clock."""
+    from teller.ingest.logs import read_logs
+    from teller.ingest.otlp import read_spans
+
+    if rank_offsets is None:
+        rank_offsets = estimate_rank_offsets(tree)
     logs = read_logs(log_paths, year=year)
     spans = read_spans(span_paths) if span_paths else None
     times = place_log_times(tree, logs)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from teller.callchain.render import format_ns, short_name
 from teller.ingest.schema import LAYERS
 from teller.localize.localizer import Localization, NumericLocalizer, OperatorCandidate, StepScore
-from teller.rca.verdict import Evidence, Finding, StepRow, Verdict
+from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
     from teller.analysis import Analysis
@@ -26,6 +28,7 @@ def diagnose(analysis: Analysis, localizer: NumericLocalizer) -> Verdict:
     tree = analysis.tree
     localization = localizer.score(tree)
     findings = _findings(analysis, localization)
+    _attach_logs(analysis, findings)
     missing = _missing(analysis)
     return Verdict(
         inputs=[str(p) for p in analysis.trace_files],
@@ -35,7 +38,9 @@ def diagnose(analysis: Analysis, localizer: NumericLocalizer) -> Verdict:
         findings=findings,
         steps=_step_rows(analysis, localization),
         missing=missing,
-        warnings=analysis.event_table.warnings + tree.warnings,
+        warnings=analysis.event_table.warnings
+        + tree.warnings
+        + (analysis.alignment.warnings if analysis.alignment else []),
     )
 
 
@@ -106,6 +111,40 @@ def _findings(analysis: Analysis, localization: Localization) -> list[Finding]:
             )
         )
     return findings
+
+
+#: Log lines shown per finding, most severe and most surely placed first.
+LOG_LINES_PER_FINDING = 8
+_SEVERITY = {"CRITICAL": 0, "ERROR": 1, "WARNING": 2, "INFO": 3, "DEBUG": 4, "": 5}
+
+
+def _attach_logs(analysis: Analysis, findings: list[Finding]) -> None:
+    """Each finding gets the log lines aligned to its step and the requests batched in it."""
+    aligned = analysis.alignment
+    if aligned is None or not findings:
+        return
+    table = aligned.logs.table
+    step = aligned.alignment.step
+    confidence = aligned.alignment.confidence
+    levels = table.column("level").to_pylist()
+    raws = table.column("raw").to_pylist()
+    ts = table.column("ts_ns").to_numpy()
+    ranks = table.column("rank").to_numpy()
+    memberships = aligned.requests
+    for finding in findings:
+        rows = np.flatnonzero(step == finding.step).tolist()
+        rows.sort(key=lambda i: (_SEVERITY.get(levels[i] or "", 5), -confidence[i], ts[i]))
+        finding.log_lines = [
+            LogLine(
+                ts_ns=int(ts[i]),
+                rank=int(ranks[i]) if ranks[i] >= 0 else None,
+                level=levels[i] or "",
+                text=raws[i],
+            )
+            for i in rows[:LOG_LINES_PER_FINDING]
+        ]
+        in_step = memberships.request[memberships.step == finding.step]
+        finding.requests = sorted({memberships.requests.key[i] for i in in_step.tolist()})
 
 
 def _fault_type(tree, top: OperatorCandidate | None) -> tuple[str | None, str]:

@@ -1,40 +1,79 @@
-"""The verdict as a few lines for a terminal: what was slow, who, why, and what was missing."""
+"""The verdict as a few lines for a terminal: what was slow, who, why, and what was missing.
+
+Anomalous steps with the same suspect (rank, operator, fault type) are one incident: a fault
+window covers many consecutive steps, and a person wants one paragraph per cause, not per step.
+"""
 
 from __future__ import annotations
 
 from teller.callchain.render import format_ns, short_name
-from teller.rca.verdict import Verdict
+from teller.rca.verdict import Finding, Verdict
 
-#: Findings printed in full; the JSON and HTML reports hold them all.
-SHOWN_FINDINGS = 5
+#: Incidents printed in full; the JSON and HTML reports hold every finding.
+SHOWN_INCIDENTS = 5
+
+
+def incidents(findings: list[Finding]) -> list[list[Finding]]:
+    """Findings grouped by suspect, worst incident first (findings arrive worst first)."""
+    groups: dict[tuple, list[Finding]] = {}
+    for finding in findings:
+        groups.setdefault((finding.rank, finding.operator, finding.fault_type), []).append(finding)
+    return list(groups.values())
+
+
+def step_ranges(steps: list[int]) -> str:
+    """[3, 4, 5, 9] → "3–5, 9"."""
+    ordered = sorted(set(steps))
+    ranges: list[str] = []
+    start = previous = ordered[0]
+    for step in [*ordered[1:], None]:
+        if step is not None and step == previous + 1:
+            previous = step
+            continue
+        ranges.append(f"{start}" if start == previous else f"{start}–{previous}")
+        if step is not None:
+            start = previous = step
+    return ", ".join(ranges)
 
 
 def render_terminal(verdict: Verdict) -> str:
     lines = [verdict.summary.splitlines()[0] if verdict.summary else "", ""]
-    for finding in verdict.findings[:SHOWN_FINDINGS]:
-        where = f"rank {finding.rank}" if finding.rank is not None else "all ranks"
-        operator = short_name(finding.operator, 70) if finding.operator else "no single operator"
+    groups = incidents(verdict.findings)
+    for group in groups[:SHOWN_INCIDENTS]:
+        worst = group[0]
+        where = f"rank {worst.rank}" if worst.rank is not None else "all ranks"
+        operator = short_name(worst.operator, 70) if worst.operator else "no single operator"
+        noun = "step" if len(group) == 1 else "steps"
         lines.append(
-            f"step {finding.step} [{finding.step_kind}]  {format_ns(finding.step_dur_ns)} "
-            f"vs {format_ns(finding.step_expected_ns)} expected  (score {finding.score:.1f})"
+            f"{noun} {step_ranges([f.step for f in group])}  ({len(group)} {noun}, worst: step "
+            f"{worst.step} [{worst.step_kind}] {format_ns(worst.step_dur_ns)} vs "
+            f"{format_ns(worst.step_expected_ns)} expected)"
         )
-        lines.append(
-            f"  suspect: {operator} on {where}"
-            + (f" — {finding.fault_type}" if finding.fault_type else "")
-        )
-        lines.append(f"  why: {finding.explanation}")
-        for evidence in finding.evidence[:2]:
+        fault = f" — {worst.fault_type}" if worst.fault_type else ""
+        lines.append(f"  suspect: {operator} on {where}{fault}")
+        lines.append(f"  why: {worst.explanation}")
+        for evidence in worst.evidence[:2]:
             normal = format_ns(evidence.normal_ns) if evidence.normal_ns else "—"
             lines.append(
                 f"  evidence: {short_name(evidence.what, 70)}: {format_ns(evidence.observed_ns)} "
                 f"(normal {normal}; {evidence.reference})"
             )
-        for line in finding.log_lines[:3]:
+        shown_logs = [
+            line
+            for f in group
+            for line in f.log_lines
+            if line.level in ("WARNING", "ERROR", "CRITICAL")
+        ]
+        for line in (shown_logs or worst.log_lines)[:3]:
             lines.append(f"  log: {line.text[:160]}")
+        if worst.requests:
+            lines.append(
+                f"  requests in step {worst.step}: {len(worst.requests)} ({', '.join(worst.requests[:3])}…)"
+            )
         lines.append("")
-    hidden = len(verdict.findings) - SHOWN_FINDINGS
+    hidden = len(groups) - SHOWN_INCIDENTS
     if hidden > 0:
-        lines.append(f"… and {hidden} more anomalous steps (see --format json or html)")
+        lines.append(f"… and {hidden} more incidents (see --format json or html)")
     for item in verdict.missing:
         lines.append(f"missing: {item}")
     return "\n".join(lines).rstrip() + "\n"
