@@ -11,6 +11,7 @@ the group's OOM killer off, so a burst over the limit stalls the rank instead of
 
 from __future__ import annotations
 
+import errno
 import threading
 
 from teller.errors import TellerError
@@ -20,6 +21,7 @@ from teller.lab.faults.os_fault import RankTarget
 #: rank), so the limit binds on the file-mapped weights, not on the heap.
 HEADROOM_BYTES = 16 << 20
 RETIGHTEN_S = 0.1
+_BACKOFF_TRIES = 6
 
 
 class MemoryPressure:
@@ -50,9 +52,21 @@ class MemoryPressure:
         self.cgroup.set_oom_kill(True)
 
     def _tighten(self) -> None:
+        """Move the limit towards heap + headroom + allowance; v1 refuses (EBUSY) a limit it
+        cannot reclaim down to at once, so back off halfway towards current usage and retry
+        on the next tick."""
         stat = self.cgroup.memory_stat()
         anon = stat.get("anon", stat.get("rss", 0))
-        self.cgroup.set_memory_limit(anon + HEADROOM_BYTES + self.file_allowance_bytes)
+        target = anon + HEADROOM_BYTES + self.file_allowance_bytes
+        usage = self.cgroup.memory_usage_bytes()
+        for _ in range(_BACKOFF_TRIES):
+            try:
+                self.cgroup.set_memory_limit(target)
+                return
+            except OSError as error:
+                if error.errno != errno.EBUSY:
+                    raise
+                target = (target + usage) // 2
 
     def _keep_tight(self) -> None:
         while not self._stop.wait(RETIGHTEN_S):
