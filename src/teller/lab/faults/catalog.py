@@ -4,9 +4,8 @@
 inflates on the guilty rank, chosen from recorded cases (see tests/lab): cpu_contention, straggler
 and memory_pressure slow the tensor-parallel matmuls (`aten::mm`, most of a step's compute; for
 memory_pressure the weight pages are faulted back in there); net_throttle slows the transfer inside
-the gloo all-reduce (`gloo:all_reduce`); slow_operator's eager attention computes QKᵀ and AV as
-`aten::matmul` (with an `aten::softmax` between, seen only then) where sdpa ran one
-`aten::scaled_dot_product_attention`. host_stall and scheduler_misconfig slow no operator (gaps
+the gloo all-reduce (`gloo:all_reduce`); slow_operator's math-fallback attention keeps the node
+`aten::scaled_dot_product_attention` and makes it slower. host_stall and scheduler_misconfig slow no operator (gaps
 between ops; smaller batches) and workload_shift is the negative control, so they name none.
 """
 
@@ -61,9 +60,10 @@ LAB_FAULTS: dict[str, FaultKind] = {
             "slow_operator",
             "process",
             False,
-            "aten::matmul",
-            "Rank {rank} ran attention with the eager implementation instead of sdpa, so its "
-            "attention matmuls and softmax took longer and its peers waited at the o_proj all-reduce.",
+            "aten::scaled_dot_product_attention",
+            "Rank {rank} ran with the flash attention kernel disabled, so its "
+            "scaled_dot_product_attention fell back to the math implementation and took longer "
+            "while its peers waited at the o_proj all-reduce.",
         ),
         FaultKind(
             "scheduler_misconfig",

@@ -27,7 +27,6 @@ class Faults:
         self.fault = fault if mine else None
         self.model = model
         self.t0_ns = t0_ns
-        self.normal_attention = model.config._attn_implementation
         self.storm: host_stall.GcStorm | None = None
         if self.fault is not None and self.fault.kind == "host_stall":
             self.storm = host_stall.GcStorm(self.active, self.fault.intensity)
@@ -40,7 +39,7 @@ class Faults:
 
     def before_step(self) -> None:
         if self.fault is not None and self.fault.kind == "slow_operator":
-            slow_operator.apply(self.model, self.active(), self.normal_attention)
+            slow_operator.apply(self.active())
 
     def scheduler_limits(self, max_num_seqs: int, max_tokens: int) -> tuple[int, int]:
         """The limits this step schedules with: the configured ones, or the misconfigured ones."""

@@ -1,19 +1,18 @@
-"""slow_operator: one rank's attention implementation switched from "sdpa" to "eager" by config.
+"""slow_operator: one rank's attention kernel switched from flash to the math fallback by config.
 
-Llama reads `config._attn_implementation` on every forward, so inside the window the guilty rank
-computes attention as explicit `aten::matmul` → `aten::softmax` → `aten::matmul` (with a 4-D mask)
-instead of one `aten::scaled_dot_product_attention`, as a deployment with a mis-set
-`attn_implementation` does. The other ranks keep sdpa and wait for it at the o_proj all-reduce.
+Inside the window the guilty rank runs with PyTorch's flash SDPA backend disabled
+(`torch.backends.cuda.enable_flash_sdp(False)`, which governs the CPU kernels too), as a deployment
+with a disabled or unavailable fused kernel does. Llama still calls
+`aten::scaled_dot_product_attention`, but it now dispatches to
+`aten::_scaled_dot_product_attention_math` instead of
+`aten::_scaled_dot_product_flash_attention_for_cpu`: the same node takes 2-3x longer (measured on
+this model's shapes), and the other ranks wait for it at the o_proj all-reduce.
 """
 
 from __future__ import annotations
 
-from transformers import LlamaForCausalLM
-
-from teller.lab.serve.model import set_attention
-
-FAULT_IMPLEMENTATION = "eager"
+import torch
 
 
-def apply(model: LlamaForCausalLM, active: bool, normal_implementation: str) -> None:
-    set_attention(model, FAULT_IMPLEMENTATION if active else normal_implementation)
+def apply(active: bool) -> None:
+    torch.backends.cuda.enable_flash_sdp(not active)

@@ -47,11 +47,6 @@ def build_model(config: ModelConfig, tp: int) -> LlamaForCausalLM:
     return model
 
 
-def set_attention(model: LlamaForCausalLM, implementation: str) -> None:
-    """Switch the attention kernel path ("sdpa" or "eager"); Llama reads it on every forward."""
-    model.config._attn_implementation = implementation
-
-
 def map_weights_from_disk(model: LlamaForCausalLM, path: Path) -> int:
     """Back this rank's weights by a file mapping, as mmap-loaded checkpoints are; returns bytes.
 
