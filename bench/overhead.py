@@ -21,7 +21,7 @@ command (start-up and export included).
 
     .venv/bin/python bench/overhead.py [--pairs 5] [--steps 200] [--no-shapes] [--window 100:129]
     .venv/bin/python bench/overhead.py --workload-cmd "python my_server_bench.py --out {latency_file}"
-    .venv/bin/python bench/overhead.py --per-op     # the per-operator recording cost alone
+    .venv/bin/python bench/overhead.py --per-op     # the profiler's own cost, in one process
 """
 
 from __future__ import annotations
@@ -132,6 +132,56 @@ def per_op_cost(repeats: int = 5, ops: int = 20_000) -> str:
         f"profiled with shapes {min(best['shapes']):.2f} (+{min(best['shapes']) - off:.2f}), "
         f"without shapes {min(best['no shapes']):.2f} (+{min(best['no shapes']) - off:.2f})"
     )
+
+
+def in_process_step_cost(repeats: int = 5, steps: int = 30, batch: int = 4) -> str:
+    """CPU ms per decode step of the built-in model: profiler off, on with shapes, on without.
+
+    All three alternate inside one process within seconds, so a busy host blurs them alike; the
+    minimum over `repeats` of each block's median is reported. This isolates the profiler's own
+    cost from everything else `teller collect` does (log tee, start-up, export).
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+    )
+    model = LlamaForCausalLM(config).eval()
+
+    def block() -> float:
+        cpu_ns = []
+        with torch.inference_mode():
+            output = model(torch.randint(0, config.vocab_size, (batch, 32)), use_cache=True)
+            cache, token = output.cache, output.logits[:, -1].argmax(-1, keepdim=True)
+            for _ in range(steps):
+                begin = time.thread_time_ns()
+                output = model(token, cache=cache, use_cache=True)
+                cache, token = output.cache, output.logits[:, -1].argmax(-1, keepdim=True)
+                cpu_ns.append(time.thread_time_ns() - begin)
+        return statistics.median(cpu_ns[5:]) / 1e6
+
+    medians: dict[str, list[float]] = {"off": [], "shapes": [], "no shapes": []}
+    for _ in range(repeats):
+        medians["off"].append(block())
+        for label, shapes in (("shapes", True), ("no shapes", False)):
+            profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=shapes
+            )
+            profiler.start()
+            medians[label].append(block())
+            profiler.stop()
+    off = min(medians["off"])
+    cells = [f"{label} {min(v):.2f} ({min(v) / off:.2f}x)" for label, v in medians.items()]
+    return f"in-process CPU ms per decode step (min of {repeats} medians): " + ", ".join(cells)
 
 
 # -- the driver ------------------------------------------------------------------------------------
@@ -288,11 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", help="also run `collect --steps A:B` (e.g. 100:109)")
     parser.add_argument("--no-shapes", action="store_true", help="also run `collect --no-shapes`")
     parser.add_argument("--workload-cmd", help="command writing {latency_file} (replaces built-in)")
-    parser.add_argument("--per-op", action="store_true", help="only the per-operator cost")
+    parser.add_argument("--per-op", action="store_true", help="only the profiler's own cost")
     parser.add_argument("--workload", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.per_op:
         print(per_op_cost())
+        print(in_process_step_cost())
         return 0
     if arguments.workload is not None:  # child mode: `overhead.py --workload FILE STEPS WARMUP B`
         latency_file, steps, warmup, batch, threads = arguments.workload
