@@ -242,6 +242,30 @@ def cmd_align(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    import json
+
+    from teller.analysis import Analysis
+    from teller.report.diff import compare, render_diff_terminal
+
+    runs = [Analysis(p, step_regex=args.step_regex, progress=not args.quiet) for p in args.runs]
+    diff = compare(*runs)
+    if args.format == "json":
+        print(json.dumps(diff.to_json(), indent=2))
+    else:
+        print(render_diff_terminal(diff))
+    if args.fail_on_regression is None:
+        return EXIT_OK
+    regressed = diff.regressions(args.fail_on_regression)
+    for kind in regressed:
+        print(
+            f"teller: {kind.kind} steps regressed {kind.change_pct:+.1f}% ({kind.metric}), "
+            f"beyond {args.fail_on_regression:g}%",
+            file=sys.stderr,
+        )
+    return 1 if regressed else EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -313,6 +337,17 @@ def _parser() -> argparse.ArgumentParser:
     align.add_argument("--otlp", nargs="*", help="OTLP JSON span files with request timings")
     align.add_argument("--year", type=int, help="year of log dates that print none")
     align.add_argument("--steps", type=_step_range, help="show only steps A..B")
+
+    diff = command("diff", cmd_diff, "compare run B against run A: step kinds and operators")
+    diff.add_argument("runs", nargs=2, metavar="RUN", help="A then B: case or trace directories")
+    diff.add_argument("--format", choices=("terminal", "json"), default="terminal")
+    diff.add_argument(
+        "--fail-on-regression",
+        type=float,
+        metavar="PCT",
+        help="exit 1 when a step kind of B is more than PCT %% slower than in A",
+    )
+    diff.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
 
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)
