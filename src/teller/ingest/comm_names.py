@@ -22,6 +22,7 @@ _COMM_KERNEL = re.compile(
 #: Host-side operators and annotations that issue a collective.
 _COMM_CPU_OP = re.compile(
     r"^(?:record_param_comms$|c10d::(?!wait|barrier_?$|monitored_barrier)\w+|(?:nccl|gloo|mpi|ucc):\w+"
+    r"|_c10d_functional::(?!wait_tensor|_wrap)\w+"
     r"|vllm::(?:all_reduce|all_gather|reduce_scatter|outplace_all_reduce|inplace_all_reduce)"
     r"|_C_custom_ar::all_reduce|sglang::\w*(?:all_reduce|all_gather)\w*"
     r"|trtllm::\w*allreduce\w*)",

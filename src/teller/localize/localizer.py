@@ -292,13 +292,16 @@ class NumericLocalizer:
                 compute_excess.get(candidate.rank, 0.0) + candidate.score
             )
         for candidate in self._collective_candidates(tree, iteration, nodes, key_rows, reference):
+            explained = compute_excess.get(candidate.rank, 0.0)
             if candidate.kind == "arrival":
                 # a rank whose own work got slower arrives late *because* of it: when its compute
                 # excess explains most of the lateness, the collective is a symptom, not a cause
-                explained = compute_excess.get(candidate.rank, 0.0)
                 if explained >= EXPLAINED_LATENESS * candidate.score:
                     continue
                 candidate.score -= explained
+            elif candidate.kind == "transfer" and explained >= candidate.score:
+                # a host-run collective (gloo) on a slowed host is slow for the host's reason
+                continue
             if candidate.score > self.noise_floor_ns:
                 candidates.append(candidate)
         candidates.sort(key=lambda c: -c.score)
@@ -417,7 +420,9 @@ _GPU_WORK = frozenset(LAYER_CODE[n] for n in ("kernel", "memcpy", "memset"))
 _HOST_WORK = frozenset(LAYER_CODE[n] for n in ("cpu_op", "runtime"))
 #: Runtime calls whose time is mostly waiting for the GPU (syncs, blocking copies), not host work (Python frames are left out of
 #: host work for the same reason: their self time holds waits the profiler does not name).
-_WAITING_CALL = re.compile(r"ynchronize|Query|WaitEvent|Memcpy", re.IGNORECASE)
+_WAITING_CALL = re.compile(
+    r"ynchronize|Query|WaitEvent|Memcpy|wait_tensor|c10d::wait", re.IGNORECASE
+)
 #: Log-ratio scale floor for per-rank components (they are noisier than whole steps).
 MIN_COMPONENT_SCALE = 0.05
 
