@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TRACES ?= $(firstword $(TELLER_TRACES) $(wildcard ../shared/traces) .traces)
-DEMO_TRACE ?= $(TRACES)/tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz
+DEMO_OUT ?= demo-out
 
 .PHONY: all venv demo test lint format traces bench clean
 
@@ -23,11 +23,19 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 venv: $(STAMP)
 
+# A real end-to-end diagnosis: serve a small Llama over 2 tensor-parallel ranks under a real
+# straggler (rank 1 throttled), record it with the non-intrusive collector, analyse it.
 demo: $(STAMP)
-	$(BIN)/teller info $(DEMO_TRACE)
-	$(BIN)/teller tree $(DEMO_TRACE) --step 0 --depth 3
+	rm -rf $(DEMO_OUT)/case && mkdir -p $(DEMO_OUT)
+	@echo "recording a real 2-rank case under a straggler fault (about a minute)..."
+	$(BIN)/teller -q lab run --fault straggler --rank 1 --intensity 0.7 --window 4:9 \
+	  --tp 2 --duration 12 --rate 4 --seed 7 --out $(DEMO_OUT)/case > $(DEMO_OUT)/lab.log 2>&1 \
+	  || { tail -20 $(DEMO_OUT)/lab.log; exit 1; }
+	$(BIN)/teller -q analyze $(DEMO_OUT)/case -o $(DEMO_OUT)/report.html \
+	  --perfetto $(DEMO_OUT)/annotated.trace.json
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

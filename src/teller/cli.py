@@ -157,11 +157,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
-        write_perfetto(analysis, Path(args.perfetto))
+        print(f"annotated trace written to {write_perfetto(analysis, Path(args.perfetto))}")
     if args.out:
         path = write_atomic(Path(args.out), text)
-        if not args.quiet:
-            print(analysis.verdict.summary.splitlines()[0], file=sys.stderr)
+        if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
+            print(render(analysis, "terminal"), end="")
         print(f"report written to {path}")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
