@@ -21,6 +21,18 @@ if TYPE_CHECKING:
     from teller.analysis import Analysis
 
 VERDICT_PID = -1  # the verdict track's process id (sorts first)
+#: Layer → the Kineto category that reads back as that layer (teller's own reader, HTA, TraceLens).
+LAYER_CATEGORY = {
+    "request": "user_annotation",
+    "engine": "user_annotation",
+    "python": "python_function",
+    "cpu_op": "cpu_op",
+    "runtime": "cuda_runtime",
+    "kernel": "kernel",
+    "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "sync": "cuda_sync",
+}
 
 
 def write_perfetto(analysis: Analysis, path: Path) -> Path:
@@ -41,14 +53,19 @@ def write_perfetto(analysis: Analysis, path: Path) -> Path:
             {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}}
         )
     tree_layers = {LAYERS.index(name) for name in TREE_LAYERS}
+    gpu_threads: set[tuple[int, int]] = set()
     for node in np.flatnonzero(np.isin(tree.layer, list(tree_layers))).tolist():
         on_gpu = tree.stream[node] >= 0
+        layer = LAYERS[tree.layer[node]]
+        if on_gpu:
+            gpu_threads.add((int(tree.rank[node]), int(tree.stream[node])))
         event = {
             "ph": "X",
             "name": tree.node_name(node),
-            "cat": LAYERS[tree.layer[node]],
+            # comm: the reader tells a collective by its name, on the GPU or the host
+            "cat": LAYER_CATEGORY.get(layer, "kernel" if on_gpu else "cpu_op"),
             "pid": int(tree.rank[node]),
-            "tid": f"stream {int(tree.stream[node])}" if on_gpu else "cpu",
+            "tid": int(tree.stream[node]) if on_gpu else "cpu",
             "ts": us(tree.start[node]),
             "dur": int(tree.dur[node]) / 1000.0,
         }
@@ -89,7 +106,7 @@ def write_perfetto(analysis: Analysis, path: Path) -> Path:
             continue
         target = {
             "pid": int(tree.rank[node]),
-            "tid": f"stream {int(tree.stream[node])}" if tree.stream[node] >= 0 else "cpu",
+            "tid": int(tree.stream[node]) if tree.stream[node] >= 0 else "cpu",
         }
         events.append(
             {
@@ -124,8 +141,19 @@ def write_perfetto(analysis: Analysis, path: Path) -> Path:
                 **target,
             }
         )
+    events.extend(
+        {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": rank,
+            "tid": stream,
+            "args": {"name": f"stream {stream}"},
+        }
+        for rank, stream in sorted(gpu_threads)
+    )
     document = {
         "displayTimeUnit": "ns",
+        "baseTimeNanoseconds": origin,  # ts are µs after this: readers restore the common clock
         "otherData": {"teller.schema": verdict.schema, "clock_origin_unix_ns": origin},
         "traceEvents": events,
     }
