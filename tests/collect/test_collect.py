@@ -39,11 +39,21 @@ raise RuntimeError("boom")
 """
 
 VLLM_STEPS_PROGRAM = """
+import subprocess
+import sys
 import torch
 a = torch.randn(32, 32)
 for k in range(6):
     with torch.profiler.record_function(f"execute_context_0(0)_generation_{k + 1}({k + 1})"):
         a = torch.tanh(a @ a)
+if len(sys.argv) > 1:  # then run a helper that stops after one step
+    subprocess.run([sys.executable, sys.argv[1]], check=True)
+"""
+
+ONE_STEP_PROGRAM = """
+import torch
+with torch.profiler.record_function("ProfilerStep#0"):
+    torch.ones(4).sum()
 """
 
 ENDLESS_PROGRAM = """
@@ -195,8 +205,10 @@ def test_manifest_describes_the_run(crashed):
 
 
 def test_steps_window_keeps_only_those_steps(tmp_path: Path):
+    """The engine's steps 2 and 3 only; a helper process with one step writes no trace, and says so."""
     program = _program(tmp_path, "vllm_like.py", VLLM_STEPS_PROGRAM)
-    result = collect([sys.executable, str(program)], tmp_path / "run", steps=(2, 3))
+    helper = _program(tmp_path, "one_step.py", ONE_STEP_PROGRAM)
+    result = collect([sys.executable, str(program), str(helper)], tmp_path / "run", steps=(2, 3))
     assert result.exit_code == 0
     tree = build_tree(read_run(result.traces))
     # step k is named ..._generation_{k+1}(..): steps 2 and 3 carry 3 and 4 generation requests
@@ -215,9 +227,13 @@ def test_steps_window_keeps_only_those_steps(tmp_path: Path):
     ]
     assert mm_args and all('"Input Dims": [[32, 32], [32, 32]]' in arg for arg in mm_args)
     manifest = json.loads(result.manifest.read_text())
-    (process,) = manifest["processes"]
-    assert process["steps_profiled"] == [2, 3]
+    engine, one_step = manifest["processes"]
+    assert engine["steps_profiled"] == [2, 3]
     assert manifest["steps"] == [2, 3]
+    assert len(result.traces) == 1 and one_step["trace"] is None
+    assert manifest["notes"] == [
+        f"{one_step['name']}: no trace: the process saw 1 steps, window 2:3 never began"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -335,18 +351,6 @@ def test_refuses_an_occupied_output_folder_and_bad_arguments(tmp_path: Path):
         collect(["/nonexistent/binary"], tmp_path / "other")
     with pytest.raises(CollectError, match="step regex"):
         collect(["true"], tmp_path / "third", env={"TELLER_COLLECT_STEP_REGEX": "step[("})
-
-
-def test_a_window_never_reached_writes_no_trace_and_says_why(tmp_path: Path):
-    program = _program(tmp_path, "vllm_like.py", VLLM_STEPS_PROGRAM)
-    result = collect([sys.executable, str(program)], tmp_path / "run", steps=(10, 12))
-    assert result.exit_code == 0
-    assert result.traces == []
-    manifest = json.loads(result.manifest.read_text())
-    assert manifest["notes"] == [
-        f"{manifest['processes'][0]['name']}: no trace: the process saw 6 steps, "
-        "window 10:12 never began"
-    ]
 
 
 TORCHRUN_PROGRAM = """
