@@ -111,9 +111,11 @@ def test_baseline_case_is_complete_and_its_ranks_are_alike(baseline):
     assert (steps.rank == 0).sum() == (steps.rank == 1).sum() > 20
     truth = (case.case_dir / "ground_truth" / "steps.jsonl").read_text().splitlines()
     assert len(truth) == (steps.rank == 0).sum()
-    first = json.loads(truth[0])
-    assert first["annotation"] == steps.name[0]
-    assert abs(first["start_ns"] - int(steps.start_ns[0])) < 2_000_000  # one clock, to 2 ms
+    truth_rows = [json.loads(line) for line in truth]
+    rank0 = np.flatnonzero(steps.rank == 0)
+    assert [row["annotation"] for row in truth_rows] == [steps.name[k] for k in rank0]
+    offsets_ns = steps.start_ns[rank0] - np.asarray([row["start_ns"] for row in truth_rows])
+    assert abs(np.median(offsets_ns)) < 1_000_000  # trace and ground truth share one clock
     log = (case.case_dir / "logs" / "rank0.log").read_text()
     assert "(EngineCore_0 pid=" in log and "Added request cmpl-" in log
     assert "Engine 000: Iteration(0):" in log and "(Worker_TP0 pid=" in log
@@ -253,18 +255,23 @@ def test_memory_pressure_faults_weight_pages_back_in_on_the_guilty_rank(lab_root
 def test_workload_shift_lengthens_prefill_but_not_per_token_time(lab_root, baseline):
     case = record(lab_root, "workload_shift", 0.3)  # ~2 long prompts (288 tokens) a second
     steps = case.tree.steps
-    prefill = np.asarray([kind in ("prefill", "mixed") for kind in steps.kind])
-    inside = np.asarray([k for k in case.steps(0).tolist() if prefill[k]])
-    outside = np.asarray([k for k in case.steps(0, inside=False).tolist() if prefill[k]])
-    burst = inside[steps.context_tokens[inside] >= 256]
-    assert len(burst) >= 2 and len(outside) >= 3
-    base_steps = baseline.tree.steps
-    assert base_steps.context_tokens[baseline.steps(0)].max() < 256  # the burst is the shift
-    assert steps.context_tokens[inside].mean() >= 1.5 * steps.context_tokens[outside].mean()
-    assert np.median(steps.dur_ns[burst]) > np.median(steps.dur_ns[outside])
-    per_token_in = np.median(steps.dur_ns[inside] / steps.context_tokens[inside])
-    per_token_out = np.median(steps.dur_ns[outside] / steps.context_tokens[outside])
-    assert per_token_in <= 1.5 * per_token_out
+    truth = (case.case_dir / "ground_truth" / "steps.jsonl").read_text().splitlines()
+    # ground-truth step k is rank 0's step k; only burst prompts are longer than 128 tokens
+    has_burst = np.asarray(
+        [any(r["tokens"] > 128 for r in json.loads(line)["requests"]) for line in truth]
+    )
+    rank0 = np.flatnonzero(steps.rank == 0)
+    prefill = np.asarray([steps.kind[k] in ("prefill", "mixed") for k in rank0])
+    burst, normal = rank0[prefill & has_burst], rank0[prefill & ~has_burst]
+    assert len(burst) >= 1 and len(normal) >= 3
+    assert steps.start_ns[burst].min() >= case.window_ns[0]  # the shift starts with the window
+    base_tokens = baseline.tree.steps.context_tokens[baseline.tree.steps.rank == 0]
+    assert base_tokens.max() <= 2 * 128 < steps.context_tokens[burst].max()
+    assert np.median(steps.context_tokens[burst]) >= 2 * np.median(steps.context_tokens[normal])
+    assert np.median(steps.dur_ns[burst]) > np.median(steps.dur_ns[normal])
+    per_token_burst = np.median(steps.dur_ns[burst] / steps.context_tokens[burst])
+    per_token_normal = np.median(steps.dur_ns[normal] / steps.context_tokens[normal])
+    assert per_token_burst <= 1.5 * per_token_normal  # longer prefill, not slower tokens
     ratio = case.mean_us("gloo:all_reduce", PEER) / case.mean_us("gloo:all_reduce", GUILTY)
     assert 0.5 < ratio < 2.0  # no rank is to blame
     assert case.labels.view == "-" and case.labels.guilty_rank is None
