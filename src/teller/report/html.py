@@ -157,8 +157,20 @@ def _tree_section(analysis: Analysis, finding: Finding) -> str:
     return "<div id='tree'>" + _tree_html(tree, root, 0, path, suspect, finding) + "</div>"
 
 
+def _visible_children(tree, node: int) -> list[int]:
+    """Children with Python frames folded away: a hidden frame's own children take its place, so
+    an operator called through Python (and the suspect under it) stays reachable."""
+    visible: list[int] = []
+    for child in tree.children(node).tolist():
+        if tree.layer[child] == LAYERS.index("python"):
+            visible.extend(_visible_children(tree, child))
+        else:
+            visible.append(child)
+    return visible
+
+
 def _tree_html(tree, node: int, level: int, path: set[int], suspect, finding: Finding) -> str:
-    children = [c for c in tree.children(node).tolist() if tree.layer[c] != LAYERS.index("python")]
+    children = _visible_children(tree, node)
     label = (
         f"<code>{esc(short_name(tree.node_name(node), 100))}</code> "
         f"{esc(format_ns(tree.dur[node]))} (self {esc(format_ns(tree.self_ns[node]))}) "

@@ -1,0 +1,190 @@
+"""The HTML report in a real headless Chromium: it loads from file:// with the network cut off,
+logs no console error, has the verdict, timeline, findings, tree and collectives in its DOM, paints
+a screenshot, and shows hostile strings from traces and logs as text, never as markup.
+
+Needs Debian's chromium (`apt-get update && apt-get install -y chromium`); skipped without it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import struct
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from teller.analysis import Analysis
+from teller.report import write_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium not installed: apt-get update && apt-get install -y chromium",
+)
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND",  # no name resolves: nothing can be fetched
+    "--enable-logging=stderr",
+    "--v=0",
+    "--window-size=1280,2400",
+]
+CONSOLE_ERROR = re.compile(r"ERROR:CONSOLE|Uncaught|:CONSOLE\(\d+\)\].*error", re.IGNORECASE)
+HOSTILE = "<script>alert(1)</script>\"quoted\" 'single'"
+#: The operator the contention case's worst finding names; the escaping test renames it.
+GUILTY = "cudaGraphLaunch"
+CHROMIUM_TIMEOUT_S = 90
+
+
+def chromium(page: Path, tmp_path: Path, *action: str) -> tuple[str, str]:
+    """Run headless Chromium once on a file:// page with a fresh profile: (stdout, stderr)."""
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    done = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *action, page.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=CHROMIUM_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, done.stderr
+
+
+def console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if CONSOLE_ERROR.search(line)]
+
+
+class Dom(HTMLParser):
+    """Elements of the dumped DOM as (tag, attributes, text inside up to the next tag)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str], str]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, {k: v or "" for k, v in attrs}, ""))
+
+    def handle_data(self, data):
+        if self.elements:
+            tag, attrs, text = self.elements[-1]
+            self.elements[-1] = (tag, attrs, text + data)
+
+    def find(self, tag: str | None = None, id: str | None = None, cls: str | None = None):
+        return [
+            e
+            for e in self.elements
+            if (tag is None or e[0] == tag)
+            and (id is None or e[1].get("id") == id)
+            and (cls is None or cls in e[1].get("class", "").split())
+        ]
+
+
+@pytest.fixture(scope="module")
+def report(contention_analysis, tmp_path_factory) -> Path:
+    return write_report(contention_analysis, tmp_path_factory.mktemp("html") / "report.html")
+
+
+def test_detector_sees_a_console_error(tmp_path: Path):
+    """The console check can fail: a page that throws is caught."""
+    page = tmp_path / "throws.html"
+    page.write_text("<!doctype html><p>x</p><script>undefinedFunction()</script>")
+    _, stderr = chromium(page, tmp_path, "--dump-dom")
+    assert console_errors(stderr), stderr[-2000:]
+
+
+def test_report_in_chromium(report: Path, contention_analysis, tmp_path: Path):
+    verdict = contention_analysis.diagnose()
+    worst = verdict.findings[0]
+    dumped, stderr = chromium(report, tmp_path, "--dump-dom")
+    assert console_errors(stderr) == []
+    dom = Dom(dumped)
+    assert not [e for e in dom.elements if re.match(r"https?:", e[1].get("src", ""))]
+    assert not [e for e in dom.elements if re.match(r"https?:", e[1].get("href", ""))]
+
+    (section,) = dom.find("section", id="verdict")
+    assert section[1]["class"] == "verdict"  # red: there are findings
+    assert verdict.summary.splitlines()[0] in dumped
+
+    assert dom.find("svg", id="timeline")
+    anomalous = dom.find("rect", cls="anomalous")
+    flagged = [s for s in verdict.steps if s.anomalous]
+    assert len(anomalous) == len(flagged) > 0
+    assert all(e[1]["fill"] == "#c0392b" for e in anomalous)
+    assert len(dom.find("rect", cls="step")) == len(verdict.steps) - len(flagged)
+
+    assert len(dom.find("table", id="findings")) == 1
+    assert len(dom.find("tr")) >= len(verdict.findings) + 1
+    cells = [e[2] for e in dom.find("td")]
+    assert worst.explanation in cells
+
+    assert dom.find("div", id="tree")
+    suspects = dom.find(cls="suspect")
+    assert len(suspects) == 1
+    assert GUILTY in "".join(e[2] for e in dom.elements[dom.elements.index(suspects[0]) :][:4])
+    assert len(dom.find(cls="path")) >= 2  # the suspect and the nodes above it
+
+    assert dom.find("table", id="collectives")
+    assert any(e[2].startswith("rank 0 arrival") for e in dom.find("th"))
+
+
+def test_screenshot_is_a_painted_png(report: Path, tmp_path: Path):
+    shots = {}
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!doctype html><title>blank</title>")
+    for name, page in (("report", report), ("blank", blank)):
+        shots[name] = tmp_path / f"{name}.png"
+        chromium(page, tmp_path, f"--screenshot={shots[name]}")
+    data = shots["report"].read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (1280, 2400)
+    # Text, bars and tables compress far worse than an empty page of the same size.
+    assert len(data) > 5 * shots["blank"].stat().st_size
+
+
+@pytest.fixture(scope="module")
+def hostile_case(contention_case: Path, tmp_path_factory) -> Path:
+    """The contention case with the guilty operator and the step log lines carrying markup."""
+    case = tmp_path_factory.mktemp("hostile") / "case"
+    shutil.copytree(contention_case, case)
+    for trace in sorted((case / "traces").glob("*.json.gz")):
+        document = json.loads(gzip.decompress(trace.read_bytes()))
+        for event in document["traceEvents"]:
+            if event.get("name") == GUILTY:
+                event["name"] = GUILTY + HOSTILE
+        trace.write_bytes(gzip.compress(json.dumps(document).encode(), compresslevel=1))
+    log = case / "logs" / "server0.log"
+    lines = log.read_text().splitlines()
+    log.write_text(
+        "\n".join(f"{line} {HOSTILE}" if "Iteration(" in line else line for line in lines)
+    )
+    return case
+
+
+def test_hostile_strings_render_escaped(hostile_case: Path, tmp_path: Path):
+    analysis = Analysis(hostile_case)
+    worst = analysis.diagnose().findings[0]
+    assert worst.operator == GUILTY + HOSTILE  # the markup really reached the verdict
+    assert any(HOSTILE in line.text for line in worst.log_lines)
+    report = write_report(analysis, tmp_path / "hostile.html")
+    assert "<script>" not in report.read_text()
+    dumped, stderr = chromium(report, tmp_path, "--dump-dom")
+    assert console_errors(stderr) == []
+    dom = Dom(dumped)
+    assert dom.find("script") == []  # parsed as text, so no script element exists
+    texts = [e[2] for e in dom.find("code")]
+    assert any(HOSTILE in text for text in texts)  # shown verbatim, quotes included
+    assert any(GUILTY + HOSTILE in text for text in texts)
