@@ -1,0 +1,325 @@
+"""Cases → training examples: one example per step (iteration) of one case, all ranks.
+
+Reading a case is the slow part (trees of 10⁵ nodes), so it happens once, into `StepRecord`s that
+keep only what an example needs: the step's numeric features, the localizer's top candidates with
+the ancestor path of each (a small `Slice`, so the TPE vocabulary can be trained on them and any
+vocabulary can encode them later), the step's aligned log lines, and the labels. `encode` turns
+records into padded arrays for a given vocabulary; `raw=True` encodes every node as its own token
+(the "no TPE" ablation).
+
+Bounded sequences: the localizer (run with thresholds low enough to over-propose) narrows a step
+of 10⁴–10⁵ nodes to `MAX_CANDIDATES` candidate nodes; each brings at most `PATH_TOKENS` tokens of
+context (the deepest ones of its ancestor path).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from teller.callchain.tree import CallTree
+from teller.ingest.schema import LAYER_CODE
+from teller.lab.labels import CaseLabels
+from teller.localize.localizer import NumericLocalizer, OperatorCandidate
+from teller.rca.model import (
+    CANDIDATE_KINDS,
+    FAULT_NAMES,
+    LOG_FLOATS,
+    ROLE_CONTEXT,
+    ROLE_FOCUS,
+    STEP_FLOATS,
+    TOKEN_FLOATS,
+    log_bucket,
+    safe_log_ratio,
+)
+from teller.slices.cut import slice_of_nodes
+from teller.slices.slice import Slice
+from teller.tpe.tokenizer import TPE
+
+MAX_CANDIDATES = 8
+PATH_TOKENS = 6
+MAX_TRACE_TOKENS = MAX_CANDIDATES * PATH_TOKENS
+MAX_LOG_LINES = 8
+#: Proposal thresholds: far below the localizer's own (5σ, 15%), so the model sees the borderline
+#: steps and learns which of them are faults; the localizer stays the cheap first stage.
+PROPOSE_Z = 3.0
+PROPOSE_RATIO = 1.03
+STEP_KINDS = ("prefill", "decode", "mixed")
+_GPU = np.array([LAYER_CODE[n] for n in ("kernel", "memcpy", "memset")])
+_HOST = np.array([LAYER_CODE[n] for n in ("cpu_op", "runtime")])
+_COMM = LAYER_CODE["comm"]
+
+
+@dataclass
+class StepRecord:
+    """Everything one example needs, cut out of a case once."""
+
+    case_id: str
+    iteration: int
+    step_float: np.ndarray  # STEP_FLOATS
+    candidates: list[OperatorCandidate]
+    paths: list[Slice]  # ancestor path of each candidate's node, the node last
+    log_template: np.ndarray  # int, hashed template buckets (0 = none)
+    log_float: np.ndarray  # (lines, LOG_FLOATS)
+    log_lines: list[str]
+    localizer_anomalous: bool
+    expected_ns: int
+    dur_ns: int
+    # labels (None/False without a labels.json)
+    anomalous: bool = False
+    fault: str = "none"
+    target: int = -1  # index into candidates of the guilty one, -1 unknown/none
+    meta: dict = field(default_factory=dict)
+
+
+def case_records(
+    tree: CallTree,
+    case_id: str,
+    labels: CaseLabels | None = None,
+    log_paths: Sequence[Path] = (),
+) -> list[StepRecord]:
+    """One record per iteration of the tree."""
+    localization = NumericLocalizer(
+        step_z=PROPOSE_Z, min_ratio=PROPOSE_RATIO, top_k=MAX_CANDIDATES
+    ).score(tree)
+    work = _work_features(tree)
+    logs = _aligned_logs(tree, log_paths)
+    strict = NumericLocalizer()
+    records = []
+    truth = set(labels.steps) if labels is not None and labels.is_fault else set()
+    for score in localization.steps:
+        steps = tree.steps
+        row = int(np.flatnonzero(steps.index == score.iteration)[0])
+        kind = steps.kind[row]
+        step_float = np.zeros(STEP_FLOATS, dtype=np.float32)
+        step_float[0] = np.clip(score.z / 10.0, -2.0, 5.0)
+        step_float[1] = safe_log_ratio(score.dur_ns, score.expected_ns)
+        step_float[2] = np.log1p(max(int(steps.context_tokens[row]), 0)) / 8.0
+        step_float[3] = np.log1p(max(int(steps.generation_tokens[row]), 0)) / 8.0
+        if kind in STEP_KINDS:
+            step_float[4 + STEP_KINDS.index(kind)] = 1.0
+        step_float[7] = float(
+            score.z >= strict.step_z and score.dur_ns >= strict.min_ratio * score.expected_ns
+        )
+        step_float[8:14] = work[score.iteration]
+        candidates = localization.candidates.get(score.iteration, [])
+        templates, floats, lines = logs.get(
+            score.iteration,
+            (np.zeros(0, np.int64), np.zeros((0, LOG_FLOATS), np.float32), []),
+        )
+        record = StepRecord(
+            case_id=case_id,
+            iteration=score.iteration,
+            step_float=step_float,
+            candidates=candidates,
+            paths=[slice_of_nodes(tree, [c.node]) for c in candidates],
+            log_template=templates,
+            log_float=floats,
+            log_lines=lines,
+            localizer_anomalous=bool(step_float[7]),
+            expected_ns=score.expected_ns,
+            dur_ns=score.dur_ns,
+        )
+        if labels is not None:
+            record.anomalous = score.iteration in truth
+            record.fault = labels.fault if record.anomalous else "none"
+            record.target = _target(candidates, labels) if record.anomalous else -1
+        records.append(record)
+    return records
+
+
+def _target(candidates: list[OperatorCandidate], labels: CaseLabels) -> int:
+    """The candidate the labels blame: same operator and rank, else same operator, else (for
+    faults without an operator) the first candidate on the guilty rank."""
+    op, rank = labels.guilty_operator, labels.guilty_rank
+    rules = []
+    if op is not None:
+        rules += [lambda c: c.operator == op and c.rank == rank, lambda c: c.operator == op]
+    elif rank is not None:
+        rules.append(lambda c: c.rank == rank)
+    for rule in rules:
+        for i, candidate in enumerate(candidates):
+            if rule(candidate):
+                return i
+    return -1
+
+
+def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
+    """Per iteration, for GPU, host and comm work: the largest rank's share against the median
+    rank (imbalance) and against its own median over the case (temporal), as log ratios."""
+    steps = tree.steps
+    in_step = tree.step >= 0
+    gpu = in_step & np.isin(tree.layer, _GPU) & (tree.stream >= 0)
+    host = in_step & np.isin(tree.layer, _HOST) & (tree.stream < 0)
+    comm = in_step & (tree.layer == _COMM)
+    measures = [
+        np.bincount(tree.step[gpu], weights=tree.dur[gpu], minlength=len(steps)),
+        np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=len(steps)),
+        np.bincount(tree.step[comm], weights=tree.dur[comm], minlength=len(steps)),
+    ]
+    iterations = np.unique(steps.index)
+    ranks = np.unique(steps.rank)
+    it_pos = {int(it): i for i, it in enumerate(iterations.tolist())}
+    rank_pos = {int(r): j for j, r in enumerate(ranks.tolist())}
+    out = np.zeros((len(iterations), 2 * len(measures)), dtype=np.float32)
+    for m, measure in enumerate(measures):
+        grid = np.full((len(iterations), len(ranks)), np.nan)
+        for k in range(len(steps)):
+            grid[it_pos[int(steps.index[k])], rank_pos[int(steps.rank[k])]] = measure[k]
+        logs = np.log(np.maximum(np.nan_to_num(grid, nan=1.0), 1.0))
+        imbalance = logs - np.median(logs, axis=1, keepdims=True)
+        temporal = logs - np.median(logs, axis=0, keepdims=True)
+        out[:, 2 * m] = np.clip(imbalance.max(axis=1), -3, 3)
+        out[:, 2 * m + 1] = np.clip(temporal.max(axis=1), -3, 3)
+    return {int(it): out[i] for i, it in enumerate(iterations.tolist())}
+
+
+def _aligned_logs(
+    tree: CallTree, log_paths: Sequence[Path]
+) -> dict[int, tuple[np.ndarray, np.ndarray, list[str]]]:
+    """Per iteration: the hashed templates, numeric fields and raw text of its aligned log lines
+    (warnings and errors first, then in file order; at most MAX_LOG_LINES)."""
+    if not log_paths:
+        return {}
+    from teller.align.align import align_tree
+
+    result = align_tree(tree, list(log_paths))
+    table = result.logs.table
+    step = result.alignment.step
+    templates = table.column("template_id").to_pylist()
+    fields = table.column("fields").to_pylist()
+    levels = table.column("level").to_pylist()
+    raw = table.column("raw").to_pylist()
+    by_step: dict[int, list[int]] = {}
+    for i, s in enumerate(step.tolist()):
+        if s >= 0:
+            by_step.setdefault(int(s), []).append(i)
+    out = {}
+    for s, rows in by_step.items():
+        rows = sorted(rows, key=lambda i: (levels[i] not in ("WARNING", "ERROR"), i))
+        rows = rows[:MAX_LOG_LINES]
+        floats = np.zeros((len(rows), LOG_FLOATS), dtype=np.float32)
+        for j, i in enumerate(rows):
+            floats[j] = _numeric_fields(fields[i])
+            floats[j, -1] = levels[i] in ("WARNING", "ERROR")
+        buckets = np.array([log_bucket(templates[i] or 0, 64) for i in rows], dtype=np.int64)
+        out[s] = (buckets, floats, [raw[i] for i in rows])
+    return out
+
+
+def _numeric_fields(text: str | None) -> np.ndarray:
+    """The first LOG_FLOATS-1 numeric fields of a line (by key order), log-scaled."""
+    values = np.zeros(LOG_FLOATS, dtype=np.float32)
+    if not text:
+        return values
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return values
+    numbers = [v for _, v in sorted(data.items()) if isinstance(v, int | float)]
+    for j, v in enumerate(numbers[: LOG_FLOATS - 1]):
+        values[j] = np.sign(v) * np.log1p(abs(float(v))) / 10.0
+    return values
+
+
+def train_vocab(records: Sequence[StepRecord], vocab_size: int) -> TPE:
+    """A TPE vocabulary learned from the candidate paths of the training records."""
+    slices = [path for record in records for path in record.paths]
+    return TPE.train(slices, vocab_size)
+
+
+def path_tokens(tpe: TPE, path: Slice, raw: bool) -> list[tuple[int, int, int, int, int]]:
+    """(kind id, layer, rank, dur_ns, depth) per token of an ancestor path, root first.
+
+    With `raw`, every node is its own token with its base kind (no merges)."""
+    if raw:
+        return [
+            (
+                tpe.kind_id(int(path.layer[i]), path.node_name(i)),
+                int(path.layer[i]),
+                int(path.rank[i]),
+                int(path.dur[i]),
+                int(path.depth[i]),
+            )
+            for i in range(len(path))
+        ]
+    tokens = tpe.encode(path)
+    out = []
+    for t in range(len(tokens)):
+        first = int(tokens.offsets[t])
+        position = int(tokens.position[first])
+        out.append(
+            (
+                int(tokens.kind[t]),
+                int(path.layer[position]),
+                int(tokens.rank[first]),
+                int(tokens.dur_ns[t]),
+                int(tokens.depth[t]),
+            )
+        )
+    return out
+
+
+def encode(
+    records: Sequence[StepRecord], tpe: TPE, raw: bool = False, log_vocab: int = 64
+) -> dict[str, np.ndarray]:
+    """Padded arrays for `RootCauseModel`; `focus_candidate[b, t]` maps a token to its candidate."""
+    n = len(records)
+    arrays = {
+        "tok_kind": np.zeros((n, MAX_TRACE_TOKENS), np.int64),
+        "tok_layer": np.zeros((n, MAX_TRACE_TOKENS), np.int64),
+        "tok_rank": np.zeros((n, MAX_TRACE_TOKENS), np.int64),
+        "tok_ckind": np.zeros((n, MAX_TRACE_TOKENS), np.int64),
+        "tok_role": np.zeros((n, MAX_TRACE_TOKENS), np.int64),
+        "tok_float": np.zeros((n, MAX_TRACE_TOKENS, TOKEN_FLOATS), np.float32),
+        "focus_candidate": np.full((n, MAX_TRACE_TOKENS), -1, np.int64),
+        "step_float": np.zeros((n, STEP_FLOATS), np.float32),
+        "log_template": np.zeros((n, MAX_LOG_LINES), np.int64),
+        "log_float": np.zeros((n, MAX_LOG_LINES, LOG_FLOATS), np.float32),
+        "y_step": np.zeros(n, np.float32),
+        "y_ptr": np.full(n, -1, np.int64),
+        "y_fault": np.zeros(n, np.int64),
+    }
+    for b, record in enumerate(records):
+        arrays["step_float"][b] = record.step_float
+        lines = min(len(record.log_template), MAX_LOG_LINES)
+        arrays["log_template"][b, :lines] = (record.log_template[:lines] - 1) % log_vocab + 1
+        arrays["log_float"][b, :lines] = record.log_float[:lines]
+        t = 0
+        for c, (candidate, path) in enumerate(zip(record.candidates, record.paths, strict=True)):
+            tokens = path_tokens(tpe, path, raw)[-PATH_TOKENS:]
+            for j, (kind, layer, rank, dur_ns, depth) in enumerate(tokens):
+                focus = j == len(tokens) - 1
+                arrays["tok_kind"][b, t] = kind
+                arrays["tok_layer"][b, t] = layer
+                arrays["tok_rank"][b, t] = rank
+                arrays["tok_role"][b, t] = ROLE_FOCUS if focus else ROLE_CONTEXT
+                floats = arrays["tok_float"][b, t]
+                floats[0] = np.log1p(dur_ns / 1e3) / 10.0
+                floats[1] = depth / 20.0
+                if focus:
+                    arrays["tok_ckind"][b, t] = CANDIDATE_KINDS.index(candidate.kind)
+                    arrays["focus_candidate"][b, t] = c
+                    floats[2] = safe_log_ratio(candidate.observed_ns, candidate.normal_ns)
+                    floats[3] = np.log1p(max(candidate.score, 0.0) / 1e3) / 10.0
+                    floats[4] = np.clip(candidate.z / 100.0, -3.0, 3.0)
+                    floats[5] = c / MAX_CANDIDATES
+                    if c == record.target:
+                        arrays["y_ptr"][b] = t
+                t += 1
+        arrays["y_step"][b] = float(record.anomalous)
+        arrays["y_fault"][b] = FAULT_NAMES.index(record.fault)
+    return arrays
+
+
+def read_case_records(case_dir: Path, use_logs: bool = True) -> list[StepRecord]:
+    """Records of one labelled case directory (labels.json, traces/, logs/)."""
+    from teller.eval.cases import Case
+
+    case = Case(case_dir, CaseLabels.read(case_dir))
+    logs = case.log_files() if use_logs else []
+    return case_records(case.tree(), case.case_id, case.labels, logs)

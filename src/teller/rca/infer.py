@@ -1,0 +1,272 @@
+"""Load a trained root-cause model and diagnose a tree: steps, guilty operator and rank, words.
+
+The explanation is grounded by construction: the explanation head only chooses a fault type, and
+the sentence is that fault's template (`TEMPLATES`) with its slots filled from the facts of the
+node the pointer picked (`NodeFacts`: operator, rank, observed and normal time, the step's first
+aligned log line). No other operator or rank reaches the text, so it cannot name one the pointer
+did not pick; a step without a candidate node gets a template with no operator slot.
+
+`RootCauseMethod` wraps the model in the scoreboard's estimator shape (`fit`, `score`).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from teller.callchain.render import format_ns
+from teller.callchain.tree import CallTree
+from teller.errors import TraceError
+from teller.localize.localizer import Localization, OperatorCandidate, StepScore
+from teller.rca.dataset import StepRecord, case_records, encode
+from teller.rca.model import FAULT_NAMES, ModelConfig, RootCauseModel
+from teller.rca.train import FORMAT
+from teller.tpe.tokenizer import TPE
+
+DEFAULT_MODEL = Path(__file__).parent / "default_model" / "model"
+#: Step probability above which a step is reported as anomalous.
+THRESHOLD = 0.5
+#: Fault types that are not faults: never the explanation of a flagged step.
+NOT_FAULTS = ("none", "workload_shift")
+
+#: One sentence per fault type; the only slots are the pointed node's facts.
+TEMPLATES: dict[str, str] = {
+    "cpu_contention": "Rank {rank}'s CPU is contended: {operator} stretches ({observed} vs {normal} normal).",
+    "straggler": "Rank {rank} reaches every collective late; its peers wait inside {operator}.",
+    "net_throttle": "The network of rank {rank} is throttled; {operator} takes longer ({observed} vs {normal}).",
+    "slow_operator": "On rank {rank} {operator} became slower ({observed} vs {normal} normal).",
+    "scheduler_misconfig": "The scheduler's token budget and batch size are too small: requests queue.",
+    "host_stall": "Rank {rank}'s host stalls between operators, around {operator}.",
+    "memory_pressure": "Rank {rank} is under memory pressure: {operator} spends time in page faults.",
+    "gpu_throttle": "GPU {rank} is power-capped: all its kernels run slower, led by {operator}.",
+    "gpu_contention": "Another process shares GPU {rank}: its kernels ({operator} first) slow erratically.",
+    "kv_pressure": "The KV cache is too small: requests are preempted and their prefills recomputed.",
+    "host_cpu_contention": "Rank {rank}'s host CPU is contended: launches ({operator}) lag and the GPU idles.",
+    "net_delay": "The network link of rank {rank}'s node adds latency to {operator}.",
+    "bandwidth_throttle": "The network link of rank {rank}'s node lost bandwidth; {operator} takes longer.",
+    "link_contention": "The link between rank {rank} and its ring neighbour is contended; {operator} slows.",
+    "kernel_regression": "On rank {rank} one GEMM falls back to {operator}, which is slower.",
+    "collective_hang": "Rank {rank} never reached its all-reduce; peers hung in {operator} until the NCCL watchdog fired.",
+}
+#: For a flagged step with no candidate node at all: nothing to name.
+NO_NODE = "Step {step} is slower than its batch predicts; no single operator stands out."
+
+
+@dataclass
+class NodeFacts:
+    """What the explanation may say: the pointed node's facts and nothing else."""
+
+    operator: str
+    rank: int
+    observed_ns: int
+    normal_ns: int
+    log_line: str | None = None
+
+
+def explain(fault: str, facts: NodeFacts | None, step: int) -> str:
+    if facts is None:
+        return NO_NODE.format(step=step)
+    return TEMPLATES[fault].format(
+        operator=facts.operator,
+        rank=facts.rank,
+        observed=format_ns(facts.observed_ns),
+        normal=format_ns(facts.normal_ns),
+    )
+
+
+@dataclass
+class StepDiagnosis:
+    iteration: int
+    probability: float
+    anomalous: bool
+    dur_ns: int
+    expected_ns: int
+    fault: str
+    facts: NodeFacts | None
+    explanation: str
+    candidates: list[tuple[OperatorCandidate, float]] = field(default_factory=list)
+
+
+@dataclass
+class LoadedModel:
+    model: RootCauseModel
+    tpe: TPE
+    raw_nodes: bool
+    path: Path
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> LoadedModel:
+        """Weights from safetensors, configuration and vocabulary from JSON (never a pickle)."""
+        path = Path(path) if path is not None else DEFAULT_MODEL
+        try:
+            meta = json.loads((path / "config.json").read_text())
+        except FileNotFoundError:
+            raise TraceError(path, "not a model directory (no config.json)") from None
+        except json.JSONDecodeError as error:
+            raise TraceError(path / "config.json", f"not valid JSON ({error.msg})") from None
+        if meta.get("format") != FORMAT or tuple(meta.get("fault_names", ())) != FAULT_NAMES:
+            raise TraceError(path / "config.json", f"not a {FORMAT} model for this teller")
+        model = RootCauseModel(ModelConfig(**meta["model"]))
+        try:
+            model.load_state_dict(load_file(path / "model.safetensors"))
+        except (OSError, RuntimeError) as error:
+            raise TraceError(path / "model.safetensors", f"unusable weights: {error}") from None
+        model.eval()
+        return cls(model, TPE.load(path / "tpe.json"), bool(meta["raw_nodes"]), path)
+
+    def diagnose_records(self, records: Sequence[StepRecord]) -> list[StepDiagnosis]:
+        if not records:
+            return []
+        arrays = encode(
+            records, self.tpe, raw=self.raw_nodes, log_vocab=self.model.config.log_vocab
+        )
+        batch = {
+            k: torch.from_numpy(v)
+            for k, v in arrays.items()
+            if not k.startswith("y_") and k != "focus_candidate"
+        }
+        with torch.no_grad():
+            outputs, _ = self.model(batch)
+        probability = torch.sigmoid(outputs["step_logit"]).numpy()
+        pointer = torch.softmax(outputs["pointer"], dim=-1).numpy()
+        fault_logits = outputs["fault_logits"].numpy()
+        for name in NOT_FAULTS:
+            fault_logits[:, FAULT_NAMES.index(name)] = -np.inf
+        out = []
+        for b, record in enumerate(records):
+            focus = arrays["focus_candidate"][b]
+            ranked = sorted(
+                ((int(focus[t]), float(pointer[b, t])) for t in np.flatnonzero(focus >= 0)),
+                key=lambda pair: -pair[1],
+            )
+            candidates = [(record.candidates[c], p) for c, p in ranked]
+            facts = None
+            if candidates:
+                top = candidates[0][0]
+                facts = NodeFacts(
+                    top.operator,
+                    top.rank,
+                    top.observed_ns,
+                    top.normal_ns,
+                    record.log_lines[0] if record.log_lines else None,
+                )
+            fault = FAULT_NAMES[int(fault_logits[b].argmax())]
+            out.append(
+                StepDiagnosis(
+                    iteration=record.iteration,
+                    probability=float(probability[b]),
+                    anomalous=bool(probability[b] >= THRESHOLD),
+                    dur_ns=record.dur_ns,
+                    expected_ns=record.expected_ns,
+                    fault=fault,
+                    facts=facts,
+                    explanation=explain(fault, facts, record.iteration),
+                    candidates=candidates,
+                )
+            )
+        return out
+
+    def diagnose(
+        self, tree: CallTree, log_paths: Sequence[Path] = (), case_id: str = ""
+    ) -> list[StepDiagnosis]:
+        """Every step of the tree, in step order."""
+        return self.diagnose_records(case_records(tree, case_id, None, log_paths))
+
+
+#: Step records per tree, shared by the model variants scored on one tree in one harness run
+#: (reading the candidates is most of a variant's cost; the records do not depend on the model).
+_RECORDS: weakref.WeakKeyDictionary[CallTree, list[StepRecord]] = weakref.WeakKeyDictionary()
+
+
+class RootCauseMethod:
+    """The model as a scoreboard method: `fit(normal_trees)` then `score(tree) -> Localization`.
+
+    The model is trained offline (`teller train`), so `fit` learns nothing; the harness gives
+    `score` a tree only, so the model sees no logs here."""
+
+    def __init__(self, model_dir: str | Path | None = None) -> None:
+        self.model_dir = model_dir
+
+    def fit(self, normal_trees: list[CallTree]) -> RootCauseMethod:
+        self.model_ = LoadedModel.load(self.model_dir)
+        return self
+
+    def score(self, tree: CallTree) -> Localization:
+        records = _RECORDS.get(tree)
+        if records is None:
+            records = _RECORDS[tree] = case_records(tree, "")
+        steps, candidates = [], {}
+        for d in self.model_.diagnose_records(records):
+            steps.append(
+                StepScore(d.iteration, "", d.dur_ns, d.expected_ns, d.probability, d.anomalous)
+            )
+            if d.anomalous:
+                candidates[d.iteration] = [
+                    OperatorCandidate(
+                        c.iteration,
+                        c.rank,
+                        c.operator,
+                        p,
+                        c.observed_ns,
+                        c.normal_ns,
+                        c.z,
+                        c.node,
+                        c.reference,
+                        c.kind,
+                    )
+                    for c, p in d.candidates
+                ]
+        return Localization(steps=steps, candidates=candidates)
+
+
+def variant_dir(name: str) -> Path:
+    """A shipped model variant (`model`, `no-logs`, `no-numeric`, `raw-nodes`)."""
+    return DEFAULT_MODEL.parent / name
+
+
+def diagnose_path(
+    path: str | Path, log_paths: Sequence[str | Path] = (), model_dir: str | Path | None = None
+) -> list[StepDiagnosis]:
+    """Diagnose a case directory (traces/ and logs/ inside) or a directory of rank trace files."""
+    from teller.callchain.tree import build_tree
+    from teller.ingest import find_trace_files, read_run
+
+    path = Path(path)
+    traces = path / "traces" if (path / "traces").is_dir() else path
+    logs = [Path(p) for p in log_paths]
+    if not logs and (path / "logs").is_dir():
+        logs = sorted((path / "logs").glob("*.log"))
+    model = LoadedModel.load(model_dir)
+    tree = build_tree(read_run(find_trace_files([traces])))
+    return model.diagnose(tree, logs, case_id=path.name)
+
+
+def render(diagnoses: list[StepDiagnosis], top: int = 10) -> str:
+    """Anomalous steps, most certain first: operator, rank, explanation and the evidence."""
+    flagged = sorted((d for d in diagnoses if d.anomalous), key=lambda d: -d.probability)
+    if not flagged:
+        return f"no anomalous step among {len(diagnoses)}"
+    lines = [f"{len(flagged)} anomalous step(s) of {len(diagnoses)}"]
+    for d in flagged[:top]:
+        where = f"{d.facts.operator} on rank {d.facts.rank}" if d.facts else "no single operator"
+        lines.append(
+            f"step {d.iteration}  p={d.probability:.2f}  {format_ns(d.dur_ns)} vs "
+            f"{format_ns(d.expected_ns)} expected  {d.fault}: {where}"
+        )
+        lines.append(f"  {d.explanation}")
+        if d.facts:
+            lines.append(
+                f"  evidence: {format_ns(d.facts.observed_ns)} observed vs "
+                f"{format_ns(d.facts.normal_ns)} normal"
+                + (f"; log: {d.facts.log_line}" if d.facts.log_line else "")
+            )
+    if len(flagged) > top:
+        lines.append(f"… {len(flagged) - top} more")
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""The multimodal root-cause model: one small transformer encoder, three heads (nanoGPT-like).
+
+One example is one step of one case, all ranks. Its inputs are three modalities laid out as one
+sequence of at most ``1 + 1 + max_trace_tokens + max_log_lines`` positions:
+
+* a summary position (``[CLS]``) whose output the step and explanation heads read;
+* the step's numeric features (batch composition, step time against its expected time, per-rank
+  GPU/host/comm work), projected to one position;
+* the step's slice as TPE tokens: for each of the localizer's top candidate nodes, the tokens of
+  its ancestor path (the candidate's own node is in the last one, its *focus* token), each with
+  its vocabulary id, layer, rank, candidate kind, role and a few numbers (log-duration, depth,
+  observed/normal, excess, z);
+* the aligned log lines: template ids hashed into a small vocabulary plus a few numeric fields.
+
+Heads, trained jointly with ``L = λ_step·L_step + λ_op·L_op + λ_explain·L_explain``:
+
+* **step**: is this step anomalous (binary, from ``[CLS]``);
+* **pointer**: a score per token, masked to focus tokens, so it can only ever pick a candidate
+  node; the pointed token resolves to that node's operator and rank;
+* **explain**: the fault type, read from ``[CLS]`` and the pointed token together. The words come
+  from that fault's template with slots filled from the pointed node's facts only
+  (`teller.rca.infer.explain`), so an explanation cannot name an operator or rank the pointer did
+  not pick.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from teller.ingest.schema import LAYERS
+from teller.lab.labels import FAULTS
+
+#: Fault types the explanation head chooses between, in a fixed order (saved with the model).
+FAULT_NAMES: tuple[str, ...] = tuple(FAULTS)
+#: Candidate kinds as the localizer names them; 0 is a context (non-candidate) token.
+CANDIDATE_KINDS = ("context", "compute", "arrival", "transfer")
+#: Token roles: padding, ancestor context, a candidate's own (focus) token.
+ROLE_PAD, ROLE_CONTEXT, ROLE_FOCUS = 0, 1, 2
+TOKEN_FLOATS = 6
+LOG_FLOATS = 4
+STEP_FLOATS = 16
+MAX_RANKS = 64
+
+
+@dataclass
+class ModelConfig:
+    """Sizes and switches of one model; saved as JSON beside its weights."""
+
+    vocab_size: int = 512  # TPE vocabulary (token kind ids at or above it share the last id)
+    log_vocab: int = 64  # hashed log-template buckets (+1 for padding)
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    dropout: float = 0.0
+    use_logs: bool = True
+    use_numeric: bool = True
+    lambda_step: float = 1.0
+    lambda_op: float = 1.0
+    lambda_explain: float = 0.5
+    pos_weight: float = 4.0  # anomalous steps are rare: weight them up in L_step
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: self-attention with a padding mask, then an MLP."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.proj = nn.Linear(config.d_model, config.d_model)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.d_model, 4 * config.d_model),
+            nn.GELU(),
+            nn.Linear(4 * config.d_model, config.d_model),
+        )
+        self.n_heads = config.n_heads
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(width, dim=2)
+        shape = (batch, length, self.n_heads, width // self.n_heads)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        mask = keep[:, None, None, :]  # attend to real positions only
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        x = x + self.proj(y.transpose(1, 2).reshape(batch, length, width))
+        return x + self.mlp(self.ln_2(x))
+
+
+class RootCauseModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.cls = nn.Parameter(torch.zeros(1, 1, d))
+        self.modality = nn.Embedding(4, d)  # cls, numeric, trace, log
+        self.step_in = nn.Linear(STEP_FLOATS, d)
+        self.kind = nn.Embedding(config.vocab_size + 1, d)
+        self.layer = nn.Embedding(len(LAYERS), d)
+        self.rank = nn.Embedding(MAX_RANKS, d)
+        self.cand_kind = nn.Embedding(len(CANDIDATE_KINDS), d)
+        self.role = nn.Embedding(3, d)
+        self.token_in = nn.Linear(TOKEN_FLOATS, d)
+        self.template = nn.Embedding(config.log_vocab + 1, d, padding_idx=0)
+        self.log_in = nn.Linear(LOG_FLOATS, d)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.step_head = nn.Linear(d, 1)
+        self.pointer_head = nn.Linear(d, 1)
+        self.explain_head = nn.Sequential(
+            nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, len(FAULT_NAMES))
+        )
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(
+        self, batch: dict[str, torch.Tensor], pointed: torch.Tensor | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """Outputs (step logit, pointer logits, fault logits), and the losses when labels are given.
+
+        `pointed` picks the token the explanation head reads; by default the labelled one where
+        there is a label (teacher forcing), else the pointer's own choice.
+        """
+        c = self.config
+        size = batch["step_float"].shape[0]
+        tokens = batch["tok_kind"].clamp(max=c.vocab_size)
+        trace = (
+            self.kind(tokens)
+            + self.layer(batch["tok_layer"])
+            + self.rank(batch["tok_rank"].clamp(0, MAX_RANKS - 1))
+            + self.cand_kind(batch["tok_ckind"])
+            + self.role(batch["tok_role"])
+            + self.token_in(batch["tok_float"])
+            + self.modality.weight[2]
+        )
+        trace_keep = batch["tok_role"] > 0
+        step = (self.step_in(batch["step_float"]) + self.modality.weight[1])[:, None]
+        step_keep = torch.full((size, 1), c.use_numeric, dtype=torch.bool)
+        logs = (
+            self.template(batch["log_template"])
+            + self.log_in(batch["log_float"])
+            + self.modality.weight[3]
+        )
+        log_keep = (batch["log_template"] > 0) & c.use_logs
+        cls = (self.cls + self.modality.weight[0]).expand(size, 1, -1)
+        x = torch.cat([cls, step, trace, logs], dim=1)
+        keep = torch.cat([torch.ones_like(step_keep), step_keep, trace_keep, log_keep], dim=1)
+        for block in self.blocks:
+            x = block(x, keep)
+        x = self.ln_f(x)
+        summary = x[:, 0]
+        trace_out = x[:, 2 : 2 + trace.shape[1]]
+        step_logit = self.step_head(summary).squeeze(-1)
+        focus = batch["tok_role"] == ROLE_FOCUS
+        pointer = self.pointer_head(trace_out).squeeze(-1).masked_fill(~focus, -1e9)
+        if pointed is None:
+            pointed = batch.get("y_ptr", torch.full((size,), -1, dtype=torch.long))
+            pointed = torch.where(pointed >= 0, pointed, pointer.argmax(-1))
+        chosen = trace_out[torch.arange(size), pointed.clamp(min=0)]
+        chosen = chosen * focus.any(-1, keepdim=True)  # no candidate: nothing to read
+        fault_logits = self.explain_head(torch.cat([summary, chosen], dim=-1))
+        outputs = {"step_logit": step_logit, "pointer": pointer, "fault_logits": fault_logits}
+        if "y_step" not in batch:
+            return outputs, None
+        return outputs, self.losses(outputs, batch)
+
+    def losses(
+        self, outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        c = self.config
+        step_loss = F.binary_cross_entropy_with_logits(
+            outputs["step_logit"],
+            batch["y_step"],
+            pos_weight=torch.tensor(c.pos_weight),
+        )
+        has_target = batch["y_ptr"] >= 0
+        op_loss = (
+            F.cross_entropy(outputs["pointer"][has_target], batch["y_ptr"][has_target])
+            if has_target.any()
+            else outputs["pointer"].sum() * 0.0
+        )
+        explain_loss = F.cross_entropy(outputs["fault_logits"], batch["y_fault"])
+        total = c.lambda_step * step_loss + c.lambda_op * op_loss + c.lambda_explain * explain_loss
+        return {"total": total, "step": step_loss, "op": op_loss, "explain": explain_loss}
+
+
+def log_bucket(template_id: int, buckets: int) -> int:
+    """Hashed template id in 1..buckets (0 is padding); template ids are already hashes."""
+    return 1 + int(template_id) % buckets
+
+
+def safe_log_ratio(observed: float, normal: float) -> float:
+    return math.log(max(observed, 1.0) / max(normal, 1.0))

@@ -1,0 +1,184 @@
+"""Train the root-cause model: `train(config) -> TrainResult`.
+
+Cases are read once into step records (in `jobs` processes: reading a trace is the slow part), the
+TPE vocabulary is learned from their candidate paths, and the model is fitted with AdamW on all
+steps of the training cases. The evaluation cases are a different recipe (different seeds), so the
+split is by case by construction. Deterministic under `seed` (one thread, seeded shuffles).
+
+A checkpoint is a directory: `model.safetensors` (weights), `config.json` (model and training
+configuration, fault names, input switches) and `tpe.json` (the vocabulary). Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from teller.errors import TellerError
+from teller.rca.dataset import encode, read_case_records, train_vocab
+from teller.rca.model import FAULT_NAMES, ModelConfig, RootCauseModel
+from teller.tpe.tokenizer import TPE
+
+FORMAT = "teller.rca/1"
+
+
+@dataclass
+class TrainConfig:
+    data: list[str]  # case directories, or folders holding them
+    out: str
+    model: ModelConfig = field(default_factory=ModelConfig)
+    raw_nodes: bool = False  # ablation: every node its own token (no TPE merges)
+    tpe_vocab: int = 512
+    epochs: int = 40
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    seed: int = 0
+    log_dropout: float = 0.5  # share of training steps shown without logs (the scoreboard has none)
+    jobs: int = 1
+    cache_dir: str | None = None  # encoded dataset cache (npz + tpe.json), keyed by the inputs
+    progress: bool = True
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    cases: int
+    examples: int
+    anomalous: int
+    losses: list[float]  # mean total loss per epoch
+    seconds: float
+    params: int
+
+
+def find_case_dirs(roots: list[str]) -> list[Path]:
+    dirs = []
+    for root in map(Path, roots):
+        if (root / "labels.json").is_file():
+            dirs.append(root)
+        else:
+            dirs.extend(sorted(p.parent for p in root.rglob("labels.json")))
+    if not dirs:
+        raise TellerError(f"{', '.join(roots)}: no labelled cases (labels.json) found")
+    return dirs
+
+
+def load_dataset(config: TrainConfig) -> tuple[dict[str, np.ndarray], TPE, int]:
+    """Encoded arrays, the vocabulary and the case count; from the cache when it has them.
+
+    The cache holds both encodings (TPE and raw nodes) of one read, so the ablations cost no
+    second pass over the traces."""
+    dirs = find_case_dirs(config.data)
+    key = hashlib.sha256(
+        json.dumps([str(d.resolve()) for d in dirs] + [config.tpe_vocab, FORMAT]).encode()
+    ).hexdigest()[:16]
+    cache = Path(config.cache_dir) / key if config.cache_dir else None
+    name = "arrays-raw.npz" if config.raw_nodes else "arrays.npz"
+    if cache is not None and (cache / name).is_file():
+        with np.load(cache / name, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}, TPE.load(cache / "tpe.json"), len(dirs)
+    records = []
+    with ProcessPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else _Serial() as pool:
+        results = pool.map(read_case_records, dirs)
+        for case_records in tqdm(
+            results, total=len(dirs), desc="reading cases", disable=not config.progress
+        ):
+            records.extend(case_records)
+    tpe = train_vocab(records, config.tpe_vocab)
+    log_vocab = config.model.log_vocab
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        tpe.save(cache / "tpe.json")
+        for raw, file in ((False, "arrays.npz"), (True, "arrays-raw.npz")):
+            np.savez(cache / file, **encode(records, tpe, raw=raw, log_vocab=log_vocab))
+    return encode(records, tpe, raw=config.raw_nodes, log_vocab=log_vocab), tpe, len(dirs)
+
+
+class _Serial:
+    """`map` in this process (tests, one core), with the executor's context-manager shape."""
+
+    def __enter__(self) -> _Serial:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def map(self, fn, items):
+        return map(fn, items)
+
+
+def train(config: TrainConfig) -> TrainResult:
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(1)  # bit-for-bit the same weights for the same seed
+    arrays, tpe, cases = load_dataset(config)
+    config.model.vocab_size = tpe.vocab_size
+    model = RootCauseModel(config.model)
+    tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+    )
+    count = len(arrays["y_step"])
+    generator = torch.Generator().manual_seed(config.seed)
+    losses = []
+    bar = tqdm(range(config.epochs), desc="training", disable=not config.progress)
+    for _ in bar:
+        model.train()
+        order = torch.randperm(count, generator=generator)
+        total = 0.0
+        for start in range(0, count, config.batch_size):
+            batch = {k: v[order[start : start + config.batch_size]] for k, v in tensors.items()}
+            if config.log_dropout > 0:
+                drop = torch.rand(len(batch["y_step"]), generator=generator) < config.log_dropout
+                batch["log_template"] = batch["log_template"].masked_fill(drop[:, None], 0)
+            _, loss = model(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss["total"].backward()
+            optimizer.step()
+            total += float(loss["total"].detach()) * len(batch["y_step"])
+        losses.append(total / count)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    save(model, tpe, config, Path(config.out))
+    return TrainResult(
+        out=Path(config.out),
+        cases=cases,
+        examples=count,
+        anomalous=int(arrays["y_step"].sum()),
+        losses=losses,
+        seconds=time.perf_counter() - started,
+        params=model.num_params(),
+    )
+
+
+def save(model: RootCauseModel, tpe: TPE, config: TrainConfig, out: Path) -> None:
+    """Write the checkpoint directory atomically (a temp dir renamed into place)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    os.chmod(tmp, 0o755)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
+    tpe.save(tmp / "tpe.json")
+    meta = {
+        "format": FORMAT,
+        "model": config.model.to_json(),
+        "raw_nodes": config.raw_nodes,
+        "fault_names": list(FAULT_NAMES),
+        "train": {k: v for k, v in asdict(config).items() if k not in ("model", "progress")},
+    }
+    (tmp / "config.json").write_text(json.dumps(meta, indent=2))
+    if (out / "README.md").is_file():  # the shipped model's provenance survives a rebuild
+        shutil.copy(out / "README.md", tmp / "README.md")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)

@@ -1,0 +1,38 @@
+"""Small simulated cases for the root-cause model tests: built once per session, then removed."""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from teller.lab.sim import FaultSpec, SimConfig, Topology, simulate
+
+_ROOT = Path(tempfile.mkdtemp(prefix="teller-rca-tests-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+_BUILT: dict[str, Path] = {}
+
+
+def small_case(fault: str, rank: int = 1, seed: int = 3) -> Path:
+    """A 2-GPU, one-layer, 30-step case with `fault` on `rank` in steps 10..19 (a few seconds)."""
+    name = f"{fault}-r{rank}-s{seed}"
+    if name not in _BUILT:
+        config = SimConfig(
+            topology=Topology(1, 2, 2, 1),
+            steps=30,
+            layers=1,
+            python_frames=False,
+            fault=FaultSpec(fault, rank=rank, intensity=1.0, window=(10, 20)),
+            seed=seed,
+        )
+        simulate(config, _ROOT / name)
+        _BUILT[name] = _ROOT / name
+    return _BUILT[name]
+
+
+@pytest.fixture(scope="session")
+def two_cases() -> list[Path]:
+    return [small_case("straggler"), small_case("gpu_throttle")]
