@@ -134,6 +134,8 @@ def _attach_logs(analysis: Analysis, findings: list[Finding]) -> None:
     for finding in findings:
         rows = np.flatnonzero(step == finding.step).tolist()
         rows.sort(key=lambda i: (_SEVERITY.get(levels[i] or "", 5), -confidence[i], ts[i]))
+        seen: set[str] = set()  # the same line captured twice (launcher and rank log) shows once
+        rows = [i for i in rows if not (raws[i] in seen or seen.add(raws[i]))]
         finding.log_lines = [
             LogLine(
                 ts_ns=int(ts[i]),

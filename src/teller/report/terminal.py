@@ -1,10 +1,13 @@
 """The verdict as a few lines for a terminal: what was slow, who, why, and what was missing.
 
-Anomalous steps with the same suspect (rank, operator, fault type) are one incident: a fault
-window covers many consecutive steps, and a person wants one paragraph per cause, not per step.
+Anomalous steps that blame the same rank are one incident: a fault window covers many consecutive
+steps, whose top operator and pattern can differ from step to step when a whole rank slowed, and a
+person wants one paragraph per cause, not per step.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from teller.callchain.render import format_ns, short_name
 from teller.rca.verdict import Finding, Verdict
@@ -17,7 +20,7 @@ def incidents(findings: list[Finding]) -> list[list[Finding]]:
     """Findings grouped by suspect, worst incident first (findings arrive worst first)."""
     groups: dict[tuple, list[Finding]] = {}
     for finding in findings:
-        groups.setdefault((finding.rank, finding.operator, finding.fault_type), []).append(finding)
+        groups.setdefault(finding.rank, []).append(finding)
     return list(groups.values())
 
 
@@ -42,14 +45,30 @@ def render_terminal(verdict: Verdict) -> str:
     for group in groups[:SHOWN_INCIDENTS]:
         worst = group[0]
         where = f"rank {worst.rank}" if worst.rank is not None else "all ranks"
-        operator = short_name(worst.operator, 70) if worst.operator else "no single operator"
+        counts = Counter(f.operator for f in group if f.operator)
+        operator = (
+            ", ".join(
+                short_name(op, 60) + (f" ({n} steps)" if len(counts) > 1 else "")
+                for op, n in counts.most_common(2)
+            )
+            if counts
+            else "no single operator"
+        )
         noun = "step" if len(group) == 1 else "steps"
         lines.append(
             f"{noun} {step_ranges([f.step for f in group])}  ({len(group)} {noun}, worst: step "
             f"{worst.step} [{worst.step_kind}] {format_ns(worst.step_dur_ns)} vs "
             f"{format_ns(worst.step_expected_ns)} expected)"
         )
-        fault = f" — {worst.fault_type}" if worst.fault_type else ""
+        kinds = Counter(f.fault_type for f in group if f.fault_type)
+        fault = (
+            " — "
+            + ", ".join(
+                k + (f" ({n} steps)" if len(kinds) > 1 else "") for k, n in kinds.most_common(3)
+            )
+            if kinds
+            else ""
+        )
         lines.append(f"  suspect: {operator} on {where}{fault}")
         lines.append(f"  why: {worst.explanation}")
         for evidence in worst.evidence[:2]:
