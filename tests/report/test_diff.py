@@ -3,6 +3,7 @@ not."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -87,6 +88,17 @@ def test_tokens_normalise_when_batches_differ(baseline_analysis):
     assert not per_token.regressed(5.0)
     slower = same | {"dur_ns": same["dur_ns"] * 2}  # same batches, twice the time
     assert _kind_diff("mixed", same, slower).change_pct == pytest.approx(100.0, abs=0.5)
+
+
+def test_truncated_trace_is_a_one_line_error(tmp_path: Path, capsys):
+    """Bad input names the file and what is wrong, exits 2, and prints no half diff."""
+    whole = gzip.decompress(real_trace(VLLM).read_bytes())
+    broken = tmp_path / "rank0.json.gz"
+    broken.write_bytes(gzip.compress(whole[: len(whole) // 2]))
+    status = main(["-q", "diff", str(real_trace(VLLM)), str(broken)])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert str(broken) in err and "truncated" in err
 
 
 def test_missing_run_is_a_one_line_error(tmp_path: Path, capsys):

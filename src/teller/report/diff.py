@@ -272,7 +272,8 @@ def _summary(diff: RunDiff) -> str:
     for k in diff.kinds:
         if not (k.a_steps and k.b_steps):
             only = "A" if k.a_steps else "B"
-            lines.append(f"{k.kind}: only in {only} ({k.a_steps or k.b_steps} steps)")
+            count = k.a_steps or k.b_steps
+            lines.append(f"{k.kind}: only in {only} ({count} step{'s' if count > 1 else ''})")
             continue
         lines.append(
             f"{k.kind}: median {format_ns(k.a_median_ns)} → {format_ns(k.b_median_ns)}, "
