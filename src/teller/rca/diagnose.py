@@ -8,6 +8,7 @@ that costs, so a verdict from traces alone is never mistaken for a verdict with 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -197,10 +198,46 @@ def _summary(tree, localization: Localization, findings: list[Finding]) -> str:
     if not findings:
         noun = "step" if total == 1 else "steps"
         return f"No anomalous step among {total} {noun}: every step took what its batch predicts."
-    lines = [f"{len(findings)} of {total} steps are anomalous."]
-    for finding in findings[:SUMMARY_FINDINGS]:
-        lines.append(finding.explanation)
+    lines = [
+        f"{len(findings)} of {total} steps are anomalous (steps {step_ranges([f.step for f in findings])})."
+    ]
+    for group in incidents(findings)[:SUMMARY_FINDINGS]:
+        worst = group[0]
+        who = f"rank {worst.rank}" if worst.rank is not None else "no single rank"
+        kinds = Counter(f.fault_type for f in group if f.fault_type)
+        operators = Counter(f.operator for f in group if f.operator)
+        pattern = f", mostly {kinds.most_common(1)[0][0]}" if kinds else ""
+        ops = ", ".join(short_name(op, 50) for op, _ in operators.most_common(2))
+        lines.append(
+            f"Suspect {who} in {len(group)} of them{pattern}"
+            + (f"; operators: {ops}." if ops else ".")
+            + f" Worst: {worst.explanation}"
+        )
     return "\n".join(lines)
+
+
+def incidents(findings: list[Finding]) -> list[list[Finding]]:
+    """Findings grouped by the rank they blame, worst first (findings arrive worst first): a
+    fault window covers many steps whose top operator can differ when a whole rank slowed."""
+    groups: dict[int | None, list[Finding]] = {}
+    for finding in findings:
+        groups.setdefault(finding.rank, []).append(finding)
+    return list(groups.values())
+
+
+def step_ranges(steps: list[int]) -> str:
+    """[3, 4, 5, 9] → "3–5, 9"."""
+    ordered = sorted(set(steps))
+    ranges: list[str] = []
+    start = previous = ordered[0]
+    for step in [*ordered[1:], None]:
+        if step is not None and step == previous + 1:
+            previous = step
+            continue
+        ranges.append(f"{start}" if start == previous else f"{start}–{previous}")
+        if step is not None:
+            start = previous = step
+    return ", ".join(ranges)
 
 
 def _missing(analysis: Analysis) -> list[str]:

@@ -1,7 +1,6 @@
 """The verdict as a few lines for a terminal: what was slow, who, why, and what was missing.
 
-Anomalous steps that blame the same rank are one incident: a fault window covers many consecutive
-steps, whose top operator and pattern can differ from step to step when a whole rank slowed, and a
+Anomalous steps that blame the same rank are one incident (`teller.rca.diagnose.incidents`): a
 person wants one paragraph per cause, not per step.
 """
 
@@ -10,33 +9,11 @@ from __future__ import annotations
 from collections import Counter
 
 from teller.callchain.render import format_ns, short_name
-from teller.rca.verdict import Finding, Verdict
+from teller.rca.diagnose import incidents, step_ranges
+from teller.rca.verdict import Verdict
 
 #: Incidents printed in full; the JSON and HTML reports hold every finding.
 SHOWN_INCIDENTS = 5
-
-
-def incidents(findings: list[Finding]) -> list[list[Finding]]:
-    """Findings grouped by suspect, worst incident first (findings arrive worst first)."""
-    groups: dict[tuple, list[Finding]] = {}
-    for finding in findings:
-        groups.setdefault(finding.rank, []).append(finding)
-    return list(groups.values())
-
-
-def step_ranges(steps: list[int]) -> str:
-    """[3, 4, 5, 9] → "3–5, 9"."""
-    ordered = sorted(set(steps))
-    ranges: list[str] = []
-    start = previous = ordered[0]
-    for step in [*ordered[1:], None]:
-        if step is not None and step == previous + 1:
-            previous = step
-            continue
-        ranges.append(f"{start}" if start == previous else f"{start}–{previous}")
-        if step is not None:
-            start = previous = step
-    return ", ".join(ranges)
 
 
 def render_terminal(verdict: Verdict) -> str:
