@@ -338,3 +338,19 @@ def test_malformed_events_are_counted_not_dropped_silently(tmp_path: Path) -> No
 def test_reader_is_deterministic() -> None:
     path = real_trace("tracelens/sglang_Qwen3-8B_prefilldecode.json.gz")
     assert kineto.read(path).table.equals(kineto.read(path).table)
+
+
+def test_a_merged_file_keeps_each_process_rank(tmp_path: Path) -> None:
+    """teller's annotated Perfetto export (and any trace whose processes are named "rank N")."""
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "rank 0"}},
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "rank 1"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 1, "ts": 10, "dur": 5},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 11, "dur": 7},
+    ]
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    table = read_trace(path)
+    assert table.ranks == [0, 1]
+    assert table.table.column("rank").to_pylist() == [0, 1]
+    assert {s.rank_source for s in table.sources} == {"process name"}

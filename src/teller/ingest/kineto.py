@@ -85,6 +85,7 @@ _DTYPE_BYTES = {
     "Float8_e5m2": 1,
 }
 _RANK_IN_FILE_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_MERGED_RANK_PROCESS = re.compile(r"rank (\d+)")
 _FIRST_CONTENT = re.compile(rb"\s*\S")
 _RAW_TS = re.compile(rb'"ts"\s*:\s*(-?\d+)(?:\.(\d+))?')
 _INT64_MAX = 2**63 - 1
@@ -650,8 +651,21 @@ class _KinetoEvents:
             out[row] = value - int(frac) if value < 0 else value + int(frac)
         return out
 
+    def _merged_ranks(self) -> dict[int, int]:
+        """A merged multi-rank file (teller's annotated Perfetto export, or any Chrome trace whose
+        processes are named "rank N") keeps each process's rank instead of one rank per file."""
+        ranks = {}
+        for pid, name in self.source.process_names.items():
+            match = _MERGED_RANK_PROCESS.fullmatch(name)
+            if match and pid.lstrip("-").isdigit():
+                ranks[int(pid)] = int(match.group(1))
+        return ranks if len(ranks) > 1 else {}
+
     def finish(self) -> EventTable:
         source = self.source
+        merged = self._merged_ranks()
+        if merged and source.rank < 0:
+            return self._finish_merged(merged)
         if source.rank < 0:
             distributed_rank = _as_int(source.distributed.get("rank"), -1)
             file_match = _RANK_IN_FILE_NAME.search(Path(source.path).name)
@@ -675,3 +689,31 @@ class _KinetoEvents:
             host=source.host,
         )
         return EventTable(table=table, sources=[source])
+
+    def _finish_merged(self, ranks: dict[int, int]) -> EventTable:
+        columns = self.columns
+        pids = np.asarray(columns["pid"], dtype=np.int64)
+        rank = np.zeros(len(pids), dtype=np.int32)
+        for pid, r in ranks.items():
+            rank[pids == pid] = r
+        unplaced = int((~np.isin(pids, list(ranks))).sum())
+        columns["rank"] = rank
+        table = build_table(
+            columns,
+            names=list(self.names),
+            cats=list(self.cats),
+            coll_names=list(self.coll_names),
+            groups=list(self.groups),
+            host=self.source.host,
+        )
+        sources = []
+        for r in sorted(set(ranks.values())):
+            source = SourceInfo(
+                **{**self.source.to_json(), "rank": r, "rank_source": "process name"}
+            )
+            sources.append(source)
+        if unplaced:
+            sources[0].warnings.append(
+                f"{unplaced} events of processes not named 'rank N' were put on rank 0"
+            )
+        return EventTable(table=table, sources=sources)
