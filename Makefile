@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TRACES ?= $(firstword $(TELLER_TRACES) $(wildcard ../shared/traces) .traces)
 DEMO_OUT ?= demo-out
 
-.PHONY: all venv demo test lint format traces bench clean
+.PHONY: all venv demo test lint format traces bench clean system-tools
 
 all: test
 
@@ -25,7 +25,7 @@ venv: $(STAMP)
 
 # A real end-to-end diagnosis: serve a small Llama over 2 tensor-parallel ranks under a real
 # straggler (rank 1 throttled), record it with the non-intrusive collector, analyse it.
-demo: $(STAMP)
+demo: $(STAMP) system-tools
 	rm -rf $(DEMO_OUT)/case && mkdir -p $(DEMO_OUT)
 	@echo "recording a real 2-rank case under a straggler fault (about a minute)..."
 	$(BIN)/teller -q lab run --fault straggler --rank 1 --intensity 0.7 --window 4:9 \
@@ -34,7 +34,18 @@ demo: $(STAMP)
 	$(BIN)/teller -q analyze $(DEMO_OUT)/case -o $(DEMO_OUT)/report.html \
 	  --perfetto $(DEMO_OUT)/annotated.trace.json
 
-test: $(STAMP)
+# Debian tools the tests drive: headless Chromium (HTML report), iproute2 (the lab's namespaces).
+SYSTEM_TOOLS := chromium:chromium ip:iproute2 tc:iproute2
+
+system-tools:
+	@missing=""; for pair in $(SYSTEM_TOOLS); do tool=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $$missing \
+	    || echo "could not install$$missing: the tests that need them will skip" >&2; \
+	  else echo "not root: install$$missing for the browser and lab tests" >&2; fi; fi
+
+test: $(STAMP) system-tools
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/python -m pytest -q
 
