@@ -444,8 +444,13 @@ def _component_scores(
         (np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=count), True),
     ]
     arrivals = _arrivals(tree)
-    if arrivals is not None:  # transfer: the last arriver's own collective time has no waiting
-        *_, own_ns, node, is_last = arrivals
+    if arrivals is not None:
+        _, _, _, late_ns, own_ns, node, is_last = arrivals
+        # lateness: how long after its peers each rank reached the step's collectives (a
+        # straggler's own signature, invisible in its compute when something else delayed it)
+        rows = tree.step[node]
+        measures.append((np.bincount(rows, weights=late_ns, minlength=count) + 1000.0, True))
+        # transfer: the last arriver's own collective time has no waiting in it
         rows = tree.step[node[is_last]]
         measures.append((np.bincount(rows, weights=own_ns[is_last], minlength=count), False))
     position = {it: i for i, it in enumerate(iterations)}
