@@ -34,8 +34,8 @@ demo: $(STAMP) system-tools
 	$(BIN)/teller -q analyze $(DEMO_OUT)/case -o $(DEMO_OUT)/report.html \
 	  --perfetto $(DEMO_OUT)/annotated.trace.json
 
-# Debian tools the tests drive: headless Chromium (HTML report), iproute2 (the lab's namespaces).
-SYSTEM_TOOLS := chromium:chromium ip:iproute2 tc:iproute2
+# Debian tools the tests drive: headless Chromium (HTML report), iproute2 and taskset (the lab).
+SYSTEM_TOOLS := chromium:chromium ip:iproute2 tc:iproute2 taskset:util-linux
 
 system-tools:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do tool=$${pair%%:*}; pkg=$${pair##*:}; \
