@@ -160,22 +160,21 @@ def build_table(
     n = len(columns["ts_ns"])  # type: ignore[arg-type]
 
     def ints(key: str, dtype: pa.DataType) -> pa.Array:
-        return pa.array(np.asarray(columns[key], dtype=dtype.to_pandas_dtype()), type=dtype)
+        return numeric_array(columns[key], dtype)
 
     def dictionary(key: str, symbols: list[str]) -> pa.Array:
         ids = np.asarray(columns[key], dtype=np.int32)
         mask = ids < 0
         return pa.DictionaryArray.from_arrays(
-            pa.array(np.where(mask, 0, ids), type=pa.int32(), mask=mask if mask.any() else None),
-            pa.array(symbols if symbols else [""], type=pa.string()),
+            numeric_array(np.where(mask, 0, ids), pa.int32(), mask if mask.any() else None),
+            string_array(symbols if symbols else [""]),
         )
 
     layer = pa.DictionaryArray.from_arrays(
-        pa.array(np.asarray(columns["layer"], dtype=np.int8), type=pa.int8()),
-        pa.array(LAYERS, type=pa.string()),
+        numeric_array(columns["layer"], pa.int8()), string_array(list(LAYERS))
     )
     host_col = pa.DictionaryArray.from_arrays(
-        pa.array(np.zeros(n, dtype=np.int32), type=pa.int32()), pa.array([host], type=pa.string())
+        numeric_array(np.zeros(n, dtype=np.int32), pa.int32()), string_array([host])
     )
     arrays = [
         ints("rank", pa.int32()),
@@ -195,21 +194,48 @@ def build_table(
         dictionary("group", groups),
         ints("seq", pa.int64()),
         ints("bytes", pa.int64()),
-        _args_array(columns["args"]),
+        string_array(columns["args"]),  # type: ignore[arg-type]
     ]
     return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA)
 
 
-def _args_array(values: object) -> pa.Array:
-    """Args arrive as raw JSON bytes (or str) per row; Arrow validates UTF-8 in one C pass."""
+# Arrays are built from buffers rather than with `pa.array`: pyarrow imports pandas on the first
+# `pa.array` call, which costs a fresh `teller` process most of a second before it reads anything.
+
+
+def _validity(mask: np.ndarray | None) -> tuple[pa.Buffer | None, int]:
+    if mask is None or not mask.any():
+        return None, 0
+    return pa.py_buffer(np.packbits(~mask, bitorder="little")), int(mask.sum())
+
+
+def numeric_array(values: object, dtype: pa.DataType, mask: np.ndarray | None = None) -> pa.Array:
+    """A fixed-width Arrow array over a numpy copy of `values` (nulls where `mask` is true)."""
+    data = np.ascontiguousarray(np.asarray(values, dtype=dtype.to_pandas_dtype()))
+    validity, nulls = _validity(mask)
+    return pa.Array.from_buffers(dtype, len(data), [validity, pa.py_buffer(data)], null_count=nulls)
+
+
+def string_array(values: list) -> pa.Array:
+    """A UTF-8 string array from str/bytes/None values; invalid UTF-8 is replaced, not fatal."""
+    encoded = [v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v for v in values]
+    mask = np.fromiter((v is None for v in encoded), dtype=bool, count=len(encoded))
+    lengths = np.fromiter((len(v) if v is not None else 0 for v in encoded), np.int64, len(encoded))
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = b"".join(v for v in encoded if v is not None)
+    validity, nulls = _validity(mask)
+    binary = pa.Array.from_buffers(
+        pa.large_binary(),
+        len(encoded),
+        [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+        null_count=nulls,
+    )
     try:
-        return pa.array(values, type=pa.binary()).cast(pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        fixed = [
-            v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-            for v in values  # type: ignore[attr-defined]
-        ]
-        return pa.array(fixed, type=pa.string())
+        return binary.cast(pa.large_string()).cast(pa.string())
+    except pa.ArrowInvalid:  # invalid UTF-8 somewhere: decode row by row with replacement
+        fixed = [v.decode("utf-8", "replace") if v is not None else None for v in encoded]
+        return string_array(fixed)
 
 
 def concat(tables: list[EventTable]) -> EventTable:
