@@ -266,6 +266,38 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 1 if regressed else EXIT_OK
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from teller.rca.model import ModelConfig
+    from teller.rca.train import TrainConfig, train
+
+    model = ModelConfig(use_logs=not args.no_logs, use_numeric=not args.no_numeric)
+    config = TrainConfig(
+        data=args.data,
+        out=args.out,
+        model=model,
+        raw_nodes=args.raw_nodes,
+        epochs=args.epochs,
+        seed=args.seed,
+        jobs=args.jobs,
+        cache_dir=args.cache,
+        progress=not args.quiet,
+    )
+    result = train(config)
+    print(
+        f"{result.out}: {result.params:,} parameters, {result.cases} cases, {result.examples} steps "
+        f"({result.anomalous} anomalous), loss {result.losses[0]:.4f} → {result.losses[-1]:.4f}, "
+        f"{result.seconds:.0f} s"
+    )
+    return EXIT_OK
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from teller.rca.infer import diagnose_path, render
+
+    print(render(diagnose_path(args.path, args.logs or (), args.model), top=args.top))
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -337,6 +369,23 @@ def _parser() -> argparse.ArgumentParser:
     align.add_argument("--otlp", nargs="*", help="OTLP JSON span files with request timings")
     align.add_argument("--year", type=int, help="year of log dates that print none")
     align.add_argument("--steps", type=_step_range, help="show only steps A..B")
+
+    train = command("train", cmd_train, "train the root-cause model on labelled cases")
+    train.add_argument("--data", nargs="+", required=True, help="case directories or roots")
+    train.add_argument("-o", "--out", required=True, help="model directory to write")
+    train.add_argument("--epochs", type=int, default=40)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--jobs", type=int, default=1, help="processes reading cases")
+    train.add_argument("--cache", help="directory caching the encoded cases between runs")
+    train.add_argument("--no-logs", action="store_true", help="ablation: no log modality")
+    train.add_argument("--no-numeric", action="store_true", help="ablation: no step numbers")
+    train.add_argument("--raw-nodes", action="store_true", help="ablation: no TPE merges")
+
+    diagnose = command("diagnose", cmd_diagnose, "diagnose a run with the root-cause model")
+    diagnose.add_argument("path", help="case directory or directory of rank trace files")
+    diagnose.add_argument("--logs", nargs="*", help="engine log files (default: PATH/logs)")
+    diagnose.add_argument("--model", help="model directory (default: the shipped model)")
+    diagnose.add_argument("--top", type=int, default=10, help="steps to show")
 
     diff = command("diff", cmd_diff, "compare run B against run A: step kinds and operators")
     diff.add_argument("runs", nargs=2, metavar="RUN", help="A then B: case or trace directories")
