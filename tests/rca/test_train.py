@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,19 @@ def test_a_directory_without_a_model_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(TraceError, match="not valid JSON"):
         LoadedModel.load(tmp_path)
+
+
+def test_explanations_name_only_the_pointed_operator_and_rank(trained, two_cases):
+    _, _, root = trained
+    model = LoadedModel.load(root / "a")
+    checked = 0
+    for case in two_cases:
+        for d in model.diagnose_records(read_case_records(case)):
+            if d.facts is None:
+                assert "rank" not in d.explanation.lower()
+                continue
+            others = {c.operator for c, _ in d.candidates} - {d.facts.operator}
+            assert not any(op in d.explanation for op in others)
+            assert set(re.findall(r"(?:rank|GPU) (\d+)", d.explanation)) <= {str(d.facts.rank)}
+            checked += 1
+    assert checked > 0

@@ -243,8 +243,13 @@ def diagnose_path(
     logs = [Path(p) for p in log_paths]
     if not logs and (path / "logs").is_dir():
         logs = sorted((path / "logs").glob("*.log"))
+    if not path.is_dir():
+        raise TraceError(path, "not a directory (a case directory or a folder of rank traces)")
+    files = find_trace_files([traces])
+    if not files:
+        raise TraceError(traces, "no trace files found (looked for *.json, *.json.gz, *.sqlite)")
     model = LoadedModel.load(model_dir)
-    tree = build_tree(read_run(find_trace_files([traces])))
+    tree = build_tree(read_run(files))
     return model.diagnose(tree, logs, case_id=path.name)
 
 
