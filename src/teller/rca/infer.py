@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -180,9 +181,20 @@ class LoadedModel:
         return self.diagnose_records(case_records(tree, case_id, None, log_paths))
 
 
-#: Step records per tree, shared by the model variants scored on one tree in one harness run
-#: (reading the candidates is most of a variant's cost; the records do not depend on the model).
-_RECORDS: weakref.WeakKeyDictionary[CallTree, list[StepRecord]] = weakref.WeakKeyDictionary()
+class _LastRecords:
+    """The step records of the last tree scored, shared by the model variants the harness runs
+    on one tree after another (reading candidates is most of a variant's cost, and the records do
+    not depend on the model). Held by weak reference: it never keeps a tree alive."""
+
+    tree: ClassVar[weakref.ref | None] = None
+    records: ClassVar[list[StepRecord]] = []
+
+    @classmethod
+    def of(cls, tree: CallTree) -> list[StepRecord]:
+        if cls.tree is None or cls.tree() is not tree:
+            cls.records = case_records(tree, "")
+            cls.tree = weakref.ref(tree)
+        return cls.records
 
 
 class RootCauseMethod:
@@ -199,9 +211,7 @@ class RootCauseMethod:
         return self
 
     def score(self, tree: CallTree) -> Localization:
-        records = _RECORDS.get(tree)
-        if records is None:
-            records = _RECORDS[tree] = case_records(tree, "")
+        records = _LastRecords.of(tree)
         steps, candidates = [], {}
         for d in self.model_.diagnose_records(records):
             steps.append(
