@@ -32,8 +32,14 @@ from teller.rca.train import FORMAT
 from teller.tpe.tokenizer import TPE
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model" / "model"
-#: Step probability above which a step is reported as anomalous.
-THRESHOLD = 0.5
+
+
+#: Step output above which a step is reported as anomalous. Training weighs anomalous steps up by
+#: `pos_weight` (w), which multiplies the learned odds by w: an even chance is w / (1 + w).
+def threshold(config: ModelConfig) -> float:
+    return config.pos_weight / (1.0 + config.pos_weight)
+
+
 #: Fault types that are not faults: never the explanation of a flagged step.
 NOT_FAULTS = ("none", "workload_shift")
 
@@ -163,7 +169,7 @@ class LoadedModel:
                 StepDiagnosis(
                     iteration=record.iteration,
                     probability=float(probability[b]),
-                    anomalous=bool(probability[b] >= THRESHOLD),
+                    anomalous=bool(probability[b] >= threshold(self.model.config)),
                     dur_ns=record.dur_ns,
                     expected_ns=record.expected_ns,
                     fault=fault,
