@@ -6,15 +6,26 @@ from collections.abc import Callable
 
 from teller.eval.baselines import FixedThreshold, GaussianMixtureBaseline, StepZScore
 from teller.localize.localizer import NumericLocalizer
-from teller.rca.infer import RootCauseMethod, variant_dir
+
+
+def _model(variant: str) -> Callable[[], object]:
+    """A shipped model variant; torch is imported only when a model row is actually run."""
+
+    def make() -> object:
+        from teller.rca.infer import RootCauseMethod, variant_dir
+
+        return RootCauseMethod(variant_dir(variant))
+
+    return make
+
 
 METHODS: dict[str, Callable[[], object]] = {
     "localizer": NumericLocalizer,
     "threshold": FixedThreshold,
     "zscore": StepZScore,
     "gmm": GaussianMixtureBaseline,
-    "model": lambda: RootCauseMethod(variant_dir("model")),
-    "model-no-logs": lambda: RootCauseMethod(variant_dir("no-logs")),
-    "model-no-numeric": lambda: RootCauseMethod(variant_dir("no-numeric")),
-    "model-raw-nodes": lambda: RootCauseMethod(variant_dir("raw-nodes")),
+    "model": _model("model"),
+    "model-no-logs": _model("no-logs"),
+    "model-no-numeric": _model("no-numeric"),
+    "model-raw-nodes": _model("raw-nodes"),
 }

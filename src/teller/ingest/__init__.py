@@ -33,6 +33,7 @@ def read_trace(path: str | Path) -> EventTable:
 
 def read_run(paths: Iterable[str | Path], progress: bool = False) -> EventTable:
     """Read every trace file of one run; directories are searched for rank files."""
+    paths = list(paths)  # named again in the error below
     files = find_trace_files(paths)
     if not files:
         shown = ", ".join(str(p) for p in paths)
