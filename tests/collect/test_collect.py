@@ -58,12 +58,14 @@ with torch.profiler.record_function("ProfilerStep#0"):
 
 ENDLESS_PROGRAM = """
 import itertools
+import time
 import torch
 a = torch.randn(64, 64)
 for step in itertools.count():
     with torch.profiler.record_function(f"ProfilerStep#{step}"):
         (a @ a).sum()
     print(f"step {step}", flush=True)
+    time.sleep(0.005)  # a service's pace, not a hot loop: the trace stays small
 """
 
 DISTRIBUTED_PROGRAM = """
@@ -258,7 +260,12 @@ def test_a_signal_mid_run_leaves_a_readable_trace(tmp_path: Path, sent: int, rea
         runner.kill()
         pytest.fail("the program never reached step 3")
     runner.send_signal(sent)  # to the runner: it forwards to the command's process group
-    _, stderr = runner.communicate(timeout=240)  # exporting a trace is slow on a loaded host
+    try:
+        _, stderr = runner.communicate(timeout=240)  # exporting a trace is slow on a loaded host
+    except subprocess.TimeoutExpired:
+        subprocess.run(["pkill", "-9", "-f", str(program)], check=False)  # leave nothing behind
+        runner.kill()
+        pytest.fail("the interrupted run did not exit within 240 s")
     assert runner.returncode == 128 + sent, stderr.decode(errors="replace")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["exit_code"] == 128 + sent

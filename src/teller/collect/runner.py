@@ -100,8 +100,8 @@ def collect(
         daemon=True,
     )
     reader.start()
-    with _forward_signals(child):
-        returncode = child.wait()
+    with _forward_signals(child) as forwarded_at:
+        returncode = _wait_escalating(child, forwarded_at)
     reader.join(DRAIN_TIMEOUT_S)
     end_wall_ns = time.time_ns()
     notes = []
@@ -218,21 +218,50 @@ def _export_nsys(out_dir: Path) -> list[str]:
     return []
 
 
+#: After a forwarded Ctrl-C/SIGTERM, how long the command may take to write its traces and exit
+#: before it gets SIGTERM, and then SIGKILL (a target that swallows SIGINT must not run forever).
+ESCALATE_AFTER_S = 90.0
+
+
+def _wait_escalating(child: subprocess.Popen, forwarded_at: list[float]) -> int:
+    escalated: list[int] = []
+    while True:
+        try:
+            return child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if not forwarded_at:
+            continue
+        waited = time.monotonic() - forwarded_at[0]
+        step = int(waited // ESCALATE_AFTER_S)
+        if step >= 1 and len(escalated) < min(step, 2):
+            number = signal.SIGTERM if not escalated else signal.SIGKILL
+            _status(
+                f"the command did not exit {waited:.0f} s after the signal: sending {number.name}"
+            )
+            escalated.append(number)
+            with suppress(ProcessLookupError):
+                os.killpg(child.pid, number)
+
+
 @contextmanager
 def _forward_signals(child: subprocess.Popen):
     """Pass Ctrl-C / SIGTERM / SIGHUP to the command's process group, then keep waiting for it."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield []
         return
+
+    forwarded_at: list[float] = []
 
     def forward(number: int, frame) -> None:
         _status(f"forwarding {signal.Signals(number).name} to the command; waiting for it")
+        forwarded_at.append(time.monotonic())
         with suppress(ProcessLookupError):
             os.killpg(child.pid, number)
 
     previous = {number: signal.signal(number, forward) for number in _FORWARDED_SIGNALS}
     try:
-        yield
+        yield forwarded_at
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
