@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+from teller.atomic import write_text_atomic
 
 FORMAT = 1
 
@@ -83,12 +84,4 @@ def ranks_from_records(records: list[dict]) -> dict[str, dict]:
 
 def write_manifest(manifest: Manifest, path: Path) -> None:
     """Write atomically, so a reader never sees half a manifest."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(manifest.to_json(), handle, indent=1)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(manifest.to_json(), indent=1) + "\n")

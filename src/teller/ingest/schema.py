@@ -31,14 +31,14 @@ but are not call-chain nodes.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from teller.atomic import atomic_path
 
 LAYERS: tuple[str, ...] = (
     "request",
@@ -248,18 +248,10 @@ def concat(tables: list[EventTable]) -> EventTable:
 
 def write_parquet(events: EventTable, path: str | Path) -> None:
     """Write atomically: a crash or bad input never leaves a half-written file at `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {_METADATA_KEY: json.dumps([s.to_json() for s in events.sources]).encode()}
     table = events.table.replace_schema_metadata(metadata)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_parquet(path: str | Path) -> EventTable:

@@ -9,11 +9,10 @@ ordinal names the same iteration on all ranks.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from teller.atomic import write_text_atomic
 from teller.errors import TraceError
 
 SCHEMA = "teller.labels/1"
@@ -78,16 +77,7 @@ class CaseLabels:
 
     def write(self, case_dir: str | Path) -> Path:
         """Write `labels.json` atomically into the case directory."""
-        path = Path(case_dir) / "labels.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".labels.", dir=path.parent)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private 0600
-        with os.fdopen(fd, "w") as handle:
-            json.dump(asdict(self), handle, indent=2)
-        os.replace(tmp, path)
-        return path
+        return write_text_atomic(Path(case_dir) / "labels.json", json.dumps(asdict(self), indent=2))
 
     @classmethod
     def read(cls, case_dir: str | Path) -> CaseLabels:

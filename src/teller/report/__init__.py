@@ -4,11 +4,10 @@ annotated Perfetto trace."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from teller.atomic import write_text_atomic
 from teller.report.terminal import render_terminal
 
 if TYPE_CHECKING:
@@ -36,19 +35,7 @@ def render(analysis: Analysis, format: str) -> str:
 
 def write_atomic(path: Path, text: str) -> Path:
     """Write via a temp file and rename, so a failure never leaves half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomic(path, text)
 
 
 def write_report(analysis: Analysis, path: Path, format: str | None = None) -> Path:

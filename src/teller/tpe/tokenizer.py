@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
-import tempfile
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from teller.atomic import write_text_atomic
 from teller.errors import TraceError
 from teller.ingest.schema import LAYERS
 from teller.slices.slice import CommRelations, Slice
@@ -344,16 +343,7 @@ class TPE:
 
     def save(self, path: str | Path) -> None:
         """Write the vocabulary as JSON, atomically (a failed write leaves no file behind)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(self.to_json(), handle)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(path, json.dumps(self.to_json()))
 
     @classmethod
     def load(cls, path: str | Path) -> TPE:
