@@ -1,8 +1,9 @@
-"""Record a real 2-rank gloo run under torch.profiler: `python gloo_run.py OUT_DIR PORT`.
+"""Record a real 2-rank gloo run under torch.profiler: `python gloo_run.py OUT_DIR`.
 
 Run as a script by the clock tests (a subprocess, so the test process never initialises
 torch.distributed). Each rank writes OUT_DIR/rank{R}.json; one intra-op thread per rank keeps the
-two ranks from fighting over the two cores of a small machine.
+two ranks from fighting over the two cores of a small machine. The ranks meet through a file
+in OUT_DIR, not a TCP port: a probed free port can be taken by another test before gloo binds it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from torch.profiler import ProfilerActivity, profile
 ITERATIONS = 100
 
 
-def worker(rank: int, world_size: int, out_dir: str, port: int) -> None:
+def worker(rank: int, world_size: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    rendezvous = f"file://{os.path.join(os.path.abspath(out_dir), 'rendezvous')}"
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
     tensor = torch.ones(16)
     for _ in range(3):  # connections set up before profiling
         dist.all_reduce(tensor)
@@ -35,4 +35,4 @@ def worker(rank: int, world_size: int, out_dir: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(2, sys.argv[1], int(sys.argv[2])), nprocs=2)
+    mp.spawn(worker, args=(2, sys.argv[1]), nprocs=2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,11 +29,8 @@ TOLERANCE_NS = 50_000
 @pytest.fixture(scope="module")
 def gloo_run(tmp_path_factory) -> EventTable:
     out = tmp_path_factory.mktemp("gloo")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     done = subprocess.run(
-        [sys.executable, str(RECORDER), str(out), str(port)],
+        [sys.executable, str(RECORDER), str(out)],
         capture_output=True,
         text=True,
         timeout=180,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -164,9 +163,10 @@ RECORD_GLOO = textwrap.dedent(
     import os, sys, torch, torch.distributed as dist
     from torch.profiler import profile, record_function, ProfilerActivity
 
-    def main(rank, world, out, port):
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+    def main(rank, world, out):
+        # a file rendezvous: a probed free TCP port can be taken before gloo binds it
+        store = "file://" + os.path.join(os.path.abspath(out), "rendezvous")
+        dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
         x = torch.randn(256, 256)
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             for step in range(4):
@@ -178,7 +178,7 @@ RECORD_GLOO = textwrap.dedent(
 
     if __name__ == "__main__":
         import torch.multiprocessing as mp
-        mp.spawn(main, args=(2, sys.argv[1], int(sys.argv[2])), nprocs=2)
+        mp.spawn(main, args=(2, sys.argv[1]), nprocs=2)
     """
 )
 
@@ -190,10 +190,7 @@ def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gloo")
     script = out / "record.py"
     script.write_text(RECORD_GLOO)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    subprocess.run([sys.executable, str(script), str(out), str(port)], check=True, timeout=180)
+    subprocess.run([sys.executable, str(script), str(out)], check=True, timeout=180)
     return out
 
 

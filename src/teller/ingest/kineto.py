@@ -11,17 +11,18 @@ strings, string pids, and `baseTimeNanoseconds` offsets. Anything it cannot plac
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import re
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 import orjson
+from isal import igzip, isal_zlib
 
 from teller.errors import TraceError
 from teller.ingest.comm_names import collective_kind, is_comm_cpu_op, is_comm_kernel
@@ -172,9 +173,10 @@ def _load_bytes(path: Path) -> bytes:
 
 
 def _gunzip(path: Path, raw: bytes) -> bytes:
+    # ISA-L's inflate is 2-3x zlib's on these files; gunzip was a sixth of a read.
     try:
-        data = gzip.decompress(raw)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        data = igzip.decompress(raw)
+    except (EOFError, zlib.error, isal_zlib.error, gzip.BadGzipFile) as error:
         decompressor = zlib.decompressobj(wbits=31)
         try:
             partial = decompressor.decompress(raw)
@@ -297,6 +299,36 @@ def _dumps(value: object) -> str:
         return json.dumps(value)
 
 
+#: The columns `_KinetoEvents.run` fills, one value per placed event. `ts_event_index` is the
+#: row's index in the file's event list, for the exact-timestamp re-read.
+_ROW_FIELDS = (
+    "pid",
+    "tid",
+    "stream",
+    "device",
+    "layer",
+    "name",
+    "cat",
+    "ts",
+    "dur",
+    "correlation",
+    "external_id",
+    "coll_name",
+    "group",
+    "seq",
+    "bytes",
+    "args",
+    "ts_event_index",
+)
+
+
+_CATEGORY_CODE = {cat: LAYER_CODE[layer] for cat, layer in CATEGORY_LAYER.items()}
+_CPU_OP, _ENGINE, _KERNEL, _COMM = (LAYER_CODE[k] for k in ("cpu_op", "engine", "kernel", "comm"))
+_INSTANT, _COUNTER = LAYER_CODE["instant"], LAYER_CODE["counter"]
+#: Rows whose args never hold link ids: their args are not decoded (python frames, instants).
+_UNLINKED = frozenset({LAYER_CODE["python"], _INSTANT, _COUNTER, LAYER_CODE["profiler"]})
+
+
 class _KinetoEvents:
     """One pass over a trace's events, filling plain lists that become Arrow columns."""
 
@@ -321,86 +353,57 @@ class _KinetoEvents:
         self.coll_names: dict[str, int] = {}
         self.groups: dict[str, int] = {}
         self.string_ids: dict[str, int] = {}
-        self.columns: dict[str, list] = {
-            key: []
-            for key in [
-                "rank",
-                "pid",
-                "tid",
-                "stream",
-                "device",
-                "layer",
-                "name",
-                "cat",
-                "ts",
-                "dur",
-                "correlation",
-                "external_id",
-                "coll_name",
-                "group",
-                "seq",
-                "bytes",
-                "args",
-            ]
-        }
-        self.flow_starts: dict[tuple, int] = {}
-        self.flow_ends: dict[tuple, int] = {}
+        self.columns: dict[str, Sequence] = {}  # filled by run()
+        self.flow_events: list[int] = []  # indices of launch-flow events, used only if needed
+        self.unknown_cats: set[str] = set()
         self.rank_from_comms: int | None = None
 
     # -- the pass -------------------------------------------------------------------------------
     def run(self, raw: bytes) -> None:
-        columns = self.columns
-        pid_col, tid_col, stream_col, device_col = (
-            columns["pid"],
-            columns["tid"],
-            columns["stream"],
-            columns["device"],
-        )
-        layer_col, name_col, cat_col = columns["layer"], columns["name"], columns["cat"]
-        ts_col, dur_col = columns["ts"], columns["dur"]
-        corr_col, ext_col, args_col = (
-            columns["correlation"],
-            columns["external_id"],
-            columns["args"],
-        )
-        coll_col, group_col, seq_col, bytes_col = (
-            columns["coll_name"],
-            columns["group"],
-            columns["seq"],
-            columns["bytes"],
-        )
-        names, cats = self.names, self.cats
+        """The one pass over the events. It is the reader's hot loop (a few hundred thousand
+        events per file), so everything decided by an event's (category, name) alone is decided
+        once per distinct pair and cached, flow events are only remembered by index, and each
+        placed event costs one append per column."""
+        columns: dict[str, list] = {field: [] for field in _ROW_FIELDS}
+        self.columns.update(columns)
+        (
+            pid_col,
+            tid_col,
+            stream_col,
+            device_col,
+            layer_col,
+            name_col,
+            cat_col,
+            ts_col,
+            dur_col,
+            corr_col,
+            ext_col,
+            coll_col,
+            group_col,
+            seq_col,
+            bytes_col,
+            args_col,
+            index_col,
+        ) = (column.append for column in columns.values())
         category_counts: dict[str, int] = {}
         skipped: dict[str, int] = {}
         first_bad: dict[str, int] = {}
-        unknown_categories: dict[str, int] = {}
-        layer_codes = {cat: LAYER_CODE[layer] for cat, layer in CATEGORY_LAYER.items()}
-        kernel_code, comm_code, cpu_code = (
-            LAYER_CODE["kernel"],
-            LAYER_CODE["comm"],
-            LAYER_CODE["cpu_op"],
-        )
-        engine_code, instant_code, counter_code = (
-            LAYER_CODE["engine"],
-            LAYER_CODE["instant"],
-            LAYER_CODE["counter"],
-        )
-        comm_kernel_names: dict[int, bool] = {}
-        comm_cpu_names: dict[int, bool] = {}
-        self.ts_event_index: list[int] = []
-        ts_index = self.ts_event_index
+        # (ph, cat, name) -> (layer code, name id, cat id, on GPU, collective id or None, decode
+        # link args?): see _classify
+        kinds: dict[tuple, tuple] = {}
+        classify = self._classify
+        flow_events = self.flow_events
         pid_of = self._int_id
+        lifted_decode = _LIFTED.decode
+        no_args = _NO_ARGS
+        all_streams = _ALL_STREAMS
 
         def skip(reason: str, index: int) -> None:
             skipped[reason] = skipped.get(reason, 0) + 1
             first_bad.setdefault(reason, index)
 
-        lifted_decode = _LIFTED.decode
-        # rows whose args never hold link ids: skip decoding them (python frames, instants)
-        unlinked_codes = {LAYER_CODE["python"], instant_code, counter_code, LAYER_CODE["profiler"]}
         for index, event in enumerate(self.events):
             ph = event.ph
-            cat = event.cat
             if ph == "X" or ph == "i" or ph == "I" or ph == "C":
                 ts = event.ts
                 if type(ts) is not float and type(ts) is not int:
@@ -411,100 +414,81 @@ class _KinetoEvents:
                     if (type(dur) is not float and type(dur) is not int) or dur < 0:
                         skip("missing or negative dur", index)
                         continue
-                    code = layer_codes.get(cat)
-                    if code is None:
-                        unknown_categories[cat] = unknown_categories.get(cat, 0) + 1
-                        code = cpu_code
                 else:
                     dur = 0
-                    code = instant_code if ph != "C" else counter_code
+                cat = event.cat
                 name = event.name
                 if type(name) is not str:
                     name = str(name)
-                name_id = names.get(name)
-                if name_id is None:
-                    name_id = names[name] = len(names)
-                cat_id = cats.get(cat)
-                if cat_id is None:
-                    cat_id = cats[cat] = len(cats)
-                category_counts[cat or ph] = category_counts.get(cat or ph, 0) + 1
+                key = (ph, cat, name)
+                kind = kinds.get(key)
+                if kind is None:
+                    kind = kinds[key] = classify(ph, cat, name)
+                code, name_id, cat_id, on_gpu, coll, link_args = kind
+                count_key = cat or ph
+                category_counts[count_key] = category_counts.get(count_key, 0) + 1
                 raw_args = event.args
-                if raw_args:
-                    lifted = _NO_ARGS
-                    if code not in unlinked_codes:
-                        with contextlib.suppress(msgspec.DecodeError):  # args not an object
-                            lifted = lifted_decode(raw_args)
-                    args_text = bytes(raw_args)
-                else:
-                    lifted = _NO_ARGS
-                    args_text = None
+                lifted = no_args
+                if raw_args and link_args:
+                    try:  # try/except, not contextlib.suppress: no call per event
+                        lifted = lifted_decode(raw_args)
+                    except msgspec.DecodeError:  # args not an object
+                        lifted = no_args
                 pid = event.pid
                 tid = event.tid
                 if type(pid) is not int:
                     pid = pid_of(pid)
                 if type(tid) is not int:
                     tid = pid_of(tid)
-                coll = group = -1
-                seq = nbytes = -1
-                if cat in GPU_CATEGORIES:
+                group = seq = -1
+                if on_gpu:
                     stream = lifted.stream if lifted.stream != -1 else tid
                     device = lifted.device if lifted.device != -1 else pid
-                    stream = stream if type(stream) is int else _as_int(stream)
-                    device = device if type(device) is int else _as_int(device)
-                    if not 0 <= stream < _ALL_STREAMS:  # CUPTI writes uint32(-1) for "any stream"
-                        stream = _ALL_STREAMS
-                    nbytes = lifted.bytes if type(lifted.bytes) is int else _as_int(lifted.bytes)
-                    if code == kernel_code:
-                        is_comm = comm_kernel_names.get(name_id)
-                        if is_comm is None:
-                            is_comm = comm_kernel_names[name_id] = is_comm_kernel(name)
-                        if is_comm:
-                            code = comm_code
-                            coll = self._symbol(self.coll_names, collective_kind(name))
+                    if type(stream) is not int:
+                        stream = _as_int(stream)
+                    if type(device) is not int:
+                        device = _as_int(device)
+                    if not 0 <= stream < all_streams:  # CUPTI writes uint32(-1): "any stream"
+                        stream = all_streams
+                    nbytes = lifted.bytes
+                    if type(nbytes) is not int:
+                        nbytes = _as_int(nbytes)
                 else:
-                    stream = device = -1
-                    if code in (cpu_code, engine_code):
-                        is_comm = comm_cpu_names.get(name_id)
-                        if is_comm is None:
-                            is_comm = comm_cpu_names[name_id] = is_comm_cpu_op(name)
-                        if is_comm:
-                            code = comm_code
-                            args = _ANY.decode(raw_args) if raw_args else {}
-                            coll, group, seq, nbytes = self._collective(
-                                name, args if isinstance(args, dict) else {}
-                            )
+                    stream = device = nbytes = -1
+                    if coll is not None:  # a host-side collective: its metadata is in args
+                        args = _ANY.decode(raw_args) if raw_args else {}
+                        coll, group, seq, nbytes = self._collective(
+                            name, args if isinstance(args, dict) else {}
+                        )
                 correlation = lifted.correlation
                 external = lifted.external_id
                 if external is None:
                     external = lifted.external_id_legacy
-                pid_col.append(pid)
-                tid_col.append(tid)
-                stream_col.append(stream)
-                device_col.append(device)
-                layer_col.append(code)
-                name_col.append(name_id)
-                cat_col.append(cat_id)
-                ts_col.append(ts)
-                dur_col.append(dur)
-                corr_col.append(correlation if type(correlation) is int else _as_int(correlation))
-                ext_col.append(external if type(external) is int else _as_int(external))
-                coll_col.append(coll)
-                group_col.append(group)
-                seq_col.append(seq)
-                bytes_col.append(nbytes)
-                args_col.append(args_text)
-                ts_index.append(index)
+                pid_col(pid)
+                tid_col(tid)
+                stream_col(stream)
+                device_col(device)
+                layer_col(code)
+                name_col(name_id)
+                cat_col(cat_id)
+                ts_col(ts)
+                dur_col(dur)
+                corr_col(correlation if type(correlation) is int else _as_int(correlation))
+                ext_col(external if type(external) is int else _as_int(external))
+                coll_col(-1 if coll is None else coll)
+                group_col(group)
+                seq_col(seq)
+                bytes_col(nbytes)
+                args_col(raw_args or None)
+                index_col(index)
             elif ph == "s" or ph == "f" or ph == "t":
+                cat = event.cat
                 category_counts[cat or "flow"] = category_counts.get(cat or "flow", 0) + 1
                 if cat in LAUNCH_FLOW_CATEGORIES:
-                    key = (event.pid, event.tid, event.ts)
-                    target = self.flow_starts if ph == "s" else self.flow_ends
-                    target[key] = _as_int(event.id)
+                    flow_events.append(index)
                 else:
-                    skipped[f"{cat or 'uncategorised'} flow events (not launch links)"] = (
-                        skipped.get(f"{cat or 'uncategorised'} flow events (not launch links)", 0)
-                        + 1
-                    )
+                    reason = f"{cat or 'uncategorised'} flow events (not launch links)"
+                    skipped[reason] = skipped.get(reason, 0) + 1
             elif ph == "M":
                 category_counts["metadata"] = category_counts.get("metadata", 0) + 1
                 self._metadata(event)
@@ -512,17 +496,20 @@ class _KinetoEvents:
                 skip("unpaired B/E duration events (only complete X events are read)", index)
             else:
                 skip(f"event phase {ph!r} not understood", index)
-
         self.source.events_by_category = category_counts
         self.source.skipped = skipped
         for reason, count in skipped.items():
             where = f" (first at event {first_bad[reason]})" if reason in first_bad else ""
             self.source.warnings.append(f"skipped {count} events: {reason}{where}")
-        for cat, count in unknown_categories.items():
-            self.source.warnings.append(
-                f"{count} events of unknown category {cat!r} read as cpu_op"
-            )
-        if not ts_col:
+        if self.unknown_cats and columns["ts"]:
+            cat_ids = np.asarray(self.columns["cat"])
+            duration = ~np.isin(np.asarray(self.columns["layer"]), [_INSTANT, _COUNTER])
+            for cat in self.unknown_cats:
+                count = int(((cat_ids == self.cats[cat]) & duration).sum())
+                self.source.warnings.append(
+                    f"{count} events of unknown category {cat!r} read as cpu_op"
+                )
+        if not columns["ts"]:
             first = min(first_bad.values(), default=0)
             raise TraceError(
                 self.path,
@@ -533,6 +520,54 @@ class _KinetoEvents:
         self._timestamps(raw)
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _classify(self, ph: str, cat: str, name: str) -> tuple:
+        """What an event's phase, category and name alone decide, once per distinct triple:
+        (layer code, name id, cat id, on GPU, collective id or None, decode link args?).
+        For a host-side collective the collective id is -1: its kind comes from each event's args.
+        """
+        if ph == "X":
+            code = _CATEGORY_CODE.get(cat)
+            if code is None:
+                self.unknown_cats.add(cat)
+                code = _CPU_OP
+        else:
+            code = _COUNTER if ph == "C" else _INSTANT
+        name_id = self._symbol(self.names, name)
+        cat_id = self._symbol(self.cats, cat)
+        on_gpu = cat in GPU_CATEGORIES
+        link_args = code not in _UNLINKED
+        coll = None
+        if on_gpu:
+            if code == _KERNEL and is_comm_kernel(name):
+                code, coll = _COMM, self._symbol(self.coll_names, collective_kind(name))
+        elif code in (_CPU_OP, _ENGINE) and is_comm_cpu_op(name):
+            code, coll = _COMM, -1
+        return code, name_id, cat_id, on_gpu, coll, link_args
+
+    def _classify(self, ph: str, cat: str, name: str) -> tuple:
+        """What an event's phase, category and name alone decide, once per distinct triple:
+        (layer code, name id, cat id, on GPU, collective id or None, decode link args?).
+        For a host-side collective the collective id is -1: its kind comes from each event's args.
+        """
+        if ph == "X":
+            code = _CATEGORY_CODE.get(cat)
+            if code is None:
+                self.unknown_cats.add(cat)
+                code = _CPU_OP
+        else:
+            code = _COUNTER if ph == "C" else _INSTANT
+        name_id = self._symbol(self.names, name)
+        cat_id = self._symbol(self.cats, cat)
+        on_gpu = cat in GPU_CATEGORIES
+        link_args = code not in _UNLINKED
+        coll = None
+        if on_gpu:
+            if code == _KERNEL and is_comm_kernel(name):
+                code, coll = _COMM, self._symbol(self.coll_names, collective_kind(name))
+        elif code in (_CPU_OP, _ENGINE) and is_comm_cpu_op(name):
+            code, coll = _COMM, -1
+        return code, name_id, cat_id, on_gpu, coll, link_args
+
     def _int_id(self, value: object) -> int:
         """Stable negative ids for string pids/tids ("Spans", "PyTorch Profiler")."""
         if isinstance(value, float):
@@ -582,8 +617,12 @@ class _KinetoEvents:
             self.source.thread_names[f"{key}:{event.tid}"] = str(args.get("name", ""))
 
     def _apply_flows(self) -> None:
-        """Legacy files may link launches only by flow events: lift their ids into `correlation`."""
-        if not self.flow_starts and not self.flow_ends:
+        """Legacy files may link launches only by flow events: lift their ids into `correlation`.
+
+        Flow events are looked at only here, and only when some launch or GPU row lacks a
+        correlation id: current Kineto files carry it in args, and their tens of thousands of
+        `ac2g` flows would otherwise cost the pass a dict entry each."""
+        if not self.flow_events:
             return
         columns = self.columns
         corr = columns["correlation"]
@@ -591,16 +630,24 @@ class _KinetoEvents:
         linked = [
             LAYER_CODE[name] for name in ("runtime", "kernel", "memcpy", "memset", "sync", "comm")
         ]
+        layer = np.asarray(columns["layer"])
+        host_comm = (layer == _COMM) & (np.asarray(columns["stream"]) < 0)  # no launch to link
         missing = np.flatnonzero(
-            (np.asarray(corr) < 0) & np.isin(np.asarray(columns["layer"]), linked)
+            (np.asarray(corr) < 0) & np.isin(layer, linked) & ~host_comm
         ).tolist()
         if not missing:
             return
+        starts: dict[tuple, int] = {}
+        ends: dict[tuple, int] = {}
+        for index in self.flow_events:
+            event = self.events[index]
+            target = starts if event.ph == "s" else ends
+            target[(event.pid, event.tid, event.ts)] = _as_int(event.id)
         raw_pids = {v: k for k, v in self.string_ids.items()}
         for i in missing:
             pid, tid = columns["pid"][i], columns["tid"][i]
             key = (raw_pids.get(pid, pid), raw_pids.get(tid, tid), columns["ts"][i])
-            flows = self.flow_starts if columns["layer"][i] == runtime_code else self.flow_ends
+            flows = starts if columns["layer"][i] == runtime_code else ends
             flow_id = flows.get(key, -1)
             if flow_id >= 0:
                 corr[i] = flow_id
@@ -643,8 +690,8 @@ class _KinetoEvents:
         if len(matches) != len(every_ts):
             return None
         position = {event_index: k for k, event_index in enumerate(every_ts)}
-        out = np.empty(len(self.ts_event_index), dtype=np.int64)
-        for row, event_index in enumerate(self.ts_event_index):
+        out = np.empty(len(self.columns["ts_event_index"]), dtype=np.int64)
+        for row, event_index in enumerate(self.columns["ts_event_index"]):
             whole, frac = matches[position[event_index]]
             frac = (frac + b"000")[:3]
             value = int(whole) * 1000
