@@ -1,7 +1,9 @@
 """Labelled cases on disk: find them, load each once, split them by case (never by step).
 
 A case is a directory with `labels.json` (teller.lab.labels) and its traces, as written by
-`teller lab run`, `teller lab dataset` and `teller lab sim`.
+`teller lab run`, `teller lab dataset` and `teller lab sim`, and usually its service logs in
+`logs/`. Methods that read logs get them as `CaseLogs`: aligned once to the case's tree and
+shared by every such method, so no method pays for (or differs in) the alignment.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
 from teller.lab.labels import CaseLabels
+
+if TYPE_CHECKING:
+    from teller.align.align import AlignResult
 
 
 @dataclass
@@ -35,6 +41,31 @@ class Case:
     def log_files(self) -> list[Path]:
         logs = self.path / "logs"
         return sorted(logs.glob("*.log")) if logs.is_dir() else []
+
+    def logs(self, tree: CallTree) -> CaseLogs:
+        """The case's logs aligned to `tree` (the tree `tree()` returned for this case)."""
+        return align_case_logs(tree, self.log_files())
+
+
+@dataclass
+class CaseLogs:
+    """A case's log files and, when it has any, their lines placed on the tree's steps.
+
+    `paths` serve methods that read logs themselves (the model builds its own step records);
+    `aligned` holds the log table and, per line, its step, rank, tree node and template.
+    """
+
+    paths: list[Path]
+    aligned: AlignResult | None  # None: the case has no log files
+
+
+def align_case_logs(tree: CallTree, paths: list[Path]) -> CaseLogs:
+    """Align the log files to the tree once, for every method that reads logs."""
+    if not paths:
+        return CaseLogs(paths=[], aligned=None)
+    from teller.align.align import align_tree
+
+    return CaseLogs(paths=list(paths), aligned=align_tree(tree, paths))
 
 
 def find_cases(roots: list[Path]) -> list[Case]:

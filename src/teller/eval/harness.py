@@ -3,9 +3,10 @@
 `evaluate(methods, cases, split)` fits each method on the training side's fault-free cases, runs it
 on every test case (each case's traces are read once for all methods), and scores the outcome
 per view (horizontal, vertical), overall and per fault type, with the false-alarm rate on the
-fault-free cases (DESIGN.md §5). Faults whose label names no operator (a configuration, a stall
-between operators) count as a joint hit when the step is flagged (and, for horizontal faults, the
-rank is right).
+fault-free cases (DESIGN.md §5). Methods that read logs (`uses_logs`) get each case's logs
+aligned to its steps (`CaseLogs`), aligned once per case for all of them. Faults whose label
+names no operator (a configuration, a stall between operators) count as a joint hit when the step
+is flagged (and, for horizontal faults, the rank is right).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from teller.eval.cases import Case, Split, iterate
+from teller.callchain.tree import CallTree
+from teller.eval.cases import Case, CaseLogs, Split, iterate
 from teller.eval.metrics import (
     Candidate,
     StepTruth,
@@ -175,28 +177,54 @@ def score_group(method: str, group: str, outcomes: list[CaseOutcome]) -> Row:
     )
 
 
+def uses_logs(method: object) -> bool:
+    """Whether a method reads the cases' logs (class attribute `uses_logs = True`): it is then
+    fitted with `fit(normal_trees, normal_logs=...)` and scored with `score(tree, logs=...)`."""
+    return bool(getattr(method, "uses_logs", False))
+
+
+def _fit(method: object, trees: list[CallTree], logs: list[CaseLogs]) -> object:
+    if uses_logs(method):
+        return method.fit(trees, normal_logs=logs)  # type: ignore[attr-defined]
+    return method.fit(trees)  # type: ignore[attr-defined]
+
+
+def _score(method: object, tree: CallTree, logs: CaseLogs | None) -> Localization:
+    if uses_logs(method):
+        return method.score(tree, logs=logs)  # type: ignore[attr-defined]
+    return method.score(tree)  # type: ignore[attr-defined]
+
+
 def evaluate(
     methods: dict[str, Callable[[], object]],
     cases: list[Case],
     split: Split,
     progress: bool = True,
 ) -> EvalResult:
-    """Fit every method on the training side's fault-free cases, score the test side."""
+    """Fit every method on the training side's fault-free cases, score the test side.
+
+    Each case's tree is read once for all methods; its logs are aligned once, and only when some
+    method reads logs.
+    """
+    estimators = {name: make() for name, make in methods.items()}
+    with_logs = any(uses_logs(m) for m in estimators.values())
     normal_train = [c for c in iterate(cases, split.train) if c.labels.fault == "none"]
-    trees = [
-        c.tree()
-        for c in tqdm(
-            normal_train, desc="fitting on normal cases", disable=not progress, leave=False
-        )
-    ]
-    fitted = {name: make().fit(trees) for name, make in methods.items()}  # type: ignore[attr-defined]
-    del trees
+    trees, normal_logs = [], []
+    for case in tqdm(
+        normal_train, desc="fitting on normal cases", disable=not progress, leave=False
+    ):
+        trees.append(case.tree())
+        if with_logs:
+            normal_logs.append(case.logs(trees[-1]))
+    fitted = {name: _fit(m, trees, normal_logs) for name, m in estimators.items()}
+    del trees, normal_logs
     result = EvalResult(split=split, outcomes={name: [] for name in methods})
     test_cases = list(iterate(cases, split.test))
     for case in tqdm(test_cases, desc="scoring cases", disable=not progress, leave=False):
         tree = case.tree()
+        logs = case.logs(tree) if with_logs else None
         for name, method in fitted.items():
-            result.outcomes[name].append(outcome(case, method.score(tree)))
+            result.outcomes[name].append(outcome(case, _score(method, tree, logs)))
     for name, outcomes in result.outcomes.items():
         result.rows.append(score_group(name, "overall", outcomes))
         for view, label in (("H", "horizontal"), ("V", "vertical")):
