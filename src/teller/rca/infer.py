@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from teller.rca.dataset import StepRecord, case_records, encode
 from teller.rca.model import FAULT_NAMES, ModelConfig, RootCauseModel
 from teller.rca.train import FORMAT
 from teller.tpe.tokenizer import TPE
+
+if TYPE_CHECKING:
+    from teller.eval.cases import CaseLogs
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model" / "model"
 
@@ -188,36 +191,43 @@ class LoadedModel:
 
 
 class _LastRecords:
-    """The step records of the last tree scored, shared by the model variants the harness runs
-    on one tree after another (reading candidates is most of a variant's cost, and the records do
-    not depend on the model). Held by weak reference: it never keeps a tree alive."""
+    """The step records of the last tree (and log files) scored, shared by the model variants the
+    harness runs on one tree after another (reading candidates is most of a variant's cost, and
+    the records do not depend on the model). Held by weak reference: it never keeps a tree alive."""
 
     tree: ClassVar[weakref.ref | None] = None
+    log_paths: ClassVar[tuple[Path, ...]] = ()
     records: ClassVar[list[StepRecord]] = []
 
     @classmethod
-    def of(cls, tree: CallTree) -> list[StepRecord]:
-        if cls.tree is None or cls.tree() is not tree:
-            cls.records = case_records(tree, "")
+    def of(cls, tree: CallTree, log_paths: Sequence[Path] = ()) -> list[StepRecord]:
+        if cls.tree is None or cls.tree() is not tree or cls.log_paths != tuple(log_paths):
+            cls.records = case_records(tree, "", None, list(log_paths))
             cls.tree = weakref.ref(tree)
+            cls.log_paths = tuple(log_paths)
         return cls.records
 
 
 class RootCauseMethod:
     """The model as a scoreboard method: `fit(normal_trees)` then `score(tree) -> Localization`.
 
-    The model is trained offline (`teller train`), so `fit` learns nothing; the harness gives
-    `score` a tree only, so the model sees no logs here."""
+    The model is trained offline (`teller train`), so `fit` learns nothing. It reads logs
+    (`uses_logs`): the harness passes each case's logs and the model aligns their files into its
+    step records, as `teller diagnose` does (the no-logs variant masks them)."""
+
+    uses_logs = True
 
     def __init__(self, model_dir: str | Path | None = None) -> None:
         self.model_dir = model_dir
 
-    def fit(self, normal_trees: list[CallTree]) -> RootCauseMethod:
+    def fit(
+        self, normal_trees: list[CallTree], normal_logs: Sequence[CaseLogs] = ()
+    ) -> RootCauseMethod:
         self.model_ = LoadedModel.load(self.model_dir)
         return self
 
-    def score(self, tree: CallTree) -> Localization:
-        records = _LastRecords.of(tree)
+    def score(self, tree: CallTree, logs: CaseLogs | None = None) -> Localization:
+        records = _LastRecords.of(tree, logs.paths if logs is not None else ())
         steps, candidates = [], {}
         for d in self.model_.diagnose_records(records):
             steps.append(
