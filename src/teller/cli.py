@@ -355,7 +355,11 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = command("eval", cmd_eval, "score methods on labelled cases (DESIGN.md §5)")
     evaluate.add_argument("--cases", nargs="+", required=True, help="case directories or roots")
     chosen = evaluate.add_mutually_exclusive_group(required=True)
-    chosen.add_argument("--method", help="one method: localizer, threshold, zscore, gmm")
+    chosen.add_argument(
+        "--method",
+        help="one method: localizer, threshold, zscore, gmm, logs, model, model-no-logs, "
+        "model-no-numeric, model-raw-nodes",
+    )
     chosen.add_argument("--all", action="store_true", help="every method; writes the scoreboard")
     evaluate.add_argument("--split", help="JSON file with train/test case ids")
     evaluate.add_argument("--held-out", help="fault type kept wholly out of training")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from teller.eval.baselines import FixedThreshold, GaussianMixtureBaseline, StepZScore
+from teller.eval.log_baseline import LogOnlyBaseline
 from teller.localize.localizer import NumericLocalizer
 
 
@@ -24,6 +25,7 @@ METHODS: dict[str, Callable[[], object]] = {
     "threshold": FixedThreshold,
     "zscore": StepZScore,
     "gmm": GaussianMixtureBaseline,
+    "logs": LogOnlyBaseline,
     "model": _model("model"),
     "model-no-logs": _model("no-logs"),
     "model-no-numeric": _model("no-numeric"),
