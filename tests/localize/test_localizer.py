@@ -53,3 +53,31 @@ def test_longer_prefill_is_not_an_anomaly(tmp_path: Path) -> None:
     case = write_run(tmp_path / "case", tokens={**long_prompts, **shifted})
     _, result = localize(case, normal=normal)
     assert result.anomalous_steps() == []
+
+
+def test_normal_runs_of_another_setup_are_not_the_reference(tmp_path: Path) -> None:
+    """Step models come only from normal runs of the same setup (rank count, operator names)."""
+    (tmp_path / "same").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "case").mkdir()
+    same = write_run(tmp_path / "same")
+    other = write_run(tmp_path / "other")
+    for path in other:  # another model: other operators
+        path.write_text(path.read_text().replace("aten::mm", "aten::bmm"))
+    case = build_tree(read_run(write_run(tmp_path / "case")))
+    localizer = NumericLocalizer().fit([build_tree(read_run(other))])
+    assert localizer._step_models(case) == {}
+    localizer = NumericLocalizer().fit([build_tree(read_run(other)), build_tree(read_run(same))])
+    assert set(localizer._step_models(case)) == {"prefill"}
+
+
+def test_usual_noise_in_arrivals_does_not_outrank_a_consistent_slowdown(tmp_path: Path) -> None:
+    """Every step one rank or the other reaches the all-reduce 500 µs late by chance (host-bound
+    ranks do); in steps 7-8 rank 1's mm is 1.5x slower (about 100 µs in all). The consistent
+    slowdown, not the usual arrival noise that happens to be larger in µs, is the top suspect."""
+    noise = {(s % 2, s): 500 for s in range(STEPS)}
+    _, result = localize(write_run(tmp_path, late=noise, slow_mm={(1, 7): 1.5, (1, 8): 1.5}))
+    for step in (7, 8):
+        assert step in [s.iteration for s in result.anomalous_steps()]
+        top = result.candidates[step][0]
+        assert (top.rank, top.operator, top.kind) == (1, "aten::mm", "compute")

@@ -17,6 +17,15 @@ The method narrows the search for the root-cause model and is a complete diagnos
    its peers is the suspect, and the peers' inflated waits are symptoms, not candidates. A
    collective slower on every rank without a late arrival is a transfer problem and is scored by
    its excess duration.
+4. **GPU idle gaps** (`teller.localize.idle`): when a rank's GPU waited for a launch that came
+   late, the host work running on the launching thread meanwhile is a candidate, scored by the
+   idle time it caused beyond the nearest normal steps.
+
+Candidates are ranked by excess nanoseconds weighted by significance: an excess counts in full
+once its robust z (against the same rank's totals in the reference steps, or any rank's spread
+for arrivals) reaches `FULL_CREDIT_Z`, so large but usual noise does not outrank a consistent
+slowdown. Step models are fitted from the normal runs of the same setup only (rank count and
+operator names); a case from another setup is judged against its own quieter steps.
 
 Hyper-parameters live in `__init__`; learned state in attributes ending in `_` (scikit-learn
 shape), so the baselines and the scoreboard treat every method alike.
@@ -28,15 +37,26 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import nnls
 
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import LAYER_CODE
 from teller.localize.features import COMPUTE_LAYERS, step_nodes
+from teller.localize.idle import idle_gaps
 
 #: Smallest log-ratio scale for step scores: 3% run-to-run noise is normal even on a quiet machine.
 MIN_LOG_SCALE = 0.03
 #: Share of a rank's late arrival that its own compute excess must cover to explain it.
 EXPLAINED_LATENESS = 0.5
+#: A case whose steps run this much slower or faster than the normal runs predict was recorded on
+#: another setup (model, engine, hardware): its own quieter steps are the reference instead.
+SAME_SETUP_SPEED = (0.67, 1.5)
+#: Share of operator and kernel names a normal run must have in common with a case to count as
+#: the same setup (Jaccard), besides the same number of ranks.
+SAME_SETUP_NAMES = 0.7
+#: A candidate's excess counts in full from this robust z on; below it, in proportion (noise that
+#: happens to be large in nanoseconds does not outrank a consistent slowdown).
+FULL_CREDIT_Z = 5.0
 #: Temporal reference size: this many nearest-composition normal steps.
 NEAREST_STEPS = 8
 
@@ -52,7 +72,7 @@ class OperatorCandidate:
     z: float
     node: int  # the largest contributing node
     reference: str
-    kind: str  # "compute", "arrival" or "transfer"
+    kind: str  # "compute", "idle", "arrival" or "transfer"
 
 
 @dataclass
@@ -97,7 +117,9 @@ def _fit_step_model(
     coef = np.array([np.median(y), 0.0, 0.0])
     for _ in range(3):
         if usable.sum() >= 4 and np.linalg.matrix_rank(x[usable]) == 3:
-            coef, *_ = np.linalg.lstsq(x[usable], y[usable], rcond=None)
+            # non-negative: more tokens never make a step faster, and a negative coefficient
+            # fitted on a narrow range predicts nonsense (or ≤ 0) outside it
+            coef, _ = nnls(x[usable], y[usable])
         else:
             coef = np.array([np.median(y[usable]), 0.0, 0.0])
         predicted = np.maximum(x @ coef, 1.0)
@@ -129,12 +151,24 @@ class NumericLocalizer:
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, normal_trees: list[CallTree]) -> NumericLocalizer:
-        """Learn per-kind step models from fault-free runs."""
+        """Remember the fault-free runs' steps, each run with its setup's fingerprint.
+
+        Step models are fitted at `score` time from the normal runs of the same setup only
+        (`_setup_of`): a step time means nothing next to another model's, engine's or cluster's."""
+        self.normal_runs_ = [(_setup_of(tree), _iteration_rows(tree)) for tree in normal_trees]
+        return self
+
+    def _step_models(self, tree: CallTree) -> dict[str, _StepModel]:
+        """Per-kind step models from the normal runs whose setup matches this tree's."""
+        ranks, names = _setup_of(tree)
         kinds: dict[str, list[tuple[float, float, float]]] = {}
-        for tree in normal_trees:
-            for kind, dur, ctx, gen in _iteration_rows(tree):
+        for (their_ranks, their_names), rows in getattr(self, "normal_runs_", []):
+            shared = len(names & their_names) / max(len(names | their_names), 1)
+            if their_ranks != ranks or shared < SAME_SETUP_NAMES:
+                continue
+            for kind, dur, ctx, gen in rows:
                 kinds.setdefault(kind, []).append((dur, ctx, gen))
-        self.step_models_ = {
+        return {
             kind: _fit_step_model(
                 np.array([r[0] for r in rows]),
                 np.array([r[1] for r in rows]),
@@ -144,7 +178,6 @@ class NumericLocalizer:
             for kind, rows in kinds.items()
             if len(rows) >= 3
         }
-        return self
 
     # -- score -----------------------------------------------------------------------------------
     def score(self, tree: CallTree) -> Localization:
@@ -165,22 +198,28 @@ class NumericLocalizer:
         ranks = [r[5] for r in rows]
         expected = np.zeros(len(rows))
         scale = np.zeros(len(rows))
-        fitted = getattr(self, "step_models_", {})
+        fitted = self._step_models(tree)
         for kind in set(kinds.tolist()):
             mask = kinds == kind
             model = fitted.get(kind)
             own = _fit_step_model(dur[mask], ctx[mask], gen[mask], keep=self.self_fit_keep)
-            if model is None:
-                model = own
-            else:  # this run's machine speed, from its own quieter steps, within reason
-                speed = np.exp(
-                    np.median(
-                        np.log(
-                            dur[mask] / np.maximum(_design(ctx[mask], gen[mask]) @ model.coef, 1.0)
+            if model is not None:  # this run's machine speed, from its own steps
+                speed = float(
+                    np.exp(
+                        np.median(
+                            np.log(
+                                dur[mask]
+                                / np.maximum(_design(ctx[mask], gen[mask]) @ model.coef, 1.0)
+                            )
                         )
                     )
                 )
-                model = _StepModel(model.coef * float(np.clip(speed, 0.8, 1.25)), model.log_scale)
+                if SAME_SETUP_SPEED[0] <= speed <= SAME_SETUP_SPEED[1]:
+                    model = _StepModel(model.coef * speed, max(model.log_scale, own.log_scale))
+                else:  # the normal runs came from another model, engine or machine
+                    model = None
+            if model is None:
+                model = own
             expected[mask] = np.maximum(_design(ctx[mask], gen[mask]) @ model.coef, 1.0)
             scale[mask] = model.log_scale
         z = np.log(np.maximum(dur, 1.0) / expected) / scale
@@ -227,10 +266,14 @@ class NumericLocalizer:
                 bool(nodes.on_gpu[i]),
             )
             key_rows.setdefault(key, {})[int(nodes.iteration[i])] = i
+        step_totals = _totals_by_step(nodes)
+        gaps = idle_gaps(tree)
         out: dict[int, list[OperatorCandidate]] = {}
         for iteration in sorted(anomalous):
             reference = _nearest(iteration, normal_iterations, kind_of, tokens_of, NEAREST_STEPS)
-            out[iteration] = self._step_candidates(tree, nodes, key_rows, iteration, reference)
+            out[iteration] = self._step_candidates(
+                tree, nodes, key_rows, step_totals, gaps, iteration, reference
+            )
         return out
 
     def _step_candidates(
@@ -238,6 +281,8 @@ class NumericLocalizer:
         tree: CallTree,
         nodes,
         key_rows: dict[tuple, dict[int, int]],
+        step_totals: dict[tuple[int, int, int], float],
+        gaps: dict[tuple[int, int], dict[int, float]],
         iteration: int,
         reference: list[int],
     ) -> list[OperatorCandidate]:
@@ -270,22 +315,43 @@ class NumericLocalizer:
             entry[2] += int(normal)
             if excess > entry[4]:
                 entry[3], entry[4] = i, excess
-        candidates = [
-            OperatorCandidate(
-                iteration=iteration,
-                rank=rank,
-                operator=tree.names[name],
-                score=excess,
-                observed_ns=observed,
-                normal_ns=normal,
-                z=_ratio_z(observed, normal),
-                node=int(nodes.node[best]),
-                reference=where,
-                kind="compute",
+        candidates = []
+        for (rank, name), (excess, observed, normal, best, _, where) in totals.items():
+            if excess <= self.noise_floor_ns:
+                continue
+            usual = [step_totals.get((rank, name, r), 0.0) for r in reference]
+            z = self._significance(float(observed), usual)
+            candidates.append(
+                OperatorCandidate(
+                    iteration=iteration,
+                    rank=rank,
+                    operator=tree.names[name],
+                    score=excess * min(1.0, max(z, 0.0) / FULL_CREDIT_Z),
+                    observed_ns=observed,
+                    normal_ns=normal,
+                    z=z,
+                    node=int(nodes.node[best]),
+                    reference=where,
+                    kind="compute",
+                )
             )
-            for (rank, name), (excess, observed, normal, best, _, where) in totals.items()
-            if excess > self.noise_floor_ns
-        ]
+        new = self._new_operators(step_totals, iteration, reference, waiting) if reference else []
+        for (rank, name), observed in new:
+            candidates.append(
+                OperatorCandidate(
+                    iteration=iteration,
+                    rank=rank,
+                    operator=tree.names[name],
+                    score=observed,
+                    observed_ns=int(observed),
+                    normal_ns=0,
+                    z=self._significance(observed, []),
+                    node=int(nodes.node[_largest_node(nodes, iteration, rank, name)]),
+                    reference="absent from the nearest normal steps and from the peer ranks",
+                    kind="compute",
+                )
+            )
+        candidates.extend(self._idle_candidates(tree, nodes, gaps, iteration, reference))
         compute_excess: dict[int, float] = {}
         for candidate in candidates:
             compute_excess[candidate.rank] = (
@@ -307,6 +373,85 @@ class NumericLocalizer:
         candidates.sort(key=lambda c: -c.score)
         return candidates[: self.top_k]
 
+    def _idle_candidates(
+        self,
+        tree: CallTree,
+        nodes,
+        gaps: dict[tuple[int, int], dict[int, float]],
+        iteration: int,
+        reference: list[int],
+    ) -> list[OperatorCandidate]:
+        """Host work that kept a rank's GPU idle longer than in the nearest normal steps.
+
+        Which host node a gap lands on wanders from step to step, so the evidence is judged per
+        rank first: only when the rank's total idle time is itself unusual do its per-operator
+        shares get credit."""
+        out = []
+        for (rank, it), per_name in gaps.items():
+            if it != iteration:
+                continue
+            usual_totals = [sum(gaps.get((rank, r), {}).values()) for r in reference]
+            rank_z = self._significance(sum(per_name.values()), usual_totals)
+            weight = min(1.0, max(rank_z, 0.0) / FULL_CREDIT_Z)
+            if weight <= 0.0:
+                continue
+            for name, idle in per_name.items():
+                usual = [gaps.get((rank, r), {}).get(name, 0.0) for r in reference]
+                excess = idle - (float(np.median(usual)) if usual else 0.0)
+                if excess <= self.noise_floor_ns:
+                    continue
+                where = np.flatnonzero(
+                    (nodes.iteration == iteration) & (nodes.rank == rank) & (nodes.name == name)
+                )
+                if not len(where):
+                    continue
+                out.append(
+                    OperatorCandidate(
+                        iteration=iteration,
+                        rank=rank,
+                        operator=tree.names[name],
+                        score=excess * weight,
+                        observed_ns=int(idle),
+                        normal_ns=int(np.median(usual)) if usual else 0,
+                        z=rank_z,
+                        node=int(nodes.node[where[np.argmax(nodes.self_ns[where])]]),
+                        reference="GPU idle while this host work delayed the next launch, "
+                        "vs nearest normal steps",
+                        kind="idle",
+                    )
+                )
+        return out
+
+    def _significance(self, observed: float, usual: list[float], scale: float = 0.0) -> float:
+        """Robust z of a step's total against its totals in the reference steps, the scale
+        floored at `scale`, at 5% of the usual value and at the noise floor (few or identical
+        references)."""
+        if not usual:
+            return observed / max(scale, self.noise_floor_ns)
+        median = float(np.median(usual))
+        mad = 1.4826 * float(np.median(np.abs(np.asarray(usual) - median)))
+        return (observed - median) / max(mad, scale, 0.05 * median, self.noise_floor_ns)
+
+    def _new_operators(
+        self,
+        step_totals: dict[tuple[int, int, int], float],
+        iteration: int,
+        reference: list[int],
+        waiting: set[int],
+    ) -> list[tuple[tuple[int, int], float]]:
+        """(rank, name) whose work in this step is absent from every reference step on every
+        rank: a swapped-in kernel, a fallback path. Their whole time is excess."""
+        references = set(reference)
+        usual_names = {n for (_, n, it) in step_totals if it in references}
+        return [
+            ((r, n), total)
+            for (r, n, it), total in step_totals.items()
+            if it == iteration
+            and total > self.noise_floor_ns
+            and n not in usual_names
+            and n not in waiting
+        ]
+
     def _collective_candidates(
         self,
         tree: CallTree,
@@ -321,6 +466,15 @@ class NumericLocalizer:
         iteration_of, rank, name, late_ns, own_ns, node, is_last = table
         out: list[OperatorCandidate] = []
         here = iteration_of == iteration
+        # how much any rank's lateness wanders from its own usual: host-bound ranks skew by
+        # chance, and a rank that is usually on time has no spread of its own to judge by
+        deviations = []
+        for r in np.unique(rank[here]).tolist():
+            for n in np.unique(name[here & (rank == r)]).tolist():
+                mine = (rank == r) & (name == n)
+                usual = np.array([late_ns[mine & (iteration_of == it)].sum() for it in reference])
+                deviations.extend(np.abs(usual - np.median(usual)).tolist() if len(usual) else [])
+        pooled_scale = 1.4826 * float(np.median(deviations)) if deviations else 0.0
         for r in np.unique(rank[here]).tolist():
             for n in np.unique(name[here & (rank == r)]).tolist():
                 mine = (rank == r) & (name == n)
@@ -331,17 +485,16 @@ class NumericLocalizer:
                 lateness = float(late_ns[now].sum() - (np.median(usual) if usual else 0.0))
                 biggest = int(node[now][np.argmax(late_ns[now])])
                 if lateness > self.noise_floor_ns:
+                    z = self._significance(float(late_ns[now].sum()), usual, pooled_scale)
                     out.append(
                         OperatorCandidate(
                             iteration=iteration,
                             rank=r,
                             operator=tree.names[n],
-                            score=lateness,
+                            score=lateness * min(1.0, max(z, 0.0) / FULL_CREDIT_Z),
                             observed_ns=int(late_ns[now].sum()),
                             normal_ns=int(np.median(usual)) if usual else 0,
-                            z=_ratio_z(
-                                float(late_ns[now].sum()), float(np.median(usual) if usual else 0)
-                            ),
+                            z=z,
                             node=biggest,
                             reference="arrival after the other ranks, vs this rank's usual skew",
                             kind="arrival",
@@ -374,6 +527,25 @@ class NumericLocalizer:
                         )
                     )
         return out
+
+
+def _totals_by_step(nodes) -> dict[tuple[int, int, int], float]:
+    """(rank, name, iteration) → total self time of the compute nodes of that name there."""
+    compute = np.isin(nodes.layer, list(COMPUTE_LAYERS))
+    keys = np.stack([nodes.rank[compute], nodes.name[compute], nodes.iteration[compute]], axis=1)
+    if not len(keys):
+        return {}
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    sums = np.bincount(inverse.ravel(), weights=nodes.self_ns[compute].astype(float))
+    return {tuple(int(v) for v in unique[k]): float(sums[k]) for k in range(len(unique))}
+
+
+def _largest_node(nodes, iteration: int, rank: int, name: int) -> int:
+    """Position (in `nodes`) of the longest self-time node of `name` on `rank` in the step."""
+    where = np.flatnonzero(
+        (nodes.iteration == iteration) & (nodes.rank == rank) & (nodes.name == name)
+    )
+    return int(where[np.argmax(nodes.self_ns[where])])
 
 
 def _arrivals(tree: CallTree) -> tuple[np.ndarray, ...] | None:
@@ -491,6 +663,14 @@ def _component_scores(
             best_z = np.where(better, worst, best_z)
             best_ratio = np.where(better, np.exp((finite - centre).max(axis=1)), best_ratio)
     return best_z, best_ratio
+
+
+def _setup_of(tree: CallTree) -> tuple[int, frozenset[str]]:
+    """A run's setup fingerprint: its rank count and the names of the operators and kernels that
+    ran in its steps (the model, engine and kernels chosen)."""
+    work = (tree.step >= 0) & np.isin(tree.layer, list(COMPUTE_LAYERS))
+    names = frozenset(tree.names[n] for n in np.unique(tree.name[work]).tolist())
+    return len(np.unique(tree.steps.rank)), names
 
 
 def _iteration_rows(tree: CallTree, with_iteration: bool = False) -> list[tuple]:

@@ -53,6 +53,10 @@ _GPU = np.array([LAYER_CODE[n] for n in ("kernel", "memcpy", "memset")])
 _HOST = np.array([LAYER_CODE[n] for n in ("cpu_op", "runtime")])
 _COMM = LAYER_CODE["comm"]
 
+#: Localizer candidate kinds the model reads as one of its own: an idle-GPU candidate is host
+#: work that delayed the GPU, i.e. compute on the host.
+_KIND_AS = {"idle": "compute"}
+
 
 @dataclass
 class StepRecord:
@@ -302,7 +306,8 @@ def encode(
                 floats[0] = np.log1p(dur_ns / 1e3) / 10.0
                 floats[1] = depth / 20.0
                 if focus:
-                    arrays["tok_ckind"][b, t] = CANDIDATE_KINDS.index(candidate.kind)
+                    kind = _KIND_AS.get(candidate.kind, candidate.kind)
+                    arrays["tok_ckind"][b, t] = CANDIDATE_KINDS.index(kind)
                     arrays["focus_candidate"][b, t] = c
                     floats[2] = safe_log_ratio(candidate.observed_ns, candidate.normal_ns)
                     floats[3] = np.log1p(max(candidate.score, 0.0) / 1e3) / 10.0

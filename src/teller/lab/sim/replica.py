@@ -30,6 +30,10 @@ _DTYPE_OF_KERNEL = (("_float", "Float", 4), ("_bf16", "BFloat16", 2), ("_half", 
 #: Heavy tails of the fitted delays are clipped at this many medians (a launch queue does not
 #: wait seconds in a steady step).
 TAIL_CLIP = 4.0
+#: Per-rank log-normal spread around a collective's shared host time (see `_comm_host_ns`).
+RANK_HOST_LOG_SIGMA = 0.1
+#: Per-rank log-normal spread of a layer's host speed around the group's shared draw.
+RANK_CPU_LOG_SIGMA = 0.02
 
 
 @dataclass
@@ -182,6 +186,10 @@ class ReplicaModel:
             count = per_stage + (1 if stage < extra else 0)
             self.stage_layers.append(range(first, first + count))
             first += count
+        # one generator for what all ranks share, seeded from the first rank's stream
+        self._shared_rng = np.random.default_rng(int(rngs[min(rngs)].integers(2**63)))
+        self._shared_comm_host: dict[tuple[str, int], int] = {}
+        self._shared_cpu: dict[tuple[int, int], float] = {}
         comm = calibration.comm
         self.allreduce_kernel = comm["kernel"]
         self.p2p_kernel = calibration.p2p["p2p_kernel"]
@@ -295,11 +303,21 @@ class ReplicaModel:
         """
         tpl = self.template
         rng = state.rng
-        f = math.exp(self.cal.cpu_log_sigma * rng.standard_normal())
+        shared = self._shared_cpu.get((plan.index, layer_index))
+        if shared is None:  # the layer's host speed this step, common to the group (see above)
+            shared = self._shared_cpu[(plan.index, layer_index)] = math.exp(
+                self.cal.cpu_log_sigma * self._shared_rng.standard_normal()
+            )
+        f = shared * math.exp(RANK_CPU_LOG_SIGMA * rng.standard_normal())
         f *= self.faults.cpu_factor(state.rank, plan.index)
         tokens = plan.tokens
         points = tpl.comm_points_ns if self.topology.tp > 1 else tpl.no_points
-        inserts = np.array([self._comm_host_ns(state) for _ in points], dtype=np.int64)
+        group = self.tp_group[state.rank].name
+        first_seq = state.seq.get(group, 0)
+        inserts = np.array(
+            [self._comm_host_ns(state, group, first_seq + k) for k in range(len(points))],
+            dtype=np.int64,
+        )
         shifted = np.concatenate(([0], np.cumsum(inserts)))
         starts = (
             t0
@@ -364,8 +382,20 @@ class ReplicaModel:
             pending += 1
         return ends[0]
 
-    def _comm_host_ns(self, state: RankState) -> int:
-        return self._fit(state.rng, self.comm_host_fit)
+    def _comm_host_ns(self, state: RankState, group: str, seq: int) -> int:
+        """Host time of one collective's call chain on this rank.
+
+        The ranks of a group run the same Python path on the same inputs, so most of the
+        calibrated variation is shared by all of them (one draw per collective instance); each
+        rank adds only a little of its own. Independent heavy-tailed draws per rank would make
+        healthy ranks skew by milliseconds at every collective, which real TP workers do not."""
+        shared = self._shared_comm_host.get((group, seq))
+        if shared is None:
+            shared = self._shared_comm_host[(group, seq)] = self._fit(
+                self._shared_rng, self.comm_host_fit
+            )
+        own = math.exp(RANK_HOST_LOG_SIGMA * state.rng.standard_normal())
+        return max(int(shared * own), 1)
 
     def _allreduce_host(
         self, state: RankState, plan: StepPlan, at: int, dur: int, tokens: int
@@ -427,7 +457,7 @@ class ReplicaModel:
         facts = self._collective_args(state, group, kind, nelems, seq)
         peer = state.rank + self.topology.tp if kind == "send" else state.rank - self.topology.tp
         facts["Dst Rank" if kind == "send" else "Src Rank"] = peer
-        dur = self._comm_host_ns(state)
+        dur = self._comm_host_ns(state, group.name, seq)
         args = self._args(state, "cpu_op") | facts
         state.events.append(state.encoder.cpu("cpu_op", "record_param_comms", at, dur, args))
         runtime = self.cal.comm["host_chain"][3]["name"]
@@ -492,7 +522,8 @@ class ReplicaModel:
                 pending.extend(piece)
                 if k < len(tpl.pieces) - 1 and self.topology.tp > 1:
                     t = flush(t)
-                    dur = self._comm_host_ns(state)
+                    group = self.tp_group[state.rank].name
+                    dur = self._comm_host_ns(state, group, state.seq.get(group, 0))
                     dur = int(dur * self.faults.cpu_factor(state.rank, plan.index))
                     self._allreduce_host(state, plan, t, dur, plan.tokens)
                     t += dur
