@@ -79,3 +79,24 @@ def test_eval_all_writes_a_scoreboard(
     for method in METHODS:
         assert f"| {method} |" in board
     assert (out / "scoreboard.json").is_file()
+
+
+def test_a_labelled_step_missing_from_the_methods_steps_is_a_miss() -> None:
+    """A hang's unfinished step has no step node, so no method reports it; it still counts."""
+    from teller.eval.harness import CaseOutcome, score_group
+
+    hang = CaseOutcome(
+        case_id="hang",
+        fault="collective_hang",
+        view="H",
+        steps=[0, 1, 2],
+        flagged=[],
+        top={},
+        ranked=[],
+        truth_steps=[3],
+        guilty_operator="nccl:all_reduce",
+        guilty_rank=1,
+    )
+    row = score_group("m", "fault: collective_hang", [hang])
+    assert row.step_recall == 0.0
+    assert row.joint_recall == 0.0 and row.joint_f1 == 0.0

@@ -128,7 +128,8 @@ def score_group(method: str, group: str, outcomes: list[CaseOutcome]) -> Row:
     truths, verdicts = [], []
     for o in outcomes:
         truth_set = set(o.truth_steps)
-        for s in o.steps:
+        # a labelled step the method never reported (a hang's unfinished step) is still missed
+        for s in sorted(set(o.steps) | truth_set):
             truths.append(
                 StepTruth(
                     (o.case_id, s),
