@@ -9,6 +9,9 @@ notebooks, and the verdict for everything else. The CLI's `analyze` is a thin la
     >>> run.steps().to_pandas().head()     # one row per step and rank
     >>> verdict = run.diagnose()           # slow steps, guilty operator and rank, explanation
     >>> run.report("report.html")
+
+The verdict comes from the root-cause model (`method="model"`, the default) with the numeric
+localizer's measurements as its evidence; `method="localizer"` skips the model (no torch needed).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
 from teller.ingest.schema import EventTable
-from teller.localize.localizer import NumericLocalizer
+from teller.rca.diagnose import METHODS
 from teller.rca.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -44,7 +47,11 @@ class Analysis:
         otlp: Sequence[PathLike] | None = None,
         step_regex: str | None = None,
         progress: bool = False,
+        method: str = "model",
+        model_dir: PathLike | None = None,
     ) -> None:
+        if method not in METHODS:
+            raise TellerError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
         self.paths = [Path(p) for p in ([path] if isinstance(path, str | Path) else path)]
         self.trace_files = find_trace_files(self.paths)
         if not self.trace_files:
@@ -58,6 +65,8 @@ class Analysis:
         )
         self.step_regex = step_regex
         self.progress = progress
+        self.method = method
+        self.model_dir = Path(model_dir) if model_dir is not None else None
 
     def _found(self, folder: str, pattern: str) -> list[Path]:
         """Logs and spans beside the traces, in the layout `teller collect` and the lab write."""
@@ -129,10 +138,13 @@ class Analysis:
     def verdict(self) -> Verdict:
         from teller.rca.diagnose import diagnose
 
-        return diagnose(self, NumericLocalizer())
+        return diagnose(self, self.method, self.model_dir)
 
     def diagnose(self) -> Verdict:
-        """Slow steps, the guilty operator and rank for each, the explanation and the evidence."""
+        """Slow steps, the guilty operator and rank for each, the explanation and the evidence.
+
+        By the root-cause model unless built with `method="localizer"`; where the model cannot
+        be loaded the localizer's verdict comes back instead, saying so in `warnings`."""
         return self.verdict
 
     def report(self, path: PathLike, format: str | None = None) -> Path:

@@ -151,6 +151,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         otlp=args.otlp,
         step_regex=args.step_regex,
         progress=not args.quiet,
+        method=args.method,
+        model_dir=args.model,
     )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
     text = render(analysis, fmt)
@@ -292,10 +294,30 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from teller.rca.infer import diagnose_path, render
+    from teller.analysis import Analysis
+    from teller.report.terminal import render_findings
 
-    print(render(diagnose_path(args.path, args.logs or (), args.model), top=args.top))
+    analysis = Analysis(
+        args.path,
+        logs=args.logs,
+        progress=not args.quiet,
+        method=args.method,
+        model_dir=args.model,
+    )
+    print(render_findings(analysis.diagnose(), top=args.top))
     return EXIT_OK
+
+
+def _method_arguments(parser: argparse.ArgumentParser) -> None:
+    """--method and --model, shared by `analyze` and `diagnose` (teller.rca.diagnose)."""
+    parser.add_argument(
+        "--method",
+        choices=("model", "localizer"),
+        default="model",
+        help="who decides: the root-cause model, with the localizer's numbers as evidence "
+        "(default), or the numeric localizer alone",
+    )
+    parser.add_argument("--model", help="model directory (default: the shipped model)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -351,6 +373,7 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("-o", "--out", help="write the report here (format from the suffix)")
     analyze.add_argument("--perfetto", help="also write an annotated Chrome/Perfetto trace here")
     analyze.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
+    _method_arguments(analyze)
 
     evaluate = command("eval", cmd_eval, "score methods on labelled cases (DESIGN.md §5)")
     evaluate.add_argument("--cases", nargs="+", required=True, help="case directories or roots")
@@ -388,7 +411,7 @@ def _parser() -> argparse.ArgumentParser:
     diagnose = command("diagnose", cmd_diagnose, "diagnose a run with the root-cause model")
     diagnose.add_argument("path", help="case directory or directory of rank trace files")
     diagnose.add_argument("--logs", nargs="*", help="engine log files (default: PATH/logs)")
-    diagnose.add_argument("--model", help="model directory (default: the shipped model)")
+    _method_arguments(diagnose)
     diagnose.add_argument("--top", type=int, default=10, help="steps to show")
 
     diff = command("diff", cmd_diff, "compare run B against run A: step kinds and operators")

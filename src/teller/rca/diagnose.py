@@ -1,51 +1,185 @@
-"""Turn the localizer's numbers into a verdict a person can act on.
+"""Turn the pipeline's numbers into a verdict a person can act on.
 
-The numeric stage says *where*; this module says it in words, with the evidence beside it: which
-step, how slow against what its batch predicts, which operator on which rank, against what normal,
-and the fault type the pattern points to. It also says what was missing from the inputs and what
-that costs, so a verdict from traces alone is never mistaken for a verdict with logs.
+TELLER's split of work: the numeric localizer narrows a step of 10⁴–10⁵ nodes to a few candidate
+operators and measures how far each strays from normal; the root-cause model (`teller.rca.infer`)
+decides which steps are anomalous, points at one candidate and names the fault. The verdict is the
+model's (`method="model"`, the default), with the localizer's numbers beside it as evidence: the
+step's robust z-score and expected duration, each candidate's observed time against its normal.
+`method="localizer"` gives the localizer's own verdict, and is what a run falls back to, with a
+warning, when the model cannot be loaded (torch missing, no checkpoint), so `analyze` never fails
+for lack of a model.
+
+It also says what was missing from the inputs and what that costs, so a verdict from traces alone
+is never mistaken for a verdict with logs.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from teller.callchain.render import format_ns, short_name
+from teller.errors import TellerError
 from teller.ingest.schema import LAYERS
+from teller.lab.labels import FAULTS
 from teller.localize.localizer import Localization, NumericLocalizer, OperatorCandidate, StepScore
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
     from teller.analysis import Analysis
+    from teller.rca.infer import StepDiagnosis
 
 #: Findings listed in the summary; the rest are in the JSON and the HTML report.
 SUMMARY_FINDINGS = 3
 
+#: What produces the findings: the root-cause model (default) or the numeric localizer alone.
+METHODS = ("model", "localizer")
 
-def diagnose(analysis: Analysis, localizer: NumericLocalizer) -> Verdict:
+#: The warning a verdict carries when the model was asked for but could not run.
+MODEL_UNAVAILABLE = "root-cause model unavailable"
+
+
+class ModelUnavailable(Exception):
+    """The model could not be imported, loaded or run; the reason is the message."""
+
+
+def diagnose(analysis: Analysis, method: str = "model", model_dir: Path | None = None) -> Verdict:
+    """The run's verdict by `method` ("model" or "localizer"); see the module docstring."""
+    if method not in METHODS:
+        raise TellerError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
     tree = analysis.tree
-    localization = localizer.score(tree)
-    findings = _findings(analysis, localization)
+    localization = NumericLocalizer().score(tree)
+    notes: list[str] = []
+    if method == "model":
+        try:
+            model_name, diagnoses = _run_model(analysis, model_dir)
+        except ModelUnavailable as error:
+            notes.append(
+                f"{MODEL_UNAVAILABLE} ({error}); the verdict is the numeric localizer's alone"
+            )
+            method = "localizer"
+    if method == "model":
+        findings = _model_findings(analysis, localization, diagnoses)
+        flagged = {d.iteration for d in diagnoses if d.anomalous}
+        produced_by = f"model:{model_name}"
+    else:
+        findings = _findings(analysis, localization)
+        flagged = {s.iteration for s in localization.anomalous_steps()}
+        produced_by = "localizer"
     _attach_logs(analysis, findings)
-    missing = _missing(analysis)
     return Verdict(
         inputs=[str(p) for p in analysis.trace_files],
         ranks=analysis.event_table.ranks,
-        method="localizer",
+        method=produced_by,
         summary=_summary(tree, localization, findings),
         findings=findings,
-        steps=_step_rows(analysis, localization),
-        missing=missing,
-        warnings=analysis.event_table.warnings
+        steps=_step_rows(analysis, localization, flagged),
+        missing=_missing(analysis),
+        warnings=notes
+        + analysis.event_table.warnings
         + tree.warnings
         + (analysis.alignment.warnings if analysis.alignment else []),
     )
 
 
-def _step_rows(analysis: Analysis, localization: Localization) -> list[StepRow]:
+def _run_model(analysis: Analysis, model_dir: Path | None) -> tuple[str, list[StepDiagnosis]]:
+    """(the model's name, its diagnosis of every step); `ModelUnavailable` when it cannot run.
+
+    torch is imported here and only here, so commands that never diagnose (`teller info`) and
+    installs without torch keep working."""
+    try:
+        from teller.rca.infer import DEFAULT_MODEL, LoadedModel
+    except (ImportError, OSError) as error:  # torch or safetensors missing or broken
+        raise ModelUnavailable(f"cannot import torch: {error}") from None
+    try:
+        model = LoadedModel.load(model_dir)
+    except (OSError, RuntimeError, TellerError) as error:
+        raise ModelUnavailable(str(error)) from None
+    name = "default" if model.path.resolve() == DEFAULT_MODEL.resolve() else model.path.name
+    case_id = analysis.paths[0].name if len(analysis.paths) == 1 else ""
+    try:
+        return name, model.diagnose(analysis.tree, analysis.log_files, case_id=case_id)
+    except RuntimeError as error:  # torch's own failures: a checkpoint that does not fit
+        raise ModelUnavailable(f"{model.path}: {error}") from None
+
+
+def _model_findings(
+    analysis: Analysis, localization: Localization, diagnoses: list[StepDiagnosis]
+) -> list[Finding]:
+    """One finding per step the model flags, most probable first: the step and the fault are the
+    model's, the operator and rank are its pointer's pick among the localizer's candidates, and
+    the numbers (step z-score, each candidate's observed time against normal) are the localizer's."""
+    tree = analysis.tree
+    name_of_step = {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
+    score_of = {s.iteration: s for s in localization.steps}
+    flagged = [d for d in diagnoses if d.anomalous]
+    z_of = {
+        d.iteration: score_of[d.iteration].z if d.iteration in score_of else 0.0 for d in flagged
+    }
+    findings = []
+    for d in sorted(flagged, key=lambda d: (-d.probability, -z_of[d.iteration])):
+        top = d.candidates[0][0] if d.candidates else None
+        step = score_of.get(d.iteration)
+        head = (
+            f"Step {d.iteration} ({step.kind if step else 'step'}) took {format_ns(d.dur_ns)} "
+            f"against {format_ns(d.expected_ns)} expected for its batch."
+        )
+        findings.append(
+            Finding(
+                step=d.iteration,
+                step_name=name_of_step.get(d.iteration, ""),
+                step_kind=step.kind if step else "step",
+                step_dur_ns=d.dur_ns,
+                step_expected_ns=d.expected_ns,
+                score=_rounded_z(z_of[d.iteration]),
+                probability=round(d.probability, 4),
+                rank=top.rank if top else None,
+                operator=top.operator if top else None,
+                operator_node=top.node if top else None,
+                fault_type=d.fault,
+                view="H" if FAULTS.get(d.fault) == "H" else "V",
+                explanation=f"{head} {d.explanation}",
+                candidates=[_candidate(c, probability) for c, probability in d.candidates],
+                evidence=[_evidence(c) for c, _ in d.candidates[:3]],
+            )
+        )
+    return findings
+
+
+def _candidate(c: OperatorCandidate, probability: float | None = None) -> dict:
+    return {
+        "operator": c.operator,
+        "rank": c.rank,
+        "score": c.score,
+        "node": c.node,
+        "kind": c.kind,
+        "probability": None if probability is None else round(probability, 4),
+    }
+
+
+def _evidence(c: OperatorCandidate) -> Evidence:
+    return Evidence(
+        what=f"{c.operator} on rank {c.rank} ({c.kind})",
+        observed_ns=c.observed_ns,
+        normal_ns=c.normal_ns,
+        z=_rounded_z(c.z),
+        reference=c.reference,
+    )
+
+
+def _rounded_z(z: float) -> float:
+    """JSON has no infinity: a reference with no spread scores 1e9 (docs/json-schema.md)."""
+    if np.isfinite(z):
+        return round(z, 2)
+    return 1e9 if z > 0 else -1e9 if z < 0 else 0.0
+
+
+def _step_rows(analysis: Analysis, localization: Localization, flagged: set[int]) -> list[StepRow]:
+    """Every (rank, step) with the localizer's expectation and z-score, marked anomalous when the
+    verdict's method flagged the iteration."""
     steps = analysis.tree.steps
     by_iteration = {s.iteration: s for s in localization.steps}
     rows = []
@@ -61,7 +195,7 @@ def _step_rows(analysis: Analysis, localization: Localization) -> list[StepRow]:
                 dur_ns=int(steps.dur_ns[k]),
                 expected_ns=score.expected_ns if score else 0,
                 score=score.z if score else 0.0,
-                anomalous=bool(score and score.anomalous),
+                anomalous=int(steps.index[k]) in flagged,
             )
         )
     return rows
@@ -89,26 +223,8 @@ def _findings(analysis: Analysis, localization: Localization) -> list[Finding]:
                 fault_type=fault_type,
                 view=view,
                 explanation=_explain(step, top, fault_type),
-                candidates=[
-                    {
-                        "operator": c.operator,
-                        "rank": c.rank,
-                        "score": c.score,
-                        "node": c.node,
-                        "kind": c.kind,
-                    }
-                    for c in candidates
-                ],
-                evidence=[
-                    Evidence(
-                        what=f"{c.operator} on rank {c.rank} ({c.kind})",
-                        observed_ns=c.observed_ns,
-                        normal_ns=c.normal_ns,
-                        z=round(c.z, 2) if c.z != float("inf") else 1e9,
-                        reference=c.reference,
-                    )
-                    for c in candidates[:3]
-                ],
+                candidates=[_candidate(c) for c in candidates],
+                evidence=[_evidence(c) for c in candidates[:3]],
             )
         )
     return findings

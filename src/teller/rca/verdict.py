@@ -2,8 +2,8 @@
 
 Every front end (terminal, JSON, HTML, annotated Perfetto trace, `teller diff`) renders this one
 object, and the JSON schema (docs/json-schema.md) documents it field by field. Whatever produced it
-(the numeric localizer alone, or the root-cause model on top) fills the same fields, and says which
-in `method`.
+(the root-cause model with the localizer's numbers as evidence, or the numeric localizer alone) fills
+the same fields and says which in `method`; the model's probabilities are null under the localizer.
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ class Finding:
     fault_type: str | None  # best guess from the taxonomy (DESIGN.md §4), None if unknown
     view: str  # "V" (one rank's stack) or "H" (across ranks)
     explanation: str
-    candidates: list[dict] = field(default_factory=list)  # ranked: operator, rank, score, node
+    # the model's probability that the step is anomalous; None when the localizer decided
+    probability: float | None = None
+    # ranked: operator, rank, score, node, kind, probability (the model pointer's; None without)
+    candidates: list[dict] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     log_lines: list[LogLine] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)  # request ids batched in this step
@@ -75,7 +78,7 @@ class Verdict:
 
     inputs: list[str]
     ranks: list[int]
-    method: str  # "localizer" or "model:<name>"
+    method: str  # "model:<name>" (the default) or "localizer"
     summary: str  # the few lines a person reads first
     findings: list[Finding]
     steps: list[StepRow]

@@ -123,14 +123,17 @@ def _findings_table(findings: list[Finding]) -> str:
         return "<p>None: every step took what its batch composition predicts.</p>"
     rows = [
         "<table id='findings'><tr><th>step</th><th>kind</th><th>duration</th><th>expected</th>"
-        "<th>score</th><th>rank</th><th>operator</th><th>fault type</th><th>explanation</th></tr>"
+        "<th>score</th><th>p(model)</th><th>rank</th><th>operator</th><th>fault type</th>"
+        "<th>explanation</th></tr>"
     ]
     for f in findings:
         rows.append(
             f"<tr><td class='num'>{f.step}</td><td>{esc(f.step_kind)}</td>"
             f"<td class='num bad'>{esc(format_ns(f.step_dur_ns))}</td>"
             f"<td class='num'>{esc(format_ns(f.step_expected_ns))}</td>"
-            f"<td class='num'>{f.score:.1f}</td><td>{esc(f.rank if f.rank is not None else '—')}</td>"
+            f"<td class='num'>{f.score:.1f}</td>"
+            f"<td class='num'>{'—' if f.probability is None else f'{f.probability:.2f}'}</td>"
+            f"<td>{esc(f.rank if f.rank is not None else '—')}</td>"
             f"<td><code>{esc(short_name(f.operator or '—', 80))}</code></td>"
             f"<td>{esc(f.fault_type or '—')}</td><td>{esc(f.explanation)}</td></tr>"
         )
@@ -157,20 +160,23 @@ def _tree_section(analysis: Analysis, finding: Finding) -> str:
     return "<div id='tree'>" + _tree_html(tree, root, 0, path, suspect, finding) + "</div>"
 
 
-def _visible_children(tree, node: int) -> list[int]:
+def _visible_children(tree, node: int, path: set[int]) -> list[int]:
     """Children with Python frames folded away: a hidden frame's own children take its place, so
-    an operator called through Python (and the suspect under it) stays reachable."""
+    an operator called through Python (and the suspect under it) stays reachable. A frame on the
+    suspect's path stays: the model's pointer may pick a Python frame itself."""
     visible: list[int] = []
     for child in tree.children(node).tolist():
-        if tree.layer[child] == LAYERS.index("python"):
-            visible.extend(_visible_children(tree, child))
+        if tree.layer[child] == LAYERS.index("python") and child not in path:
+            visible.extend(_visible_children(tree, child, path))
         else:
             visible.append(child)
     return visible
 
 
 def _tree_html(tree, node: int, level: int, path: set[int], suspect, finding: Finding) -> str:
-    children = _visible_children(tree, node)
+    children = _visible_children(tree, node, path)
+    if level >= TREE_DEPTH:  # deep down, only the way to the suspect is worth the space
+        children = [c for c in children if c in path]
     label = (
         f"<code>{esc(short_name(tree.node_name(node), 100))}</code> "
         f"{esc(format_ns(tree.dur[node]))} (self {esc(format_ns(tree.self_ns[node]))}) "
@@ -186,7 +192,7 @@ def _tree_html(tree, node: int, level: int, path: set[int], suspect, finding: Fi
     classes = " ".join(
         c for c in ("suspect" if node == suspect else "", "path" if node in path else "") if c
     )
-    if not children or level >= TREE_DEPTH:
+    if not children:
         return f"<div class='{classes}' style='margin-left:14px'>{label}</div>"
     opened = " open" if node in path or level < 1 else ""
     inner = [

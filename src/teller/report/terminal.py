@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from teller.callchain.render import format_ns, short_name
-from teller.rca.diagnose import incidents, step_ranges
+from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges
 from teller.rca.verdict import Verdict
 
 #: Incidents printed in full; the JSON and HTML reports hold every finding.
@@ -72,4 +72,40 @@ def render_terminal(verdict: Verdict) -> str:
         lines.append(f"… and {hidden} more incidents (see --format json or html)")
     for item in verdict.missing:
         lines.append(f"missing: {item}")
+    lines.extend(f"warning: {w}" for w in _method_warnings(verdict))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _method_warnings(verdict: Verdict) -> list[str]:
+    """A verdict that fell back from the model to the localizer must say so where it is read."""
+    return [w for w in verdict.warnings if w.startswith(MODEL_UNAVAILABLE)]
+
+
+def render_findings(verdict: Verdict, top: int = 10) -> str:
+    """`teller diagnose`: one entry per anomalous step, most certain first (the model's
+    probability, else the localizer's z-score), with its operator, rank, fault and evidence."""
+    iterations = len({row.step for row in verdict.steps})
+    lines = [
+        f"{len(verdict.findings)} anomalous step(s) of {iterations} (method {verdict.method})"
+        if verdict.findings
+        else f"no anomalous step among {iterations} (method {verdict.method})"
+    ]
+    for f in verdict.findings[:top]:
+        certainty = f"p={f.probability:.2f}" if f.probability is not None else f"z={f.score:.1f}"
+        where = (
+            f"{short_name(f.operator, 60)} on rank {f.rank}" if f.operator else "no single operator"
+        )
+        lines.append(
+            f"step {f.step}  {certainty}  {format_ns(f.step_dur_ns)} vs "
+            f"{format_ns(f.step_expected_ns)} expected  {f.fault_type or 'unknown'}: {where}"
+        )
+        lines.append(f"  {f.explanation}")
+        for evidence in f.evidence[:1]:
+            lines.append(
+                f"  evidence: {short_name(evidence.what, 70)}: {format_ns(evidence.observed_ns)}"
+                f" observed vs {format_ns(evidence.normal_ns)} normal ({evidence.reference})"
+            )
+    if len(verdict.findings) > top:
+        lines.append(f"… {len(verdict.findings) - top} more")
+    lines.extend(f"warning: {w}" for w in _method_warnings(verdict))
+    return "\n".join(lines)
