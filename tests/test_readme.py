@@ -23,6 +23,8 @@ def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     namespace: dict = {}
     exec(compile(example, "README.md", "exec"), namespace)
     verdict = namespace["verdict"]
+    assert verdict.method == "model:default"
     assert verdict.findings and verdict.findings[0].rank == 1
+    assert namespace["numbers_only"].method == "localizer"
     assert not namespace["steps"].empty
     assert (tmp_path / "demo-out" / "report-from-python.html").stat().st_size > 1000
