@@ -1,0 +1,96 @@
+"""`teller analyze` end to end on a real lab case with a known fault: the verdict must name the
+labelled step, operator and rank, as a user reads it (the headline finding of the JSON verdict).
+
+The case is recorded at test time by the real lab (a small Llama served over two tensor-parallel
+ranks, rank 1 throttled to 30% of a CPU for three seconds of an eight-second run; ~30 s), once for
+the module, then analysed through the CLI with each method.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import teller.rca
+from teller.cli import main
+from teller.lab.labels import CaseLabels
+from teller.lab.run import CaseSpec, run_case
+
+#: The shipped model (teller.rca.infer.DEFAULT_MODEL, without importing torch to find it).
+DEFAULT_MODEL = Path(teller.rca.__file__).parent / "default_model" / "model"
+
+#: The `make demo` fault, shorter: straggler on rank 1 at intensity 0.7 from 3 s to 6 s.
+SPEC = dict(fault="straggler", rank=1, intensity=0.7, window_s=(3.0, 6.0), tp=2, seed=7)
+
+#: Measured on 2026-11-30, four recordings of this fault: `make demo`'s 12 s case and this spec three
+#: times (the box shared with other lab recordings, so step times ranged 30-200 ms).
+MODEL_MISSES = (
+    "the shipped model (trained on simulated cases only) headlines steps 55 (labelled; "
+    "gloo:all_reduce arrival on rank 1), 117 (unlabelled; aten::cat, rank 0), 19 and 32 "
+    "(unlabelled; aten::cat, aten::mm on rank 1); in labelled steps it points at the all-reduce "
+    "the peers wait in (the simulator's straggler label) or at aten::cat, never at the lab's "
+    "label aten::mm; it flags 17-44 steps, 6-12 of them labelled"
+)
+LOCALIZER_MISSES = (
+    "headline steps 60 (labelled; aten::cat), 101 (labelled; aten::mm, right: the demo case), "
+    "19 (one step before the window; aten::cat) and 18 (labelled; PythonSubclass), all on rank 1: "
+    "cpu.max throttling stalls whichever op runs when rank 1's quota runs out, so the largest "
+    "excess in a step lands on aten::mm, aten::cat or PythonSubclass alike; right in 1 of 4 "
+    "recordings, hence not strict"
+)
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = CaseSpec(**SPEC)
+    spec.duration_s, spec.rate_per_s = 8.0, 4.0
+    return run_case(spec, tmp_path_factory.mktemp("e2e") / "straggler").case_dir
+
+
+_VERDICTS: dict[str, dict] = {}
+
+
+def _verdict(case: Path, method: str) -> dict:
+    """`teller analyze CASE --method METHOD -o verdict.json`, once per method."""
+    if method not in _VERDICTS:
+        out = case.parent / f"verdict-{method}.json"
+        assert main(["-q", "analyze", str(case), "--method", method, "-o", str(out)]) == 0
+        _VERDICTS[method] = json.loads(out.read_text())
+    return _VERDICTS[method]
+
+
+def _headline(verdict: dict) -> tuple[int, str | None, int | None]:
+    """(step, operator, rank) of the finding a person reads first."""
+    assert verdict["findings"], "no anomalous step found"
+    first = verdict["findings"][0]
+    return first["step"], first["operator"], first["rank"]
+
+
+def _names_the_fault(case: Path, method: str) -> None:
+    labels = CaseLabels.read(case)
+    verdict = _verdict(case, method)
+    assert verdict["method"].split(":")[0] == method and not any(
+        w.startswith("root-cause model unavailable") for w in verdict["warnings"]
+    )
+    step, operator, rank = _headline(verdict)
+    seen = [
+        (f["step"], f["step"] in labels.steps, f["rank"], f["operator"], f["probability"])
+        for f in verdict["findings"][:8]
+    ]
+    assert step in labels.steps, f"headline step {step} outside {labels.steps}; findings {seen}"
+    assert (operator, rank) == (labels.guilty_operator, labels.guilty_rank), (
+        f"headline {operator} on rank {rank}; candidates {verdict['findings'][0]['candidates'][:4]}"
+    )
+
+
+@pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").is_file(), reason="no model")
+@pytest.mark.xfail(strict=True, reason=MODEL_MISSES)
+def test_model_verdict_names_the_labelled_step_operator_and_rank(case: Path):
+    _names_the_fault(case, "model")
+
+
+@pytest.mark.xfail(strict=False, reason=LOCALIZER_MISSES)
+def test_localizer_verdict_names_the_labelled_step_operator_and_rank(case: Path):
+    _names_the_fault(case, "localizer")
