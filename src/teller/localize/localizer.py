@@ -87,9 +87,23 @@ class StepScore:
 
 
 @dataclass
+class StepExplanation:
+    """A method's words about one flagged step, with the node they are grounded on, so the
+    scoreboard can check the words against the pick (faithfulness) and the pick against the labels.
+    """
+
+    fault: str  # predicted fault type
+    text: str
+    operator: str | None  # the operator the method picked (None: no single node)
+    rank: int | None
+
+
+@dataclass
 class Localization:
     steps: list[StepScore]
     candidates: dict[int, list[OperatorCandidate]]  # iteration → ranked candidates
+    # iteration → explanation, for methods that explain their flagged steps (the root-cause model)
+    explanations: dict[int, StepExplanation] = field(default_factory=dict)
 
     def anomalous_steps(self) -> list[StepScore]:
         return [s for s in self.steps if s.anomalous]

@@ -25,7 +25,12 @@ from safetensors.torch import load_file
 from teller.callchain.render import format_ns
 from teller.callchain.tree import CallTree
 from teller.errors import TraceError
-from teller.localize.localizer import Localization, OperatorCandidate, StepScore
+from teller.localize.localizer import (
+    Localization,
+    OperatorCandidate,
+    StepExplanation,
+    StepScore,
+)
 from teller.rca.dataset import StepRecord, case_records, encode
 from teller.rca.model import FAULT_NAMES, ModelConfig, RootCauseModel
 from teller.rca.train import FORMAT
@@ -227,13 +232,22 @@ class RootCauseMethod:
         return self
 
     def score(self, tree: CallTree, logs: CaseLogs | None = None) -> Localization:
+        """Every step's probability and, for flagged steps, the pointer's ranked candidates and
+        the explanation with the node it names (`Localization.explanations`)."""
         records = _LastRecords.of(tree, logs.paths if logs is not None else ())
-        steps, candidates = [], {}
+        steps, candidates, explanations = [], {}, {}
         for d in self.model_.diagnose_records(records):
             steps.append(
                 StepScore(d.iteration, "", d.dur_ns, d.expected_ns, d.probability, d.anomalous)
             )
             if d.anomalous:
+                # the words and the node they were written from, so the scoreboard can check both
+                explanations[d.iteration] = StepExplanation(
+                    d.fault,
+                    d.explanation,
+                    d.facts.operator if d.facts else None,
+                    d.facts.rank if d.facts else None,
+                )
                 candidates[d.iteration] = [
                     OperatorCandidate(
                         c.iteration,
@@ -249,7 +263,7 @@ class RootCauseMethod:
                     )
                     for c, p in d.candidates
                 ]
-        return Localization(steps=steps, candidates=candidates)
+        return Localization(steps=steps, candidates=candidates, explanations=explanations)
 
 
 def variant_dir(name: str) -> Path:
