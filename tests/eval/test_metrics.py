@@ -13,9 +13,13 @@ from teller.eval.metrics import (
     average_at_k,
     false_alarm_rate,
     joint_prf,
+    lcs_length,
+    names_exactly,
     position_of,
     rank_accuracy_at_1,
+    rouge_l,
     step_prf,
+    word_tokens,
 )
 
 
@@ -95,3 +99,55 @@ def test_joint_prf_needs_step_operator_and_rank_for_horizontal() -> None:
 def test_false_alarm_rate() -> None:
     assert false_alarm_rate([StepVerdict(i, i == 0) for i in range(50)]) == pytest.approx(0.02)
     assert false_alarm_rate([]) == 0.0
+
+
+def test_word_tokens_lower_case_and_split_on_punctuation() -> None:
+    assert word_tokens("Rank 1's aten::mm (3.2 ms)") == [
+        "rank",
+        "1",
+        "s",
+        "aten",
+        "mm",
+        "3",
+        "2",
+        "ms",
+    ]
+    assert word_tokens("") == []
+
+
+def test_lcs_length_by_hand() -> None:
+    assert lcs_length(list("abcbdab"), list("bdcaba")) == 4  # the textbook pair: "bcba"
+    assert lcs_length(["a"], []) == 0
+    assert lcs_length([], []) == 0
+
+
+def test_rouge_l_by_hand() -> None:
+    # candidate: the gpu is slow (4); reference: the gpu on rank 1 is slow (7)
+    # LCS "the gpu is slow" = 4: P = 4/4, R = 4/7, F = 2·1·(4/7)/(1 + 4/7) = 8/11
+    assert rouge_l("The GPU is slow.", "the gpu on rank 1 is slow") == pytest.approx(8 / 11)
+    assert rouge_l("Rank 1 stalls.", "rank 1 stalls") == 1.0  # case and punctuation do not count
+    # order matters: LCS of "b a" and "a b" is 1, P = R = 1/2, F = 1/2
+    assert rouge_l("b a", "a b") == pytest.approx(0.5)
+    assert rouge_l("nothing shared", "rank 1 stalls") == 0.0
+
+
+def test_rouge_l_with_empty_strings_is_zero() -> None:
+    assert rouge_l("", "rank 1 stalls") == 0.0
+    assert rouge_l("rank 1 stalls", "") == 0.0
+    assert rouge_l("", "") == 0.0
+    assert rouge_l("...", "rank 1") == 0.0  # punctuation only: no tokens
+
+
+def test_names_exactly_the_picked_operator_and_rank() -> None:
+    text = "Rank 1's CPU is contended: aten::mm stretches (3 ms vs 1 ms normal)."
+    assert names_exactly(text, "aten::mm", 1)
+    assert not names_exactly(text, "aten::mm", 0)  # names rank 1, picked rank 0
+    assert not names_exactly(text, "aten::addmm", 1)  # another operator
+    assert not names_exactly("Rank 1 and rank 2 stall around aten::mm.", "aten::mm", 1)
+    assert names_exactly("GPU 2 is power-capped, led by aten::mm.", "aten::mm", 2)
+    assert not names_exactly("The scheduler's token budget is too small.", "aten::mm", 1)
+    # digits in the operator's own name are not a rank
+    assert names_exactly("On rank 0 nccl:rank 3 ring became slower.", "nccl:rank 3 ring", 0)
+    # nothing picked: faithful when it names no rank
+    assert names_exactly("Step 4 is slower than its batch predicts.", None, None)
+    assert not names_exactly("Rank 4 is slow.", None, None)

@@ -14,10 +14,16 @@ difference on the scoreboard is a difference in the method, never in the arithme
   horizontal faults, rank) is right. Precision = hits / flagged steps, recall = hits / anomalous steps.
 * False-alarm rate: flagged steps / all steps, over cases with no fault (``none``,
   ``workload_shift``).
+* ROUGE-L F: longest common subsequence of lower-cased word tokens (runs of ``[a-z0-9]``, as the
+  reference ``rouge-score`` tokenizer splits them), P = LCS / candidate tokens, R = LCS / reference
+  tokens, F with β = 1. A side without tokens gives 0 (as ``rouge-score`` does).
+* Faithfulness of one explanation: its text names the operator the method picked and the picked
+  rank (as ``rank N`` or ``GPU N``), and no other rank.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -148,3 +154,50 @@ def joint_prf(truths: Sequence[StepTruth], verdicts: Sequence[StepVerdict]) -> P
 def false_alarm_rate(verdicts: Sequence[StepVerdict]) -> float:
     """Share of steps flagged, over steps of fault-free cases only (pass only those)."""
     return sum(v.flagged for v in verdicts) / len(verdicts) if verdicts else 0.0
+
+
+def word_tokens(text: str) -> list[str]:
+    """Lower-cased runs of letters and digits: ``aten::mm`` is two words, ``rank 1's`` three."""
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common subsequence (dynamic programme, one row kept)."""
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b):
+            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F-measure (β = 1) of a candidate sentence against the reference sentence."""
+    cand, ref = word_tokens(candidate), word_tokens(reference)
+    if not cand or not ref:
+        return 0.0
+    common = lcs_length(cand, ref)
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(cand), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+#: How explanations name a rank: "rank 3", "Rank 3's", and "GPU 3" (one GPU per rank).
+RANK_MENTION = re.compile(r"\b(?:rank|gpu)\s+(\d+)", re.IGNORECASE)
+
+
+def names_exactly(text: str, operator: str | None, rank: int | None) -> bool:
+    """Whether an explanation names the operator and rank its method picked and no other rank.
+
+    The operator must appear verbatim (when one was picked) and the rank as ``rank N``/``GPU N``
+    (when one was picked); any other rank named is unfaithful. Digits inside the operator's own
+    name are not read as a rank.
+    """
+    if operator is not None:
+        if operator not in text:
+            return False
+        text = text.replace(operator, " ")
+    named = {int(n) for n in RANK_MENTION.findall(text)}
+    return named == ({rank} if rank is not None else set())
