@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 
 from builders import write_run
+from teller.callchain.tree import CallTree
 from teller.cli import main
 from teller.eval.cases import find_cases, split_cases
-from teller.eval.harness import evaluate
+from teller.eval.harness import ExplanationVerdict, evaluate, judge_explanation
 from teller.eval.methods import METHODS
+from teller.eval.scoreboard import render_markdown
 from teller.lab.labels import CaseLabels
+from teller.localize.localizer import Localization, NumericLocalizer, StepExplanation
 
 
 def make_case(root: Path, name: str, fault: str, **faults) -> Path:
@@ -100,3 +103,107 @@ def test_a_labelled_step_missing_from_the_methods_steps_is_a_miss() -> None:
     row = score_group("m", "fault: collective_hang", [hang])
     assert row.step_recall == 0.0
     assert row.joint_recall == 0.0 and row.joint_f1 == 0.0
+
+
+class ExplainingLocalizer:
+    """A fake explaining method: the localizer's verdict, with a sentence for each flagged step
+    written from its top candidate and always blaming CPU contention."""
+
+    def fit(self, normal_trees: list[CallTree]) -> ExplainingLocalizer:
+        self.localizer_ = NumericLocalizer().fit(normal_trees)
+        return self
+
+    def score(self, tree: CallTree) -> Localization:
+        localization = self.localizer_.score(tree)
+        for step in localization.anomalous_steps():
+            top = localization.candidates[step.iteration][0]
+            localization.explanations[step.iteration] = StepExplanation(
+                fault="cpu_contention",
+                text=f"Test case: rank {top.rank} in {top.operator}.",
+                operator=top.operator,
+                rank=top.rank,
+            )
+        return localization
+
+
+def test_explanation_figures_only_for_the_method_that_explains(cases: Path) -> None:
+    found = find_cases([cases])
+    split = split_cases(found, test_share=0.67, seed=0)
+    methods = {"localizer": METHODS["localizer"], "explaining": ExplainingLocalizer}
+    result = evaluate(methods, found, split, progress=False)
+    rows = {(r.method, r.group): r for r in result.rows}
+    for r in result.rows:
+        if r.method == "localizer":
+            assert r.explained_steps is None and r.rouge_l is None and r.faithful is None
+    vertical, horizontal = rows["explaining", "vertical"], rows["explaining", "horizontal"]
+    # cpu cases: two flagged steps each; straggler cases: one. The localizer is right on every one.
+    test_cpu = sum(c.startswith("cpu") for c in split.test)
+    test_late = sum(c.startswith("late") for c in split.test)
+    assert (vertical.explained_steps, horizontal.explained_steps) == (2 * test_cpu, test_late)
+    assert (vertical.fault_type_right, horizontal.fault_type_right) == (1.0, 0.0)
+    assert vertical.faithful == horizontal.faithful == 1.0
+    assert vertical.grounded_right == horizontal.grounded_right == 1.0
+    # reference "test case" (2 words), matched in full (LCS 2, R = 1):
+    # "test case rank 1 in aten mm": P = 2/7, F = 2·(2/7)/(9/7) = 4/9;
+    # "test case rank 0 in gloo all reduce": P = 2/8, F = 2·(1/4)/(5/4) = 2/5
+    assert vertical.rouge_l == pytest.approx(4 / 9, abs=1e-4)
+    assert horizontal.rouge_l == pytest.approx(2 / 5, abs=1e-4)
+    assert rows["explaining", "fault: none"].explained_steps is None  # nothing to explain
+
+    board = render_markdown(result, "teller eval", "test cases")
+    tables = board.split("Explanations:")[1:]
+    assert tables and all("| explaining |" in t.split("##")[0] for t in tables)
+    assert all("| localizer |" not in t.split("##")[0] for t in tables)
+    assert result.to_json()["rows"][0]["rouge_l"] is None  # localizer rows come first
+
+
+def labels(operator: str | None = "aten::mm", rank: int | None = 1) -> CaseLabels:
+    return CaseLabels(
+        case_id="c",
+        source="lab",
+        fault="cpu_contention",
+        view="V",
+        guilty_rank=rank,
+        guilty_operator=operator,
+        window_ns=None,
+        steps=[3],
+        intensity=1.0,
+        seed=0,
+        explanation="Rank 1's CPU is contended: aten::mm stretches.",
+    )
+
+
+def test_judge_explanation() -> None:
+    right = StepExplanation(
+        "cpu_contention", "Rank 1's CPU is contended: aten::mm stretches.", "aten::mm", 1
+    )
+    assert judge_explanation(right, labels()) == ExplanationVerdict(True, True, True, 1.0)
+    # words that name a rank the pointer did not pick are unfaithful, whatever the pick
+    stray = StepExplanation("straggler", "Rank 2 waits for rank 1 in aten::mm.", "aten::mm", 1)
+    verdict = judge_explanation(stray, labels())
+    assert (verdict.fault_right, verdict.faithful, verdict.grounded_right) == (False, False, True)
+    # a faithful sentence about the wrong rank is not grounded right, unless no operator is labelled
+    wrong_rank = StepExplanation("cpu_contention", "Rank 0: aten::mm.", "aten::mm", 0)
+    assert not judge_explanation(wrong_rank, labels()).grounded_right
+    assert judge_explanation(wrong_rank, labels(operator=None, rank=None)).grounded_right
+    assert judge_explanation(None, labels()) == ExplanationVerdict(False, False, False, 0.0)
+
+
+def test_root_cause_method_explains_every_flagged_step(
+    cases: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's explanation reaches the Localization with the node its words came from."""
+    import teller.rca.infer as infer
+
+    monkeypatch.setattr(infer, "threshold", lambda config: 0.0)  # flag every step
+    case = next(c for c in find_cases([cases]) if c.case_id == "cpu0")
+    tree = case.tree()
+    method = infer.RootCauseMethod().fit([])
+    localization = method.score(tree, logs=case.logs(tree))
+    flagged = {s.iteration for s in localization.anomalous_steps()}
+    assert flagged and set(localization.explanations) == flagged
+    for iteration, explanation in localization.explanations.items():
+        candidates = localization.candidates[iteration]
+        top = (candidates[0].operator, candidates[0].rank) if candidates else (None, None)
+        assert (explanation.operator, explanation.rank) == top
+        assert explanation.text and explanation.fault not in infer.NOT_FAULTS

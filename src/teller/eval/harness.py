@@ -7,11 +7,17 @@ fault-free cases (DESIGN.md §5). Methods that read logs (`uses_logs`) get each 
 aligned to its steps (`CaseLogs`), aligned once per case for all of them. Faults whose label
 names no operator (a configuration, a stall between operators) count as a joint hit when the step
 is flagged (and, for horizontal faults, the rank is right).
+
+Methods that explain their flagged steps (`Localization.explanations`, the root-cause model) are
+also judged on their words, over the true-positive steps of fault cases: fault type right,
+faithful (the text names exactly the operator and rank the method picked), grounded right (the
+pick is the labelled operator and rank) and ROUGE-L F against the label's reference sentence.
+Every other method's explanation figures stay None, so the scoreboard shows them as absent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
@@ -26,12 +32,44 @@ from teller.eval.metrics import (
     average_at_k,
     false_alarm_rate,
     joint_prf,
+    names_exactly,
     rank_accuracy_at_1,
+    rouge_l,
     step_prf,
 )
-from teller.localize.localizer import Localization
+from teller.lab.labels import CaseLabels
+from teller.localize.localizer import Localization, StepExplanation
 
 FAULT_FREE = ("none", "workload_shift")
+
+
+@dataclass
+class ExplanationVerdict:
+    """How one explanation of a true-positive step fares against its case's labels."""
+
+    fault_right: bool  # predicted fault type == the labelled one
+    faithful: bool  # names exactly the operator and rank the method picked, no other rank
+    grounded_right: bool  # the pick is the labelled operator and rank (or the label names none)
+    rouge_l: float  # F against the label's reference sentence
+
+
+def judge_explanation(
+    explanation: StepExplanation | None, labels: CaseLabels
+) -> ExplanationVerdict:
+    """A flagged step its method left unexplained counts as wrong on every figure: an explaining
+    method that goes silent on a real fault must not score better than one that speaks."""
+    if explanation is None:
+        return ExplanationVerdict(False, False, False, 0.0)
+    grounded = labels.guilty_operator is None or (
+        explanation.operator == labels.guilty_operator
+        and (labels.guilty_rank is None or explanation.rank == labels.guilty_rank)
+    )
+    return ExplanationVerdict(
+        fault_right=explanation.fault == labels.fault,
+        faithful=names_exactly(explanation.text, explanation.operator, explanation.rank),
+        grounded_right=grounded,
+        rouge_l=rouge_l(explanation.text, labels.explanation),
+    )
 
 
 @dataclass
@@ -50,6 +88,8 @@ class CaseOutcome:
     truth_steps: list[int]
     guilty_operator: str | None
     guilty_rank: int | None
+    explains: bool = False  # the method explained its flagged steps in this case
+    explained: list[ExplanationVerdict] = field(default_factory=list)  # its true-positive steps
 
 
 @dataclass
@@ -70,6 +110,12 @@ class Row:
     joint_recall: float | None
     joint_f1: float | None
     false_alarm_rate: float | None
+    # explanation figures: None for a method that does not explain (or with nothing to explain)
+    explained_steps: int | None = None  # true-positive steps of fault cases judged
+    fault_type_right: float | None = None
+    faithful: float | None = None
+    grounded_right: float | None = None
+    rouge_l: float | None = None
 
 
 @dataclass
@@ -103,6 +149,15 @@ def outcome(case: Case, localization: Localization) -> CaseOutcome:
     ranked = sorted(
         ((op, rank, score) for (op, rank), score in totals.items()), key=lambda t: -t[2]
     )
+    explains = bool(localization.explanations)
+    explained = (
+        [
+            judge_explanation(localization.explanations.get(s), labels)
+            for s in sorted(truth & set(flagged))
+        ]
+        if explains
+        else []
+    )
     return CaseOutcome(
         case_id=case.case_id,
         fault=labels.fault,
@@ -114,10 +169,17 @@ def outcome(case: Case, localization: Localization) -> CaseOutcome:
         truth_steps=sorted(truth),
         guilty_operator=labels.guilty_operator,
         guilty_rank=labels.guilty_rank,
+        explains=explains,
+        explained=explained,
     )
 
 
-def score_group(method: str, group: str, outcomes: list[CaseOutcome]) -> Row:
+def score_group(
+    method: str, group: str, outcomes: list[CaseOutcome], explains: bool | None = None
+) -> Row:
+    """One scoreboard row. `explains` says whether the method explains its steps (by default:
+    whether it did in any of these cases); the harness passes it per method, so a group where
+    an explaining method found nothing shows 0 steps explained rather than no figures at all."""
     anomalous = {(o.case_id, s) for o in outcomes for s in o.truth_steps}
     flagged = {(o.case_id, s) for o in outcomes for s in o.flagged}
     steps = step_prf(anomalous, flagged)
@@ -175,7 +237,31 @@ def score_group(method: str, group: str, outcomes: list[CaseOutcome]) -> Row:
         joint_recall=shown(joint.recall),
         joint_f1=shown(joint.f1),
         false_alarm_rate=round(false_alarm_rate(alarms), 4) if alarms else None,
+        **_explanation_figures(outcomes, explains),
     )
+
+
+def _explanation_figures(
+    outcomes: list[CaseOutcome], explains: bool | None
+) -> dict[str, float | int | None]:
+    """The explanation fields of a Row: means over the group's judged explanations (none for a
+    group without a labelled anomalous step, where there is nothing to explain)."""
+    if explains is None:
+        explains = any(o.explains for o in outcomes)
+    if not explains or not any(o.truth_steps for o in outcomes):
+        return {}
+    verdicts = [v for o in outcomes for v in o.explained]
+
+    def mean(values: Sequence[float]) -> float | None:
+        return round(sum(values) / len(values), 4) if values else None
+
+    return {
+        "explained_steps": len(verdicts),
+        "fault_type_right": mean([v.fault_right for v in verdicts]),
+        "faithful": mean([v.faithful for v in verdicts]),
+        "grounded_right": mean([v.grounded_right for v in verdicts]),
+        "rouge_l": mean([v.rouge_l for v in verdicts]),
+    }
 
 
 def uses_logs(method: object) -> bool:
@@ -227,17 +313,17 @@ def evaluate(
         for name, method in fitted.items():
             result.outcomes[name].append(outcome(case, _score(method, tree, logs)))
     for name, outcomes in result.outcomes.items():
-        result.rows.append(score_group(name, "overall", outcomes))
+        groups: list[tuple[str, list[CaseOutcome]]] = [("overall", outcomes)]
         for view, label in (("H", "horizontal"), ("V", "vertical")):
             members = [o for o in outcomes if o.view == view or o.fault in FAULT_FREE]
             if any(o.view == view for o in outcomes):
-                result.rows.append(score_group(name, label, members))
+                groups.append((label, members))
         if split.held_out_fault:
             held = [o for o in outcomes if o.fault == split.held_out_fault]
             if held:
-                result.rows.append(score_group(name, f"held out: {split.held_out_fault}", held))
+                groups.append((f"held out: {split.held_out_fault}", held))
         for fault in sorted({o.fault for o in outcomes}):
-            result.rows.append(
-                score_group(name, f"fault: {fault}", [o for o in outcomes if o.fault == fault])
-            )
+            groups.append((f"fault: {fault}", [o for o in outcomes if o.fault == fault]))
+        explains = any(o.explains for o in outcomes)
+        result.rows.extend(score_group(name, g, members, explains) for g, members in groups)
     return result

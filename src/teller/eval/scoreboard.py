@@ -1,4 +1,8 @@
-"""The scoreboard: every method as a row, per view, as markdown and JSON."""
+"""The scoreboard: every method as a row, per view, as markdown and JSON.
+
+Explanation figures get their own small table under each group, listing only the methods that
+explain their steps: as extra columns they would be a dash for most rows of an already wide table.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,34 @@ def _cell(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
+EXPLANATIONS_NOTE = (
+    "Explanations are judged on the true-positive steps of fault cases: fault type right; "
+    "faithful (the text names exactly the operator and rank the method's pointer picked, and no "
+    "other rank); grounded right (the pick is the labelled operator and rank, or the label names "
+    "no operator); ROUGE-L F against the label's reference sentence."
+)
+
+
+def _explanation_table(rows: list[Row]) -> list[str]:
+    """The group's explanation figures, for the methods that have them (none: no table)."""
+    explaining = [r for r in rows if r.explained_steps is not None]
+    if not explaining:
+        return []
+    lines = [
+        "",
+        "Explanations:",
+        "",
+        "| method | steps explained | fault type right | faithful | grounded right | ROUGE-L F |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in explaining:
+        lines.append(
+            f"| {r.method} | {r.explained_steps} | {_cell(r.fault_type_right)} "
+            f"| {_cell(r.faithful)} | {_cell(r.grounded_right)} | {_cell(r.rouge_l)} |"
+        )
+    return lines
+
+
 def render_markdown(result: EvalResult, command: str, cases_note: str) -> str:
     lines = [
         "# Scoreboard",
@@ -29,6 +61,8 @@ def render_markdown(result: EvalResult, command: str, cases_note: str) -> str:
         + ". Paper (TELLER) joint F1: horizontal 0.85, vertical 0.82.",
         "",
     ]
+    if any(r.explained_steps is not None for r in result.rows):
+        lines += [EXPLANATIONS_NOTE, ""]
     groups: dict[str, list[Row]] = {}
     for row in result.rows:
         groups.setdefault(row.group, []).append(row)
@@ -49,6 +83,7 @@ def render_markdown(result: EvalResult, command: str, cases_note: str) -> str:
             )
         if group in PAPER:
             lines.append(f"\nPaper's joint F1 for this view: {PAPER[group]:.2f}.")
+        lines += _explanation_table(rows)
         lines.append("")
     return "\n".join(lines)
 
