@@ -23,18 +23,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-#: Measured 2026-11-30 after the localizer's GPU-idle candidates (commit 4afe7f8), which the shipped
-#: model was not trained with: on straggler-r1-s11 (labelled steps 10–19, the NCCL all-reduce on
-#: rank 1) its most probable step is 4 (p=0.97), pointing at idle candidates on the step annotation
-#: node; steps 19 and 17 (p=0.96, 0.93) point at the all-reduce arrival on rank 1, as labelled.
-STALE_MODEL = pytest.mark.xfail(
-    strict=True,
-    reason="model trained before the localizer's idle candidates: headline step 4 (outside "
-    "10-19) points at the step annotation node (idle); steps 19 and 17 come next, right",
-)
-
-
-@pytest.mark.parametrize("fault", [pytest.param("straggler", marks=STALE_MODEL), "gpu_throttle"])
+@pytest.mark.parametrize("fault", ["straggler", "gpu_throttle"])
 def test_default_model_names_the_labelled_rank_and_operator(fault):
     case = small_case(fault, rank=1, seed=11)
     labels = CaseLabels.read(case)
