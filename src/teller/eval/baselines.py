@@ -32,11 +32,16 @@ TOP_OPS = 10
 
 
 def top_self_time_candidates(
-    tree: CallTree, iteration: int, count: int = TOP_OPS
+    tree: CallTree, iteration: int, count: int = TOP_OPS, rank: int | None = None
 ) -> list[OperatorCandidate]:
-    """The operators with the most self time on the step's slowest rank (a top-ops table)."""
+    """The operators with the most self time in the step on `rank`, or on the step's slowest rank
+    when none is given (a profiler's top-ops table)."""
     steps = tree.steps
-    rows = [k for k in range(len(steps)) if steps.index[k] == iteration]
+    rows = [
+        k
+        for k in range(len(steps))
+        if steps.index[k] == iteration and (rank is None or steps.rank[k] == rank)
+    ]
     if not rows:
         return []
     slowest = max(rows, key=lambda k: steps.dur_ns[k])
@@ -48,6 +53,7 @@ def top_self_time_candidates(
         tree.name[members], weights=tree.self_ns[members], minlength=len(tree.names)
     )
     best = np.argsort(-totals)[:count]
+    where = "slowest rank" if rank is None else "rank a log line names"
     rank = int(steps.rank[slowest])
     return [
         OperatorCandidate(
@@ -59,7 +65,7 @@ def top_self_time_candidates(
             normal_ns=0,
             z=0.0,
             node=int(members[tree.name[members] == name][0]),
-            reference="largest self time on the slowest rank",
+            reference=f"largest self time on the {where}",
             kind="compute",
         )
         for name in best.tolist()

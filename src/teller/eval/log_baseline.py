@@ -30,12 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from teller.callchain.tree import CallTree
-from teller.eval.baselines import TOP_OPS, top_self_time_candidates
+from teller.eval.baselines import top_self_time_candidates
 from teller.eval.cases import CaseLogs
 from teller.localize.localizer import (
-    _GPU_WORK,
-    _HOST_WORK,
-    _WAITING_CALL,
     Localization,
     OperatorCandidate,
     StepScore,
@@ -231,7 +228,7 @@ def suspects(
     ranked = ranked[ranked >= 0]
     if not pointed and len(ranked):
         rank = Counter(ranked.tolist()).most_common(1)[0][0]
-        pointed.extend(rank_self_time_candidates(tree, iteration, int(rank)))
+        pointed.extend(top_self_time_candidates(tree, iteration, rank=int(rank)))
     seen = {(c.operator, c.rank) for c in pointed}
     fallback = [
         c for c in top_self_time_candidates(tree, iteration) if (c.operator, c.rank) not in seen
@@ -254,36 +251,3 @@ def _collective_candidate(
         reference="collective named by an NCCL log line",
         kind="arrival",
     )
-
-
-def rank_self_time_candidates(
-    tree: CallTree, iteration: int, rank: int, count: int = TOP_OPS
-) -> list[OperatorCandidate]:
-    """The operators with the most self time on one rank in the step (a log line named the rank)."""
-    steps = tree.steps
-    rows = np.flatnonzero((steps.index == iteration) & (steps.rank == rank))
-    if not len(rows):
-        return []
-    waiting = [i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name)]
-    work = (tree.step == int(rows[0])) & np.isin(tree.layer, list(_GPU_WORK | _HOST_WORK))
-    work &= ~np.isin(tree.name, waiting)
-    members = np.flatnonzero(work)
-    totals = np.bincount(
-        tree.name[members], weights=tree.self_ns[members], minlength=len(tree.names)
-    )
-    return [
-        OperatorCandidate(
-            iteration=iteration,
-            rank=rank,
-            operator=tree.names[name],
-            score=float(totals[name]),
-            observed_ns=int(totals[name]),
-            normal_ns=0,
-            z=0.0,
-            node=int(members[tree.name[members] == name][0]),
-            reference="largest self time on the rank a log line names",
-            kind="compute",
-        )
-        for name in np.argsort(-totals)[:count].tolist()
-        if totals[name] > 0
-    ]

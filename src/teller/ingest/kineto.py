@@ -544,30 +544,6 @@ class _KinetoEvents:
             code, coll = _COMM, -1
         return code, name_id, cat_id, on_gpu, coll, link_args
 
-    def _classify(self, ph: str, cat: str, name: str) -> tuple:
-        """What an event's phase, category and name alone decide, once per distinct triple:
-        (layer code, name id, cat id, on GPU, collective id or None, decode link args?).
-        For a host-side collective the collective id is -1: its kind comes from each event's args.
-        """
-        if ph == "X":
-            code = _CATEGORY_CODE.get(cat)
-            if code is None:
-                self.unknown_cats.add(cat)
-                code = _CPU_OP
-        else:
-            code = _COUNTER if ph == "C" else _INSTANT
-        name_id = self._symbol(self.names, name)
-        cat_id = self._symbol(self.cats, cat)
-        on_gpu = cat in GPU_CATEGORIES
-        link_args = code not in _UNLINKED
-        coll = None
-        if on_gpu:
-            if code == _KERNEL and is_comm_kernel(name):
-                code, coll = _COMM, self._symbol(self.coll_names, collective_kind(name))
-        elif code in (_CPU_OP, _ENGINE) and is_comm_cpu_op(name):
-            code, coll = _COMM, -1
-        return code, name_id, cat_id, on_gpu, coll, link_args
-
     def _int_id(self, value: object) -> int:
         """Stable negative ids for string pids/tids ("Spans", "PyTorch Profiler")."""
         if isinstance(value, float):

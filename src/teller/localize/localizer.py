@@ -340,7 +340,7 @@ class NumericLocalizer:
                     iteration=iteration,
                     rank=rank,
                     operator=tree.names[name],
-                    score=excess * min(1.0, max(z, 0.0) / FULL_CREDIT_Z),
+                    score=excess * _credit(z),
                     observed_ns=observed,
                     normal_ns=normal,
                     z=z,
@@ -406,7 +406,7 @@ class NumericLocalizer:
                 continue
             usual_totals = [sum(gaps.get((rank, r), {}).values()) for r in reference]
             rank_z = self._significance(sum(per_name.values()), usual_totals)
-            weight = min(1.0, max(rank_z, 0.0) / FULL_CREDIT_Z)
+            weight = _credit(rank_z)
             if weight <= 0.0:
                 continue
             for name, idle in per_name.items():
@@ -505,7 +505,7 @@ class NumericLocalizer:
                             iteration=iteration,
                             rank=r,
                             operator=tree.names[n],
-                            score=lateness * min(1.0, max(z, 0.0) / FULL_CREDIT_Z),
+                            score=lateness * _credit(z),
                             observed_ns=int(late_ns[now].sum()),
                             normal_ns=int(np.median(usual)) if usual else 0,
                             z=z,
@@ -541,6 +541,11 @@ class NumericLocalizer:
                         )
                     )
         return out
+
+
+def _credit(z: float) -> float:
+    """Share of an excess that counts: all of it from FULL_CREDIT_Z on, in proportion below."""
+    return min(1.0, max(z, 0.0) / FULL_CREDIT_Z)
 
 
 def _totals_by_step(nodes) -> dict[tuple[int, int, int], float]:
