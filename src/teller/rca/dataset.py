@@ -96,6 +96,8 @@ def case_records(
     records = []
     truth = set(labels.steps) if labels is not None and labels.is_fault else set()
     for score in localization.steps:
+        if score.kind == "unfinished":  # a hang's step: no step node to encode (the localizer's)
+            continue
         steps = tree.steps
         row = int(np.flatnonzero(steps.index == score.iteration)[0])
         kind = steps.kind[row]

@@ -25,7 +25,13 @@ from teller.callchain.render import format_ns, short_name
 from teller.errors import TellerError
 from teller.ingest.schema import LAYERS
 from teller.lab.labels import FAULTS
-from teller.localize.localizer import Localization, NumericLocalizer, OperatorCandidate, StepScore
+from teller.localize.localizer import (
+    Localization,
+    NumericLocalizer,
+    OperatorCandidate,
+    StepScore,
+    hang_explanation,
+)
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -62,7 +68,10 @@ def diagnose(analysis: Analysis, method: str = "model", model_dir: Path | None =
             )
             method = "localizer"
     if method == "model":
-        findings = _model_findings(analysis, localization, diagnoses)
+        # a hang's unfinished step has no step record for the model: the localizer's finding
+        unfinished = [s for s in localization.anomalous_steps() if s.kind == "unfinished"]
+        findings = _findings(analysis, localization, unfinished)
+        findings += _model_findings(analysis, localization, diagnoses)
         flagged = {d.iteration for d in diagnoses if d.anomalous}
         produced_by = f"model:{model_name}"
     else:
@@ -201,14 +210,20 @@ def _step_rows(analysis: Analysis, localization: Localization, flagged: set[int]
     return rows
 
 
-def _findings(analysis: Analysis, localization: Localization) -> list[Finding]:
+def _findings(
+    analysis: Analysis, localization: Localization, steps: list[StepScore] | None = None
+) -> list[Finding]:
+    """One finding per anomalous step of the localizer (or per step of `steps`), worst first."""
     tree = analysis.tree
     name_of_step = {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
     findings = []
-    for step in sorted(localization.anomalous_steps(), key=lambda s: -s.z):
+    chosen = localization.anomalous_steps() if steps is None else steps
+    for step in sorted(chosen, key=lambda s: -s.z):
         candidates = localization.candidates.get(step.iteration, [])
         top = candidates[0] if candidates else None
         fault_type, view = _fault_type(tree, top)
+        if step.kind == "unfinished":
+            fault_type, view = "collective_hang", "H"
         findings.append(
             Finding(
                 step=step.iteration,
@@ -283,6 +298,8 @@ def _fault_type(tree, top: OperatorCandidate | None) -> tuple[str | None, str]:
 
 
 def _explain(step: StepScore, top: OperatorCandidate | None, fault_type: str | None) -> str:
+    if step.kind == "unfinished" and top is not None:
+        return hang_explanation(step, top)
     head = (
         f"Step {step.iteration} ({step.kind}) took {format_ns(step.dur_ns)} against "
         f"{format_ns(step.expected_ns)} expected for its batch"

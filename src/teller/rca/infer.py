@@ -30,6 +30,8 @@ from teller.localize.localizer import (
     OperatorCandidate,
     StepExplanation,
     StepScore,
+    hang_explanation,
+    unfinished_step,
 )
 from teller.rca.dataset import StepRecord, case_records, encode
 from teller.rca.model import FAULT_NAMES, ModelConfig, RootCauseModel
@@ -263,6 +265,17 @@ class RootCauseMethod:
                     )
                     for c, p in d.candidates
                 ]
+        hang = unfinished_step(tree)  # a step no record holds: the localizer's finding stands
+        if hang is not None:
+            step, candidate = hang
+            steps.append(step)
+            candidates[step.iteration] = [candidate]
+            explanations[step.iteration] = StepExplanation(
+                fault="collective_hang",
+                text=hang_explanation(step, candidate),
+                operator=candidate.operator,
+                rank=candidate.rank,
+            )
         return Localization(steps=steps, candidates=candidates, explanations=explanations)
 
 
