@@ -14,11 +14,18 @@ from conftest import real_trace
 from teller.callchain.tree import EDGE_CALL, EDGE_LAUNCH, build_tree
 from teller.errors import TraceError
 from teller.ingest import read_trace
-from teller.ingest.schema import LAYER_CODE
+from teller.ingest.schema import LAYER_CODE, LAYERS
 from teller.slices import root_slices, step_slices
 from teller.slices.slice import CommRelations, Slice
 from teller.tpe import TPE
-from teller.tpe.tokenizer import SIBLING, UNK_NAMES, _Forest, _node_kinds, _Trainer
+from teller.tpe.tokenizer import (
+    SIBLING,
+    UNK_NAMES,
+    _Forest,
+    _node_kinds,
+    _node_weights,
+    _Trainer,
+)
 
 # names that share kinds (template arguments, line numbers, instance ids) and some that do not
 NAME_POOL = [
@@ -103,12 +110,18 @@ def test_decode_of_encode_is_the_slice_for_random_trees(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(corpus=st.lists(random_slices(), min_size=1, max_size=5))
 def test_incremental_pair_counts_always_equal_a_recount(corpus: list[Slice]) -> None:
-    tpe = TPE.train(corpus, 10_000, min_count=10**9)  # base alphabet only
+    tpe = TPE.train(corpus, 10_000, min_count=1)
+    tpe.merges, tpe.merge_counts = [], []  # base alphabet only
+    tpe._rebuild_indexes()
     layers, kinds = _node_kinds(corpus)
-    trainer = _Trainer(tpe, _Forest.from_slices(tpe, corpus, layers, kinds))
+    weights = _node_weights(corpus, "slice")
+    trainer = _Trainer(tpe, _Forest.from_slices(tpe, corpus, layers, kinds), weights=weights)
     for merges in range(1, 40):
         trainer.run(merges, 1, progress=False)
         assert trainer.count == trainer.recount()
+        scores = trainer.recount_scores()
+        assert trainer.score.keys() == scores.keys()
+        assert all(abs(trainer.score[p] - s) < 1e-9 for p, s in scores.items())
         if len(tpe.merges) < merges:
             break
 
@@ -304,3 +317,74 @@ def test_max_token_nodes_caps_what_one_token_stands_for() -> None:
     assert max(tpe.pattern_length(t) for t in range(tpe.vocab_size)) == 12
     assert len(tokens) == 1 + 256 // 4, "the step, then 64 tokens of four ops each"
     assert tpe.decode(tokens) == piece
+
+
+def _repeat_slice(pattern: list[tuple[str, str, int]], copies: int) -> Slice:
+    """A step root with `copies` of one small subtree (layer, name, parent within the pattern)."""
+    layers, names, parent = ["engine"], ["ProfilerStep#1"], [-1]
+    for _ in range(copies):
+        base = len(parent)
+        for layer, name, up in pattern:
+            layers.append(layer)
+            names.append(name)
+            parent.append(0 if up < 0 else base + up)
+    symbols = sorted(set(names))
+    count = len(parent)
+    depth = [0] * count
+    for i, p in enumerate(parent):
+        if p >= 0:
+            depth[i] = depth[p] + 1
+    piece = Slice(
+        parent=np.asarray(parent, dtype=np.int32),
+        edge=np.asarray([0 if p < 0 else EDGE_CALL for p in parent], dtype=np.int8),
+        depth=np.asarray(depth, dtype=np.int32),
+        layer=np.asarray([LAYER_CODE[layer] for layer in layers], dtype=np.int8),
+        name=np.asarray([symbols.index(n) for n in names], dtype=np.int32),
+        rank=np.zeros(count, dtype=np.int32),
+        stream=np.full(count, -1, dtype=np.int32),
+        start=np.arange(count, dtype=np.int64) * 1000,
+        dur=np.full(count, 500, dtype=np.int64),
+        self_ns=np.full(count, 500, dtype=np.int64),
+        tree_node=np.arange(count, dtype=np.int64),
+        names=symbols,
+        kind="step",
+    )
+    piece.validate()
+    return piece
+
+
+def test_slice_weighting_does_not_starve_a_small_steps_structure() -> None:
+    """Plain counting merges the big step's pair first (seen 50 times, +25% R there); slice
+    weighting the small step's pair (seen twice in 5 nodes: +40% R there)."""
+    big = _repeat_slice(
+        [
+            ("cpu_op", "aten::mm", -1),
+            ("runtime", "cudaLaunchKernel", 0),
+            ("cpu_op", "aten::t", 0),
+            ("cpu_op", "aten::view", 0),
+        ],
+        50,
+    )
+    small = _repeat_slice([("cpu_op", "aten::add", -1), ("cpu_op", "aten::empty", 0)], 2)
+
+    def first_merge(weighting: str) -> tuple[str, str]:
+        tpe = TPE.train([big, small], 64, weighting=weighting)
+        for piece in (big, small):
+            assert tpe.decode(tpe.encode(piece)) == piece
+        merge = tpe.merges[0]
+        return tpe.token_name(merge.parent), tpe.token_name(merge.child)
+
+    assert first_merge("node")[0] == "cpu_op:aten::mm"
+    assert first_merge("slice") == ("cpu_op:aten::add", "cpu_op:aten::empty")
+
+
+def test_a_kind_seen_once_is_unknown_not_a_vocabulary_entry() -> None:
+    piece = _repeat_slice([("cpu_op", "aten::mm", -1), ("runtime", "cudaLaunchKernel", 0)], 3)
+    once = _repeat_slice([("cpu_op", "aten::only_once", -1)], 1)
+
+    tpe = TPE.train([piece, once], 64)
+
+    assert ("cpu_op", "aten::only_once") not in {(LAYERS[c], n) for c, n in tpe.base}
+    tokens = tpe.encode(once)
+    assert UNK_NAMES[LAYER_CODE["cpu_op"]] in {tpe.token_name(int(k)) for k in tokens.kind}
+    assert tpe.decode(tokens) == once

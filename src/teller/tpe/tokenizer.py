@@ -17,6 +17,10 @@ kernels) costs log₂ 1000 merges rather than a thousand, also adjacent *sibling
   the same node by the same edge;
 * a merge turns such a pair into one token of a new kind C = A + B. A parent absorbs one child
   per merge (the first in slice order); a sibling run "BBB" holds one "BB", as in BPE;
+* the next merge is the pair of highest *score*: with the default "slice" weighting an
+  occurrence in a slice of n nodes scores 1/n, its gain in that slice's R, so a structure that
+  recurs in many small steps is not starved by the deep repeats of one huge step (plain BPE
+  counting, "node" weighting, maximises the tokens saved over all nodes instead);
 * merges are an ordered table; encoding applies them in that order, like minbpe's `encode`.
 
 `Tokens` keeps, besides the token columns a model reads (kind, parent token, depth, span), the
@@ -50,6 +54,10 @@ FORMAT = "teller.tpe/1"
 UNK_NAMES: tuple[str, ...] = tuple(f"<unk-{layer}>" for layer in LAYERS)
 #: A merge must be seen at least this often (BPE on trees overfits singletons otherwise).
 DEFAULT_MIN_COUNT = 2
+
+#: How merge selection weighs a pair occurrence (`_node_weights`): per node or per slice.
+WEIGHTINGS = ("slice", "node")
+DEFAULT_WEIGHTING = "slice"
 
 #: The `slot` of a sibling merge: the child token is the parent token's next sibling.
 SIBLING = -1
@@ -218,33 +226,39 @@ class TPE:
         min_count: int = DEFAULT_MIN_COUNT,
         progress: bool = False,
         max_token_nodes: int | None = None,
+        weighting: str = DEFAULT_WEIGHTING,
     ) -> TPE:
         """Learn a vocabulary of at most `vocab_size` tokens from `slices`.
 
-        The base alphabet is every node kind seen, most frequent first; when there are more kinds
-        than half of the vocabulary leaves room for, the rarest become `<unk-LAYER>` (their exact
-        names still round-trip) so the other half is left for merges. Merges are then learned
-        until the vocabulary is full or no pair is seen `min_count` times. `max_token_nodes` caps
-        the nodes one token may stand for (None: no cap; very regular traces then learn whole
-        steps as one token).
+        The base alphabet is every node kind seen at least `min_count` times, most frequent
+        first; when there are more kinds than half of the vocabulary leaves room for, the rarest
+        become `<unk-LAYER>` (their exact names still round-trip) so the other half is left for
+        merges. Merges are then learned until the vocabulary is full or no pair is seen
+        `min_count` times. `max_token_nodes` caps the nodes one token may stand for (None: no
+        cap; very regular traces then learn whole steps as one token). `weighting` picks what the next merge maximises: "slice" (default)
+        the mean reduction per slice, "node" the tokens saved over all nodes (`_node_weights`).
         """
         slices = list(slices)
         if vocab_size < len(UNK_NAMES):
             raise ValueError(f"vocab_size must be at least {len(UNK_NAMES)} (one <unk> per layer)")
         tpe = cls()
         layer_codes, kind_names = _node_kinds(slices)
+        weights = _node_weights(slices, weighting)
         counts: dict[tuple[int, str], int] = {}
         for layers, kinds in zip(layer_codes, kind_names, strict=True):
             for key in zip(layers.tolist(), kinds, strict=True):
                 counts[key] = counts.get(key, 0) + 1
+        # a kind seen fewer than `min_count` times can join no merge; as `<unk-LAYER>` it shares
+        # a token with the layer's other rare kinds, which can merge, and frees a vocabulary entry
+        kept = [k for k, c in counts.items() if c >= min_count]
         room = vocab_size - len(UNK_NAMES)
-        if len(counts) > room // 2:
+        if len(kept) > room // 2:
             room = room // 2
-        ranked = sorted(counts, key=lambda k: (-counts[k], k))
+        ranked = sorted(kept, key=lambda k: (-counts[k], k))
         tpe.base = ranked[:room]
         tpe._rebuild_indexes()
         forest = _Forest.from_slices(tpe, slices, layer_codes, kind_names)
-        trainer = _Trainer(tpe, forest, max_token_nodes)
+        trainer = _Trainer(tpe, forest, max_token_nodes, weights)
         trainer.run(vocab_size - tpe.num_base, min_count, progress)
         tpe._rebuild_indexes()
         return tpe
@@ -692,29 +706,41 @@ class _Trainer:
     """Greedy merge learning with incremental pair counts.
 
     `count[pair]` is the number of owner tokens that have the pair (a parent with a child under
-    the pair's key, or a left sibling next to a right one); `where[pair]` holds those owners. A
-    merge changes the pairs of a handful of owners (the token, the one it absorbed, the parent
-    above, the left neighbours), so only theirs are taken out before and put back after.
+    the pair's key, or a left sibling next to a right one); `where[pair]` holds those owners;
+    `score[pair]` is the sum of the owners' weights (their slice's weight, `_node_weights`), which
+    is what the next merge maximises. A merge changes the pairs of a handful of owners (the token,
+    the one it absorbed, the parent above, the left neighbours), so only theirs are taken out
+    before and put back after.
     """
 
-    def __init__(self, tpe: TPE, forest: _Forest, max_token_nodes: int | None = None) -> None:
+    def __init__(
+        self,
+        tpe: TPE,
+        forest: _Forest,
+        max_token_nodes: int | None = None,
+        weights: np.ndarray | None = None,
+    ) -> None:
         self.tpe = tpe
         self.forest = forest
         self.max_token_nodes = max_token_nodes
         self.token_nodes = [1] * tpe.num_base  # nodes per vocabulary entry, merges appended
+        # a token is named by one of its slice's nodes, so a node's weight is its token's
+        self.weight: list[float] = [1.0] * len(forest.kind) if weights is None else weights.tolist()
         self.count: dict[Pair, int] = {}
+        self.score: dict[Pair, float] = {}
         self.where: dict[Pair, set[int]] = {}
         self.merged: set[Pair] = set()
         self.touched: set[Pair] = set()
         for token in range(len(forest.kind)):
             for pair in forest.owned(token):
                 self._add(pair, token)
-        self.heap = [(-c, pair) for pair, c in self.count.items()]
+        self.heap = [(-self.score[pair], pair) for pair in self.count]
         heapq.heapify(self.heap)
         self.touched.clear()
 
     def _add(self, pair: Pair, token: int) -> None:
         self.count[pair] = self.count.get(pair, 0) + 1
+        self.score[pair] = self.score.get(pair, 0.0) + self.weight[token]
         self.where.setdefault(pair, set()).add(token)
         self.touched.add(pair)
 
@@ -722,19 +748,27 @@ class _Trainer:
         remaining = self.count[pair] - 1
         if remaining:
             self.count[pair] = remaining
+            self.score[pair] -= self.weight[token]
             self.where[pair].discard(token)
-        else:
+        else:  # deleted, not decremented: float sums must not leave a ghost of a gone pair
             del self.count[pair]
+            del self.score[pair]
             del self.where[pair]
         self.touched.add(pair)
 
-    def _best(self) -> tuple[Pair, int] | None:
+    def _best(self, min_count: int) -> Pair | None:
+        """The unmerged pair of highest score seen at least `min_count` times, or None.
+
+        Heap entries are lazy: one is current when its score is the pair's score now. A pair seen
+        too rarely is dropped from the heap; if it grows later it is touched and pushed again.
+        """
         while self.heap:
             negative, pair = self.heap[0]
-            if pair not in self.merged and self.count.get(pair, 0) == -negative:
-                if self._fits(pair):
-                    return pair, -negative
-                self.merged.add(pair)  # too big now, too big forever: kinds never grow
+            if pair not in self.merged and self.score.get(pair) == -negative:
+                if not self._fits(pair):
+                    self.merged.add(pair)  # too big now, too big forever: kinds never grow
+                elif self.count[pair] >= min_count:
+                    return pair
             heapq.heappop(self.heap)
         return None
 
@@ -752,19 +786,19 @@ class _Trainer:
             bar = tqdm(total=max_merges, desc="learning merges", unit="merge", leave=False)
         tpe = self.tpe
         while len(tpe.merges) < max_merges:
-            best = self._best()
-            if best is None or best[1] < min_count:
+            best = self._best(min_count)
+            if best is None:
                 break
-            merge = Merge(*best[0])
+            merge = Merge(*best)
             new_kind = tpe.num_base + len(tpe.merges)
             tpe.merges.append(merge)
             self.merged.add(merge.pair)
             self.token_nodes.append(self.token_nodes[merge.parent] + self.token_nodes[merge.child])
             tpe.merge_counts.append(self._merge(merge, new_kind))
             for changed in self.touched:
-                current = self.count.get(changed)
-                if current and changed not in self.merged:
-                    heapq.heappush(self.heap, (-current, changed))
+                score = self.score.get(changed)
+                if score is not None and changed not in self.merged:
+                    heapq.heappush(self.heap, (-score, changed))
             self.touched.clear()
             if bar is not None:
                 bar.update(1)
@@ -820,6 +854,14 @@ class _Trainer:
             affected.append((forest.parent[token], keys))
         return affected
 
+    def recount_scores(self) -> dict[Pair, float]:
+        """Pair scores from scratch (for tests: the incremental scores must match this)."""
+        scores: dict[Pair, float] = {}
+        for token in range(len(self.forest.kind)):
+            for pair in self.forest.pairs_of(token, None):
+                scores[pair] = scores.get(pair, 0.0) + self.weight[token]
+        return scores
+
     def recount(self) -> dict[Pair, int]:
         """Pair counts from scratch (for tests: the incremental table must always equal this)."""
         counts: dict[Pair, int] = {}
@@ -827,6 +869,23 @@ class _Trainer:
             for pair in self.forest.pairs_of(token, None):
                 counts[pair] = counts.get(pair, 0) + 1
         return counts
+
+
+def _node_weights(slices: Sequence[Slice], weighting: str) -> np.ndarray:
+    """Each node's weight in merge selection, by `weighting` (see `WEIGHTINGS`).
+
+    "node": every pair occurrence counts 1, so merges maximise the tokens saved over the whole
+    corpus; its biggest slices (a 58k-node serving step) then take the vocabulary, and the
+    small steps' structures, seen a few times each, never reach the top. "slice": an occurrence
+    in a slice of n nodes counts 1/n, the gain in that slice's R = 1 - tokens/nodes, so merges
+    maximise the mean R per slice (per step), which is what a model reading one step sees.
+    """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, not {weighting!r}")
+    sizes = [len(piece) for piece in slices]
+    if weighting == "node":
+        return np.ones(sum(sizes), dtype=np.float64)
+    return np.repeat([1.0 / max(n, 1) for n in sizes], sizes).astype(np.float64)
 
 
 def _depths(parent: np.ndarray) -> np.ndarray:
