@@ -1,15 +1,16 @@
 """Benchmark TPE: reduction R = 1 - tokens/nodes per step by vocabulary size, training time on
 1M nodes, encoding speed, and what the residuals cost.
 
-    .venv/bin/python bench/tpe.py                       # real traces + 4 generated sim cases
-    .venv/bin/python bench/tpe.py --lab CASE_DIR ...    # also lab cases (`teller lab run`)
+    .venv/bin/python bench/tpe.py                       # real, 4 generated sim, 2 recorded lab
+    .venv/bin/python bench/tpe.py --lab CASE_DIR ...    # lab cases already recorded instead
     .venv/bin/python bench/tpe.py --vocab 256 4096 --sim-cases 0
 
 Corpora:
 * real: every Kineto file under TELLER_TRACES / ../shared/traces (Nsight exports are left out),
   its step slices, or one slice per root for files without steps;
 * sim: cases generated with `teller lab sim` into a temp dir (when that command exists);
-* lab: case directories named with --lab (`teller lab run` output).
+* lab: case directories named with --lab (`teller lab run` output), or, without --lab,
+  --lab-cases short cases recorded with `teller.lab.run.run_case` into the temp dir (~40 s each).
 
 R is reported in-sample (train on the whole corpus, encode it) and held out (two folds by run:
 train on one half of the runs, encode the other), per slice (mean, median) and over all nodes.
@@ -36,6 +37,7 @@ from conftest import traces_root
 from teller.slices.slice import Slice
 from teller.tpe import TPE
 from teller.tpe.corpus import find_runs, run_slices
+from teller.tpe.tokenizer import DEFAULT_WEIGHTING, WEIGHTINGS
 
 VOCAB_SIZES = (256, 512, 1024, 2048, 4096, 8192)
 #: Generated simulator cases: (fault, extra arguments). Small, varied topologies and faults.
@@ -94,6 +96,28 @@ def sim_runs(count: int, steps: int, out: Path) -> list[Run]:
     return runs
 
 
+#: Recorded lab cases: (fault, guilty rank). A healthy run and a slow operator, TP 2.
+LAB_CASES = (("none", 0), ("slow_operator", 1), ("host_stall", 0))
+
+
+def record_lab_runs(count: int, seconds: float, out: Path) -> list[Run]:
+    """Record `count` short `teller lab run` cases into `out` and read them (none if the lab
+    cannot run here: the reason is printed)."""
+    try:
+        from teller.lab.run import CaseSpec, run_case
+
+        paths = []
+        for number, (fault, rank) in enumerate(LAB_CASES[:count]):
+            window = (1.0, max(seconds - 1.0, 1.5))
+            spec = CaseSpec(fault=fault, rank=rank, window_s=window, tp=2, seed=number + 1)
+            spec.duration_s = seconds
+            paths.append(str(run_case(spec, out / f"lab{number}-{fault}").case_dir))
+    except Exception as error:  # the lab needs a serving stack; the benchmark goes on without
+        print(f"(teller lab run failed: {error}; no lab cases)", file=sys.stderr)
+        return []
+    return lab_runs(paths)
+
+
 def lab_runs(paths: list[str]) -> list[Run]:
     return [
         Run(str(files[0].parent.parent), run_slices(files), "lab") for files in find_runs(paths)
@@ -109,6 +133,13 @@ class Encoded:
     @property
     def reduction(self) -> float:
         return 1.0 - self.tokens / self.nodes if self.nodes else 0.0
+
+
+WEIGHTING = "slice"  # set from --weighting
+
+
+def train(slices: list[Slice], vocab: int, cap: int | None) -> TPE:
+    return TPE.train(slices, vocab, max_token_nodes=cap, weighting=WEIGHTING)
 
 
 def encode_all(tpe: TPE, runs: list[Run]) -> list[Encoded]:
@@ -149,11 +180,11 @@ def reduction_table(name: str, runs: list[Run], vocab_sizes: list[int], cap: int
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for vocab in vocab_sizes:
-        tpe, _, train_s = timed(lambda v=vocab: TPE.train(slices, v, max_token_nodes=cap))
+        tpe, _, train_s = timed(lambda v=vocab: train(slices, v, cap))
         in_sample = encode_all(tpe, runs)
         held_out: list[Encoded] = []
-        for train, test in folds(runs):
-            fold_tpe = TPE.train([s for r in train for s in r.slices], vocab, max_token_nodes=cap)
+        for fit, test in folds(runs):
+            fold_tpe = train([s for r in fit for s in r.slices], vocab, cap)
             held_out.extend(encode_all(fold_tpe, test))
         for group in groups:
             print(
@@ -170,7 +201,7 @@ def speed(runs: list[Run], target_nodes: int, vocab: int) -> None:
     corpus = base * copies
     nodes = base_nodes * copies
     print(f"\n### Speed: {nodes:,} nodes ({len(base):,} slices of all corpora above × {copies})\n")
-    tpe, train_wall, train_s = timed(lambda: TPE.train(corpus, vocab))
+    tpe, train_wall, train_s = timed(lambda: train(corpus, vocab, None))
     encoded, encode_wall, encode_s = timed(lambda: [tpe.encode(s) for s in base])
     decoded, decode_wall, decode_s = timed(lambda: [tpe.decode(t) for t in encoded])
     exact = all(d == s for d, s in zip(decoded, base, strict=True))
@@ -219,16 +250,28 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, nargs="+", default=list(VOCAB_SIZES))
     parser.add_argument("--sim-cases", type=int, default=4, help="simulated cases to generate")
     parser.add_argument("--sim-steps", type=int, default=24, help="engine steps per sim case")
-    parser.add_argument("--lab", nargs="*", default=[], help="lab case directories")
-    parser.add_argument("--speed-nodes", type=int, default=1_000_000)
+    parser.add_argument("--lab", nargs="*", default=[], help="lab case directories to read")
+    parser.add_argument(
+        "--lab-cases", type=int, default=2, help="lab cases to record when --lab is not given"
+    )
+    parser.add_argument("--lab-seconds", type=float, default=4.0, help="seconds per lab case")
+    parser.add_argument(
+        "--weighting",
+        choices=WEIGHTINGS,
+        default=DEFAULT_WEIGHTING,
+        help="merge selection: mean R per slice or tokens saved over all nodes",
+    )
+    parser.add_argument("--speed-nodes", type=int, default=1_000_000, help="0 skips the speed run")
     parser.add_argument("--speed-vocab", type=int, default=8192)
     parser.add_argument("--max-token-nodes", type=int, help="cap on nodes per token (default none)")
     args = parser.parse_args()
+    global WEIGHTING
+    WEIGHTING = args.weighting
     load = os.getloadavg()
     print(
         f"bench/tpe.py on {platform.node()}: {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, weighting {WEIGHTING}"
     )
     corpora: list[tuple[str, list[Run]]] = [("Real traces", real_runs())]
     with tempfile.TemporaryDirectory(prefix="teller-bench-tpe-") as tmp:
@@ -236,8 +279,11 @@ def main() -> None:
             sim = sim_runs(args.sim_cases, args.sim_steps, Path(tmp))
             if sim:
                 corpora.append(("Simulated cases (teller lab sim)", sim))
-        if args.lab:
-            corpora.append(("Lab cases (teller lab run)", lab_runs(args.lab)))
+        lab = lab_runs(args.lab) if args.lab else []
+        if not args.lab and args.lab_cases:
+            lab = record_lab_runs(args.lab_cases, args.lab_seconds, Path(tmp))
+        if lab:
+            corpora.append(("Lab cases (teller lab run)", lab))
         for name, runs in corpora:
             reduction_table(name, runs, args.vocab, args.max_token_nodes)
         if args.speed_nodes:
