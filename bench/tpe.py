@@ -103,6 +103,9 @@ LAB_CASES = (("none", 0), ("slow_operator", 1), ("host_stall", 0))
 def record_lab_runs(count: int, seconds: float, out: Path) -> list[Run]:
     """Record `count` short `teller lab run` cases into `out` and read them (none if the lab
     cannot run here: the reason is printed)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)  # the serving processes log to stdout; the tables must stay clean Markdown
     try:
         from teller.lab.run import CaseSpec, run_case
 
@@ -115,6 +118,10 @@ def record_lab_runs(count: int, seconds: float, out: Path) -> list[Run]:
     except Exception as error:  # the lab needs a serving stack; the benchmark goes on without
         print(f"(teller lab run failed: {error}; no lab cases)", file=sys.stderr)
         return []
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
     return lab_runs(paths)
 
 
