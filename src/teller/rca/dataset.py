@@ -235,7 +235,9 @@ def _numeric_fields(text: str | None) -> np.ndarray:
 def train_vocab(records: Sequence[StepRecord], vocab_size: int) -> TPE:
     """A TPE vocabulary learned from the candidate paths of the training records."""
     slices = [path for record in records for path in record.paths]
-    return TPE.train(slices, vocab_size)
+    # plain pair counts, as the shipped model's vocabulary was learned (before slice-weighted
+    # merges became TPE's default): the model's tokens stay what its weights were trained on
+    return TPE.train(slices, vocab_size, weighting="node")
 
 
 def path_tokens(tpe: TPE, path: Slice, raw: bool) -> list[tuple[int, int, int, int, int]]:
