@@ -14,7 +14,7 @@ STEPS = 12
 SLOW_STEPS = (6, 7)
 
 
-def write_gpu_run(path: Path, slow_host_us: float) -> Path:
+def write_gpu_run(path: Path, slow_host_us: float, slow_layer: int | None = None) -> Path:
     """One rank; per step 4 layers of aten::linear (10 µs on the host, launching a 40 µs GEMM)
     and aten::add (5 µs, launching a 10 µs kernel). The GPU keeps up with the host, so it idles
     only while the host is slow: in SLOW_STEPS, rank 0's `aten::add` takes `slow_host_us`."""
@@ -26,10 +26,11 @@ def write_gpu_run(path: Path, slow_host_us: float) -> Path:
         t = clock
         gpu_free = clock
         body: list[dict] = []
-        for _layer in range(4):
+        for layer in range(4):
+            slow = step in SLOW_STEPS and (slow_layer is None or layer == slow_layer)
             for name, host_us, kernel, kernel_us in (
                 ("aten::linear", 10.0, "gemm_kernel", 40.0),
-                ("aten::add", slow_host_us if step in SLOW_STEPS else 5.0, "add_kernel", 10.0),
+                ("aten::add", slow_host_us if slow else 5.0, "add_kernel", 10.0),
             ):
                 corr += 1
                 body.append(cpu(name, "cpu_op", t, host_us))
@@ -94,3 +95,25 @@ def test_the_localizer_names_the_host_work_behind_the_idle_gpu(tmp_path: Path) -
         idle = [c for c in result.candidates[step] if c.kind == "idle"]
         assert idle and idle[0].operator == "aten::add" and idle[0].rank == 0
         assert result.candidates[step][0].operator == "aten::add"
+
+
+def test_without_normal_steps_an_operator_is_judged_against_its_other_layers(tmp_path: Path):
+    """One rank and no normal step to compare with: the slow layer's add stands out against the
+    same operator in the step's other layers (reference (c))."""
+    from teller.localize.features import step_nodes
+    from teller.localize.localizer import _totals_by_step
+
+    path = write_gpu_run(tmp_path / "rank0.json", slow_host_us=400.0, slow_layer=2)
+    tree = build_tree(read_run([path]))
+    nodes = step_nodes(tree)
+    key_rows: dict[tuple, dict[int, int]] = {}
+    for i in range(len(nodes.node)):
+        key = (int(nodes.rank[i]), int(nodes.name[i]), int(nodes.ordinal[i]), bool(nodes.on_gpu[i]))
+        key_rows.setdefault(key, {})[int(nodes.iteration[i])] = i
+    candidates = NumericLocalizer()._step_candidates(
+        tree, nodes, key_rows, _totals_by_step(nodes), {}, SLOW_STEPS[0], reference=[]
+    )
+    top = candidates[0]
+    assert (top.operator, top.rank, top.kind) == ("aten::add", 0, "compute")
+    assert top.reference == "same operator in the step's other layers, same rank"
+    assert top.observed_ns - top.normal_ns >= 300_000  # one layer's 400 µs against ~5 µs

@@ -10,7 +10,8 @@ The method narrows the search for the root-cause model and is a complete diagnos
    least `min_ratio` slower than expected.
 2. **Operators.** In an anomalous step, every node's self time is compared with the same operator
    instance (same name and occurrence ordinal) (a) in the nearest-composition normal steps of the
-   same rank and (b) on the peer ranks in the same step. Excess self time is summed per
+   same rank, else (b) on the peer ranks in the same step, else (c) with the same operator in the
+   step's other repeated layers on the same rank (a single-rank run without normal steps). Excess self time is summed per
    (rank, operator name); repeated layers add up, and self time (not inclusive time) credits the
    deepest operator that actually slowed.
 3. **Collectives** are scored by arrival, never duration: a rank that reaches a collective after
@@ -309,6 +310,7 @@ class NumericLocalizer:
         in_step = np.flatnonzero(nodes.iteration == iteration)
         totals: dict[tuple[int, int], list] = {}  # (rank, name) → [excess, observed, normal, best]
         waiting = {i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name)}
+        layers = None  # built on first need (single-rank runs without normal steps)
         for i in in_step.tolist():
             layer = int(nodes.layer[i])
             if layer not in COMPUTE_LAYERS or int(nodes.name[i]) in waiting:
@@ -325,6 +327,15 @@ class NumericLocalizer:
                     if iteration in key_rows.get((peer, name, key[2], key[3]), {})
                 ]
                 where = "same operator on peer ranks, same step"
+            if not ref:  # one rank, no normal steps: the operator's other layers in this step
+                if layers is None:
+                    layers = _layers_index(key_rows)
+                ref = [
+                    int(nodes.self_ns[j])
+                    for ordinal, steps_of in layers.get((rank, name, key[3]), {}).items()
+                    if ordinal != key[2] and (j := steps_of.get(iteration)) is not None
+                ]
+                where = "same operator in the step's other layers, same rank"
             if not ref:
                 continue
             normal = float(np.median(ref))
@@ -610,6 +621,14 @@ def hang_explanation(step: StepScore, candidate: OperatorCandidate) -> str:
         f"{format_ns(step.dur_ns)} until a watchdog or the profiler stopped them, so step "
         f"{step.iteration} never finished."
     )
+
+
+def _layers_index(key_rows: dict[tuple, dict[int, int]]) -> dict[tuple, dict[int, dict[int, int]]]:
+    """(rank, name, on_gpu) → ordinal → {iteration: node}: an operator's repeated layers."""
+    index: dict[tuple, dict[int, dict[int, int]]] = {}
+    for (rank, name, ordinal, on_gpu), steps_of in key_rows.items():
+        index.setdefault((rank, name, on_gpu), {})[ordinal] = steps_of
+    return index
 
 
 def _credit(z: float) -> float:
