@@ -45,14 +45,8 @@ CHILD_TIMEOUT_S = 900
 
 
 # -- the built-in workload (runs in the child; imports torch and transformers only there) ---------
-def run_builtin_workload(
-    latency_file: str, steps: int, warmup: int, batch: int, threads: int
-) -> None:
-    """Decode `warmup + steps` tokens for `batch` sequences with a KV cache; time each step.
-
-    `threads` intra-op threads: on a small shared host, more threads than idle cores make
-    OpenMP spin against other people's work and the noise swamps what is being measured.
-    """
+def tiny_llama(threads: int) -> tuple[object, object]:
+    """The benchmark's model: a 4-layer Llama with random weights (seed 0), on `threads` threads."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -68,6 +62,20 @@ def run_builtin_workload(
         max_position_embeddings=4096,
     )
     model = LlamaForCausalLM(config).eval()
+    return model, config
+
+
+def run_builtin_workload(
+    latency_file: str, steps: int, warmup: int, batch: int, threads: int
+) -> None:
+    """Decode `warmup + steps` tokens for `batch` sequences with a KV cache; time each step.
+
+    `threads` intra-op threads: on a small shared host, more threads than idle cores make
+    OpenMP spin against other people's work and the noise swamps what is being measured.
+    """
+    import torch
+
+    model, config = tiny_llama(threads)
     prompt = torch.randint(0, config.vocab_size, (batch, 32))
     latencies_ns: list[int] = []
     cpu_ns: list[int] = []
@@ -142,20 +150,8 @@ def in_process_step_cost(repeats: int = 5, steps: int = 30, batch: int = 4) -> s
     cost from everything else `teller collect` does (log tee, start-up, export).
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=2048,
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model, config = tiny_llama(1)
 
     def block() -> float:
         cpu_ns = []

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import orjson
+import pyarrow as pa
 from isal import igzip, isal_zlib
 
 from teller.errors import TraceError
@@ -701,34 +702,28 @@ class _KinetoEvents:
             else:
                 source.rank, source.rank_source = 0, "assumed"
                 source.warnings.append("rank not stated in the file or its name; assumed rank 0")
-        columns = self.columns
-        columns["rank"] = np.full(len(columns["ts_ns"]), source.rank, dtype=np.int32)
-        table = build_table(
-            columns,
-            names=list(self.names),
-            cats=list(self.cats),
-            coll_names=list(self.coll_names),
-            groups=list(self.groups),
-            host=source.host,
-        )
-        return EventTable(table=table, sources=[source])
+        rank = np.full(len(self.columns["ts_ns"]), source.rank, dtype=np.int32)
+        return EventTable(table=self._table(rank), sources=[source])
 
-    def _finish_merged(self, ranks: dict[int, int]) -> EventTable:
-        columns = self.columns
-        pids = np.asarray(columns["pid"], dtype=np.int64)
-        rank = np.zeros(len(pids), dtype=np.int32)
-        for pid, r in ranks.items():
-            rank[pids == pid] = r
-        unplaced = int((~np.isin(pids, list(ranks))).sum())
-        columns["rank"] = rank
-        table = build_table(
-            columns,
+    def _table(self, rank: np.ndarray) -> pa.Table:
+        """The Arrow event table of the pass's columns, with `rank` per row."""
+        self.columns["rank"] = rank
+        return build_table(
+            self.columns,
             names=list(self.names),
             cats=list(self.cats),
             coll_names=list(self.coll_names),
             groups=list(self.groups),
             host=self.source.host,
         )
+
+    def _finish_merged(self, ranks: dict[int, int]) -> EventTable:
+        pids = np.asarray(self.columns["pid"], dtype=np.int64)
+        rank = np.zeros(len(pids), dtype=np.int32)
+        for pid, r in ranks.items():
+            rank[pids == pid] = r
+        unplaced = int((~np.isin(pids, list(ranks))).sum())
+        table = self._table(rank)
         sources = []
         for r in sorted(set(ranks.values())):
             source = SourceInfo(
