@@ -23,7 +23,10 @@ from teller.ingest.schema import EventTable
 
 RECORDER = Path(__file__).with_name("gloo_run.py")
 SHIFT_NS = 3_700_000  # a clock 3.7 ms ahead
-TOLERANCE_NS = 50_000
+# Host-side gloo collectives end when each process is next scheduled, so on a shared 2-core box
+# the per-instance end differences spread ±0.1 ms and their midhinge lands 10-65 µs off zero
+# (measured: 9, 12, 45 µs here, 63 µs on the CI host). GPU kernel ends are far tighter.
+TOLERANCE_NS = 150_000
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ def test_gloo_collectives_join_across_ranks(gloo_run):
     assert all(len({kind for _, kind in k}) == 1 for k in joined)
 
 
-def test_recovers_a_known_shift_within_50_us(gloo_run):
+def test_recovers_a_known_shift_within_150_us(gloo_run):
     unshifted = estimate_rank_offsets(build_tree(gloo_run))
     # both ranks ran on this machine's one clock: the true offset is zero
     assert abs(unshifted.offset_of(1)) < TOLERANCE_NS
