@@ -151,3 +151,14 @@ def test_names_exactly_the_picked_operator_and_rank() -> None:
     # nothing picked: faithful when it names no rank
     assert names_exactly("Step 4 is slower than its batch predicts.", None, None)
     assert not names_exactly("Rank 4 is slow.", None, None)
+
+
+def test_a_rank_the_trace_cannot_tell_from_the_guilty_one_counts() -> None:
+    truths = [
+        StepTruth("s1", True, "allreduce", 0, horizontal=True, equivalent_ranks=frozenset({0, 1})),
+        StepTruth("s2", True, "allreduce", 0, horizontal=True, equivalent_ranks=frozenset({0, 1})),
+    ]
+    verdicts = [StepVerdict("s1", True, "allreduce", 1), StepVerdict("s2", True, "allreduce", 2)]
+    assert joint_prf(truths, verdicts).true_positives == 1
+    ranked = [[Candidate("ar", 2.0, rank=1)], [Candidate("ar", 2.0, rank=2)]]
+    assert rank_accuracy_at_1(ranked, [{0, 1}, {0, 1}]) == 0.5

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from teller.callchain.tree import CallTree
 from teller.eval.cases import Case, CaseLogs, Split, iterate
+from teller.eval.equivalent_ranks import equivalent_ranks
 from teller.eval.metrics import (
     Candidate,
     StepTruth,
@@ -62,7 +63,7 @@ def judge_explanation(
         return ExplanationVerdict(False, False, False, 0.0)
     grounded = labels.guilty_operator is None or (
         explanation.operator == labels.guilty_operator
-        and (labels.guilty_rank is None or explanation.rank == labels.guilty_rank)
+        and (labels.guilty_rank is None or explanation.rank in equivalent_ranks(labels))
     )
     return ExplanationVerdict(
         fault_right=explanation.fault == labels.fault,
@@ -88,6 +89,7 @@ class CaseOutcome:
     truth_steps: list[int]
     guilty_operator: str | None
     guilty_rank: int | None
+    guilty_ranks: frozenset[int] = frozenset()  # with the ranks its trace cannot tell from it
     explains: bool = False  # the method explained its flagged steps in this case
     explained: list[ExplanationVerdict] = field(default_factory=list)  # its true-positive steps
 
@@ -169,6 +171,7 @@ def outcome(case: Case, localization: Localization) -> CaseOutcome:
         truth_steps=sorted(truth),
         guilty_operator=labels.guilty_operator,
         guilty_rank=labels.guilty_rank,
+        guilty_ranks=equivalent_ranks(labels),
         explains=explains,
         explained=explained,
     )
@@ -199,6 +202,7 @@ def score_group(
                     o.guilty_operator,
                     o.guilty_rank,
                     horizontal=o.view == "H",
+                    equivalent_ranks=o.guilty_ranks,
                 )
             )
             operator, rank = o.top.get(s, (None, None))
@@ -227,7 +231,7 @@ def score_group(
         rank_ac1=round(
             rank_accuracy_at_1(
                 [[Candidate(op, score, rank) for op, rank, score in o.ranked] for o in horizontal],
-                [o.guilty_rank for o in horizontal],
+                [o.guilty_ranks or {o.guilty_rank} for o in horizontal],
             ),
             4,
         )

@@ -24,7 +24,7 @@ difference on the scoreboard is a difference in the method, never in the arithme
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -101,8 +101,11 @@ def average_at_k(ranked: Sequence[Sequence[Candidate]], guilty: Sequence[str], k
     return sum(accuracy_at_k(ranked, guilty, j) for j in range(1, k + 1)) / k
 
 
-def rank_accuracy_at_1(ranked: Sequence[Sequence[Candidate]], guilty_ranks: Sequence[int]) -> float:
-    """Share of cases whose top-1 candidate names the guilty rank (ties pessimistic)."""
+def rank_accuracy_at_1(
+    ranked: Sequence[Sequence[Candidate]], guilty_ranks: Sequence[int | Collection[int]]
+) -> float:
+    """Share of cases whose top-1 candidate names the guilty rank (ties pessimistic); a case's
+    guilty rank may be a set of ranks its trace cannot tell apart (eval/equivalent_ranks.py)."""
     if not ranked:
         return 0.0
     hits = 0
@@ -110,7 +113,8 @@ def rank_accuracy_at_1(ranked: Sequence[Sequence[Candidate]], guilty_ranks: Sequ
         ordered = sorted(candidates, key=lambda c: -c.score)
         if ordered:
             top = [c for c in ordered if c.score == ordered[0].score]
-            hits += len(top) == 1 and top[0].rank == rank
+            right = rank if isinstance(rank, Collection) else (rank,)
+            hits += len(top) == 1 and top[0].rank in right
     return hits / len(ranked)
 
 
@@ -131,6 +135,8 @@ class StepTruth:
     operator: str | None = None
     rank: int | None = None
     horizontal: bool = False
+    #: ranks as right as `rank`: a fault on a link or node they share (eval/equivalent_ranks.py)
+    equivalent_ranks: frozenset[int] = frozenset()
 
 
 def joint_prf(truths: Sequence[StepTruth], verdicts: Sequence[StepVerdict]) -> PRF:
@@ -145,7 +151,8 @@ def joint_prf(truths: Sequence[StepTruth], verdicts: Sequence[StepVerdict]) -> P
             continue
         if verdict.operator != truth.operator:
             continue
-        if truth.horizontal and verdict.rank != truth.rank:
+        right_ranks = {truth.rank} | truth.equivalent_ranks
+        if truth.horizontal and verdict.rank not in right_ranks:
             continue
         hits += 1
     return PRF.from_counts(hits, flagged, positives)

@@ -1,0 +1,52 @@
+"""Ranks that a trace cannot tell apart from a case's labelled guilty rank.
+
+Some injected faults sit on something that several ranks share: a link between a rank pair
+(`link_contention`), a node's network on a two-node ring (`net_delay`, `bandwidth_throttle`: every
+cross-node link touches both nodes, so throttling node 0 or node 1 slows exactly the same links),
+the one link of a two-rank lab run (`net_throttle` shapes the guilty rank's veth both ways, and all
+traffic between the two ranks crosses it). The timeline such a fault leaves is the same whichever of
+those ranks the label names, so no method can recover the label's choice among them; scoring that
+choice would score a coin toss. Naming any of these ranks therefore counts as naming the guilty one
+(DESIGN.md §5 talks of "link contention between a rank pair"). Every other fault keeps its one rank.
+"""
+
+from __future__ import annotations
+
+from teller.lab.labels import CaseLabels
+
+#: Faults on a node's network (simulator): they slow every cross-node link that touches the node.
+NODE_NETWORK_FAULTS = ("net_delay", "bandwidth_throttle")
+
+
+def equivalent_ranks(labels: CaseLabels) -> frozenset[int]:
+    """The labelled guilty rank plus every rank indistinguishable from it (empty without a rank)."""
+    rank = labels.guilty_rank
+    if rank is None:
+        return frozenset()
+    params = labels.params or {}
+    if labels.fault == "link_contention" and params.get("peer") is not None:
+        return frozenset({rank, int(params["peer"])})
+    if labels.fault in NODE_NETWORK_FAULTS and isinstance(params.get("topology"), dict):
+        return frozenset({rank} | _same_links_ranks(rank, params["topology"]))
+    if labels.fault == "net_throttle" and int(params.get("tp", 0)) == 2:
+        return frozenset({0, 1})
+    return frozenset({rank})
+
+
+def _same_links_ranks(rank: int, topology: dict) -> set[int]:
+    """Ranks on nodes whose network fault would slow exactly the links the guilty node's does."""
+    per_node = int(topology["gpus_per_node"])
+    nodes = int(topology["nodes"])
+    world = per_node * nodes
+
+    def touched(node: int) -> frozenset[tuple[int, int]]:
+        return frozenset(
+            (a, b)
+            for a in range(world)
+            for b in range(a + 1, world)
+            if a // per_node != b // per_node and node in (a // per_node, b // per_node)
+        )
+
+    guilty = touched(rank // per_node)
+    same = [node for node in range(nodes) if touched(node) == guilty]
+    return {r for node in same for r in range(node * per_node, (node + 1) * per_node)}

@@ -1,0 +1,50 @@
+"""Which ranks a fault's trace cannot tell apart, from the labels the simulator and lab write."""
+
+from __future__ import annotations
+
+from teller.eval.equivalent_ranks import equivalent_ranks
+from teller.lab.labels import CaseLabels
+
+
+def labels(fault: str, view: str, rank: int, **params) -> CaseLabels:
+    return CaseLabels(
+        case_id="c",
+        source="sim",
+        fault=fault,
+        view=view,
+        guilty_rank=rank,
+        guilty_operator="op",
+        window_ns=None,
+        steps=[1],
+        intensity=1.0,
+        seed=0,
+        explanation="",
+        params=params,
+    )
+
+
+def topology(nodes: int, per_node: int) -> dict:
+    return {"nodes": nodes, "gpus_per_node": per_node, "tp": nodes * per_node, "pp": 1}
+
+
+def test_a_node_network_fault_on_two_nodes_slows_the_same_links_from_either_node() -> None:
+    for fault in ("net_delay", "bandwidth_throttle"):
+        assert equivalent_ranks(labels(fault, "H", 2, topology=topology(2, 2))) == {0, 1, 2, 3}
+
+
+def test_on_four_nodes_only_the_guilty_node_ranks_are_equivalent() -> None:
+    assert equivalent_ranks(labels("net_delay", "H", 5, topology=topology(4, 2))) == {4, 5}
+
+
+def test_link_contention_names_either_end_of_the_link() -> None:
+    assert equivalent_ranks(labels("link_contention", "H", 1, peer=2)) == {1, 2}
+
+
+def test_a_two_rank_lab_throttle_shapes_the_only_link() -> None:
+    assert equivalent_ranks(labels("net_throttle", "H", 0, tp=2)) == {0, 1}
+    assert equivalent_ranks(labels("net_throttle", "H", 0, tp=4)) == {0}
+
+
+def test_other_faults_keep_their_one_rank() -> None:
+    assert equivalent_ranks(labels("straggler", "H", 3, topology=topology(2, 2))) == {3}
+    assert equivalent_ranks(labels("gpu_throttle", "V", 1)) == {1}
