@@ -18,7 +18,10 @@ The method narrows the search for the root-cause model and is a complete diagnos
    its peers is the suspect, and the peers' inflated waits are symptoms, not candidates. A
    collective slower on every rank without a late arrival is a transfer problem and is scored by
    its excess duration.
-4. **GPU idle gaps** (`teller.localize.idle`): when a rank's GPU waited for a launch that came
+4. **Persistent operator shifts** (`teller.localize.shifts`): one operator on one rank slower than
+   on its peers for several steps in a row flags those steps even when the step time hides it, and
+   is their first candidate.
+5. **GPU idle gaps** (`teller.localize.idle`): when a rank's GPU waited for a launch that came
    late, the host work running on the launching thread meanwhile is a candidate, scored by the
    idle time it caused beyond the nearest normal steps.
 
@@ -45,6 +48,7 @@ from teller.callchain.tree import CallTree
 from teller.ingest.schema import LAYER_CODE
 from teller.localize.features import COMPUTE_LAYERS, step_nodes
 from teller.localize.idle import idle_gaps
+from teller.localize.shifts import OperatorShift, operator_shifts
 
 #: Smallest log-ratio scale for step scores: 3% run-to-run noise is normal even on a quiet machine.
 MIN_LOG_SCALE = 0.03
@@ -106,6 +110,8 @@ class Localization:
     candidates: dict[int, list[OperatorCandidate]]  # iteration → ranked candidates
     # iteration → explanation, for methods that explain their flagged steps (the root-cause model)
     explanations: dict[int, StepExplanation] = field(default_factory=dict)
+    # iteration → excess ns of its largest persistent operator shift (`teller.localize.shifts`)
+    shifted: dict[int, float] = field(default_factory=dict)
 
     def anomalous_steps(self) -> list[StepScore]:
         return [s for s in self.steps if s.anomalous]
@@ -158,12 +164,14 @@ class NumericLocalizer:
         self_fit_keep: float = 0.6,
         top_k: int = 10,
         noise_floor_ns: float = 2_000.0,
+        operator_shifts: bool = True,
     ) -> None:
         self.step_z = step_z
         self.min_ratio = min_ratio
         self.self_fit_keep = self_fit_keep
         self.top_k = top_k
         self.noise_floor_ns = noise_floor_ns
+        self.operator_shifts = operator_shifts
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, normal_trees: list[CallTree]) -> NumericLocalizer:
@@ -198,14 +206,53 @@ class NumericLocalizer:
     # -- score -----------------------------------------------------------------------------------
     def score(self, tree: CallTree) -> Localization:
         steps = self._score_steps(tree)
+        shifts = self._operator_shifts(tree)
+        only_shifted = set()
+        for step in steps:
+            if step.iteration in shifts and not step.anomalous:
+                step.anomalous = True
+                only_shifted.add(step.iteration)
         anomalous = {s.iteration for s in steps if s.anomalous}
         candidates = self._candidates(tree, anomalous, steps) if anomalous else {}
+        for iteration, found_shifts in shifts.items():
+            found = [self._shift_candidate(tree, s) for s in found_shifts]
+            named = {(c.rank, c.operator) for c in found}
+            rest = [c for c in candidates.get(iteration, []) if (c.rank, c.operator) not in named]
+            if iteration in only_shifted:  # the step hid it: the persistent shift is the finding
+                candidates[iteration] = (found + rest)[: self.top_k]
+            else:  # a slow step: the shift is one more explanation, ranked by its excess
+                candidates[iteration] = sorted(found + rest, key=lambda c: -c.score)[: self.top_k]
         hang = unfinished_step(tree)
         if hang is not None:
             step, candidate = hang
             steps.append(step)
             candidates[step.iteration] = [candidate]
-        return Localization(steps=steps, candidates=candidates)
+        return Localization(
+            steps=steps,
+            candidates=candidates,
+            shifted={it: max(s.excess_ns for s in found) for it, found in shifts.items() if found},
+        )
+
+    def _operator_shifts(self, tree: CallTree) -> dict[int, list[OperatorShift]]:
+        if not self.operator_shifts:
+            return {}
+        waiting = frozenset(i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name))
+        return operator_shifts(tree, waiting=waiting)
+
+    @staticmethod
+    def _shift_candidate(tree: CallTree, shift: OperatorShift) -> OperatorCandidate:
+        return OperatorCandidate(
+            iteration=shift.iteration,
+            rank=shift.rank,
+            operator=tree.names[shift.name],
+            score=shift.excess_ns,
+            observed_ns=shift.observed_ns,
+            normal_ns=int(shift.usual_ratio * shift.peers_ns),
+            z=_ratio_z(shift.observed_ns, max(shift.usual_ratio * shift.peers_ns, 1.0)),
+            node=shift.node,
+            reference=f"same operator on peer ranks, same step; shifted for {shift.steps} steps",
+            kind="compute",
+        )
 
     def _score_steps(self, tree: CallTree) -> list[StepScore]:
         rows = _iteration_rows(tree, with_iteration=True)
