@@ -112,6 +112,10 @@ def case_records(
             score.z >= strict.step_z and score.dur_ns >= strict.min_ratio * score.expected_ns
         )
         step_float[8:14] = work[score.iteration]
+        # a persistent operator shift (one rank's operator slower than its peers' step after step)
+        shift_ns = localization.shifted.get(score.iteration, 0.0)
+        step_float[14] = float(shift_ns > 0)
+        step_float[15] = np.log1p(shift_ns / 1e5) / 4.0
         candidates = localization.candidates.get(score.iteration, [])
         templates, floats, lines = logs.get(
             score.iteration,
