@@ -78,7 +78,7 @@ class OperatorCandidate:
     z: float
     node: int  # the largest contributing node
     reference: str
-    kind: str  # "compute", "idle", "arrival" or "transfer"
+    kind: str  # "compute", "idle", "shift", "arrival" or "transfer"
 
 
 @dataclass
@@ -251,7 +251,7 @@ class NumericLocalizer:
             z=_ratio_z(shift.observed_ns, max(shift.usual_ratio * shift.peers_ns, 1.0)),
             node=shift.node,
             reference=f"same operator on peer ranks, same step; shifted for {shift.steps} steps",
-            kind="compute",
+            kind="shift",
         )
 
     def _score_steps(self, tree: CallTree) -> list[StepScore]:

@@ -54,8 +54,8 @@ _HOST = np.array([LAYER_CODE[n] for n in ("cpu_op", "runtime")])
 _COMM = LAYER_CODE["comm"]
 
 #: Localizer candidate kinds the model reads as one of its own: an idle-GPU candidate is host
-#: work that delayed the GPU, i.e. compute on the host.
-_KIND_AS = {"idle": "compute"}
+#: work that delayed the GPU, i.e. compute on the host; a persistent shift is compute that regressed.
+_KIND_AS = {"idle": "compute", "shift": "compute"}
 
 
 @dataclass

@@ -71,11 +71,13 @@ def diagnose(analysis: Analysis, method: str = "model", model_dir: Path | None =
         # a hang's unfinished step has no step record for the model: the localizer's finding
         unfinished = [s for s in localization.anomalous_steps() if s.kind == "unfinished"]
         findings = _findings(analysis, localization, unfinished)
-        findings += _model_findings(analysis, localization, diagnoses)
+        findings += by_incident(_model_findings(analysis, localization, diagnoses))
         flagged = {d.iteration for d in diagnoses if d.anomalous}
         produced_by = f"model:{model_name}"
     else:
         findings = _findings(analysis, localization)
+        hung = [f for f in findings if f.step_kind == "unfinished"]
+        findings = hung + by_incident([f for f in findings if f.step_kind != "unfinished"])
         flagged = {s.iteration for s in localization.anomalous_steps()}
         produced_by = "localizer"
     _attach_logs(analysis, findings)
@@ -290,6 +292,8 @@ def _fault_type(tree, top: OperatorCandidate | None) -> tuple[str | None, str]:
     if top.kind == "transfer":
         return "net_throttle", "H"
     layer = LAYERS[tree.layer[top.node]]
+    if top.kind == "shift":  # one operator regressed on one rank, its peers unchanged
+        return ("kernel_regression" if layer == "kernel" else "slow_operator"), "V"
     if layer == "runtime":
         return "host_cpu_contention", "V"
     if layer in ("kernel", "memcpy", "memset"):
@@ -316,6 +320,12 @@ def _explain(step: StepScore, top: OperatorCandidate | None, fault_type: str | N
         return (
             f"{head}; {operator} itself took {format_ns(top.observed_ns)} against "
             f"{format_ns(top.normal_ns)} normally with no late arrival, which points to the link."
+        )
+    if top.kind == "shift":
+        return (
+            f"{head}; on rank {top.rank}, {operator} took {format_ns(top.observed_ns)} against "
+            f"{format_ns(top.normal_ns)} on its peers in the same step ({top.reference}): that "
+            "operator regressed on this rank."
         )
     return (
         f"{head}; on rank {top.rank}, {operator} took {format_ns(top.observed_ns)} against "
@@ -347,6 +357,40 @@ def _summary(tree, localization: Localization, findings: list[Finding]) -> str:
             + f" Worst: {worst.explanation}"
         )
     return "\n".join(lines)
+
+
+#: Flagged steps of one rank at most this many steps apart belong to one incident.
+INCIDENT_GAP = 3
+
+
+def by_incident(findings: list[Finding]) -> list[Finding]:
+    """Findings reordered so the longest incident comes first, worst step first within it.
+
+    A fault lasts: it slows a run of steps on one rank. Load noise on a shared host slows a step
+    here and there, sometimes by more than the fault does. So the headline is the worst step of
+    the incident (a run of flagged steps blaming one rank, gaps of at most `INCIDENT_GAP` steps)
+    with the most steps, ties broken by the time its steps lost; within an incident the incoming
+    order (worst first) is kept."""
+    runs: list[list[Finding]] = []
+    for rank in dict.fromkeys(f.rank for f in findings):
+        mine = sorted((f for f in findings if f.rank == rank), key=lambda f: f.step)
+        for finding in mine:
+            if (
+                runs
+                and runs[-1][0].rank == rank
+                and finding.step - runs[-1][-1].step <= INCIDENT_GAP
+            ):
+                runs[-1].append(finding)
+            else:
+                runs.append([finding])
+    position = {id(f): i for i, f in enumerate(findings)}
+
+    def strength(run: list[Finding]) -> tuple[int, int]:
+        lost = sum(max(f.step_dur_ns - f.step_expected_ns, 0) for f in run)
+        return len(run), lost
+
+    ordered = sorted(runs, key=lambda run: tuple(-v for v in strength(run)))
+    return [f for run in ordered for f in sorted(run, key=lambda f: position[id(f)])]
 
 
 def incidents(findings: list[Finding]) -> list[list[Finding]]:
