@@ -369,8 +369,9 @@ def by_incident(findings: list[Finding]) -> list[Finding]:
     A fault lasts: it slows a run of steps on one rank. Load noise on a shared host slows a step
     here and there, sometimes by more than the fault does. So the headline is the worst step of
     the incident (a run of flagged steps blaming one rank, gaps of at most `INCIDENT_GAP` steps)
-    with the most steps, ties broken by the time its steps lost; within an incident the incoming
-    order (worst first) is kept."""
+    with the most steps, ties broken by the time its steps lost. Within an incident, the steps that
+    blame its most blamed operator come first (a slow step under load can put another operator on
+    top of one step while the regressed one leads the run), each part in the incoming order."""
     runs: list[list[Finding]] = []
     for rank in dict.fromkeys(f.rank for f in findings):
         mine = sorted((f for f in findings if f.rank == rank), key=lambda f: f.step)
@@ -389,8 +390,13 @@ def by_incident(findings: list[Finding]) -> list[Finding]:
         lost = sum(max(f.step_dur_ns - f.step_expected_ns, 0) for f in run)
         return len(run), lost
 
+    def inside(run: list[Finding]) -> list[Finding]:
+        blamed = Counter(f.operator for f in run if f.operator).most_common(1)
+        lead = blamed[0][0] if blamed else None
+        return sorted(run, key=lambda f: (f.operator != lead, position[id(f)]))
+
     ordered = sorted(runs, key=lambda run: tuple(-v for v in strength(run)))
-    return [f for run in ordered for f in sorted(run, key=lambda f: position[id(f)])]
+    return [f for run in ordered for f in inside(run)]
 
 
 def incidents(findings: list[Finding]) -> list[list[Finding]]:
