@@ -13,8 +13,9 @@ from teller.analysis import Analysis
 from teller.cli import main
 from teller.errors import TellerError
 from teller.lab.labels import CaseLabels
-from teller.rca.diagnose import MODEL_UNAVAILABLE
+from teller.rca.diagnose import MODEL_UNAVAILABLE, by_incident
 from teller.rca.infer import DEFAULT_MODEL, diagnose_path
+from teller.rca.verdict import Finding
 
 from .conftest import small_case
 
@@ -121,3 +122,36 @@ def test_info_and_localizer_verdicts_never_import_torch():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def _finding(step: int, rank: int | None, operator: str | None, lost_ns: int) -> Finding:
+    return Finding(
+        step=step,
+        step_name="",
+        step_kind="decode",
+        step_dur_ns=1_000_000 + lost_ns,
+        step_expected_ns=1_000_000,
+        score=10.0,
+        rank=rank,
+        operator=operator,
+        operator_node=None,
+        fault_type=None,
+        view="V",
+        explanation="",
+    )
+
+
+def test_the_longest_incident_is_the_headline_not_the_worst_lone_step() -> None:
+    lone = _finding(3, 0, "aten::cat", 50_000_000)  # a load spike: the worst single step
+    run = [_finding(s, 1, "sdpa", 600_000) for s in (20, 21, 23, 26, 27)]
+    run.insert(2, _finding(22, 1, "gloo:all_reduce", 5_000_000))  # another op tops one step
+    ordered = by_incident([lone, run[2], *run[:2], *run[3:]])
+    assert ordered[0].step == 20 and ordered[0].operator == "sdpa"  # its most blamed op leads
+    assert [f.step for f in ordered[:6]] == [20, 21, 23, 26, 27, 22]
+    assert ordered[-1] is lone
+
+
+def test_steps_far_apart_on_one_rank_are_separate_incidents() -> None:
+    early = [_finding(s, 1, "mm", 1_000) for s in (1, 2)]
+    late = [_finding(s, 1, "mm", 1_000) for s in (40, 41, 42)]
+    assert [f.step for f in by_incident(early + late)] == [40, 41, 42, 1, 2]
