@@ -58,9 +58,9 @@ def test_analysis_verdict_is_the_models_with_the_localizers_numbers():
     verdict = Analysis(case).diagnose()
     assert verdict.method == "model:default"
     assert verdict.findings and all(f.probability is not None for f in verdict.findings)
-    assert [f.probability for f in verdict.findings] == sorted(
-        (f.probability for f in verdict.findings), reverse=True
-    )
+    # by incident (the longest run of flagged steps on one rank first), most probable first within
+    by_probability = sorted(verdict.findings, key=lambda f: -(f.probability or 0.0))
+    assert [f.step for f in verdict.findings] == [f.step for f in by_incident(by_probability)]
     flagged = {row.step for row in verdict.steps if row.anomalous}
     assert flagged == {f.step for f in verdict.findings}
     # the verdict is `teller diagnose`'s (its accuracy is pinned above), with evidence beside it
