@@ -37,6 +37,8 @@ SHIFT_LAYERS = frozenset(LAYER_CODE[n] for n in ("cpu_op", "runtime", "kernel", 
 RATIO_FLOOR_NS = 20_000.0
 #: Smallest spread of a (rank, operator) log-ratio series.
 MIN_SPREAD = 0.05
+#: Share of a shift's rise against the peers that the rank's own time must show.
+OWN_SHARE = 0.5
 
 
 @dataclass
@@ -112,14 +114,16 @@ def operator_shifts(
                 1.4826 * float(np.median(np.abs(np.diff(series)))) / np.sqrt(2), MIN_SPREAD
             )
             lift = _rolling_median(series, WINDOW) - usual
-            # the rank's own time must have grown too: an operator its peer stopped running
-            # (the fast kernel the regressed rank lost) is not slower where it still runs
+            # the rank's own time must have grown, by most of the ratio's rise: an operator its
+            # peer stopped running (the fast kernel the regressed rank lost) is not slower where
+            # it still runs, even when noise lifts its own time a little
             own_log = np.log(own[series_rows, k] + RATIO_FLOOR_NS)
             own_lift = _rolling_median(own_log, WINDOW) - float(np.median(own_log))
             shifted = (
                 (lift >= np.log(min_ratio))
                 & (lift >= min_z * spread)
                 & (own_lift >= np.log(1.0 + (min_ratio - 1.0) / 2))
+                & (own_lift >= OWN_SHARE * lift)
             )
             excess = own[series_rows, k] - np.exp(usual) * peers[series_rows, k]
             shifted &= _rolling_median(excess, WINDOW) >= min_excess_ns
