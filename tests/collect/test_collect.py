@@ -238,17 +238,31 @@ def test_steps_window_keeps_only_those_steps(tmp_path: Path):
     ]
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.parametrize(
-    ("sent", "reason"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "exit after SIGINT")]
+    ("sent", "reason", "started_ignoring"),
+    [
+        (signal.SIGTERM, "SIGTERM", False),
+        (signal.SIGINT, "exit after SIGINT", False),
+        # a shell without job control starts background jobs with SIGINT ignored (`make test &`)
+        (signal.SIGINT, "exit after SIGINT", True),
+    ],
 )
-def test_a_signal_mid_run_leaves_a_readable_trace(tmp_path: Path, sent: int, reason: str):
-    """SIGTERM kills by default (the agent exports first); SIGINT raises KeyboardInterrupt."""
+def test_a_signal_mid_run_leaves_a_readable_trace(
+    tmp_path: Path, sent: int, reason: str, started_ignoring: bool
+):
+    """SIGTERM kills by default (the agent exports first); SIGINT raises KeyboardInterrupt, also
+    when `teller collect` itself was started with SIGINT ignored."""
     program = _program(tmp_path, "endless.py", ENDLESS_PROGRAM)
     out = tmp_path / "run"
     runner = subprocess.Popen(
         _cli("collect", "--out", str(out), "--", sys.executable, str(program)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=_ignore_sigint if started_ignoring else None,
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

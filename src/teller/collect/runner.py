@@ -78,13 +78,14 @@ def collect(
     _status(f"collecting into {out_dir}: {' '.join(command)}")
     start_wall_ns = time.time_ns()
     try:
-        child = subprocess.Popen(
-            argv,
-            env=child_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            process_group=0,
-        )
+        with _interrupt_reaches_the_command():
+            child = subprocess.Popen(
+                argv,
+                env=child_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                process_group=0,
+            )
     except OSError as error:
         raise CollectError(f"cannot start {argv[0]!r}: {error.strerror or error}") from None
     reader = threading.Thread(
@@ -242,6 +243,27 @@ def _wait_escalating(child: subprocess.Popen, forwarded_at: list[float]) -> int:
             escalated.append(number)
             with suppress(ProcessLookupError):
                 os.killpg(child.pid, number)
+
+
+@contextmanager
+def _interrupt_reaches_the_command():
+    """Start the command with SIGINT at its default action even where we were started ignoring it.
+
+    A shell without job control starts background commands with SIGINT ignored, and an ignored
+    signal stays ignored across exec: the command (and Python's KeyboardInterrupt in it) would never
+    see the SIGINT this runner forwards, and would run on until the SIGTERM that follows. A signal
+    with a handler is reset to its default action by exec, so a handler is set for the spawn."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextmanager
