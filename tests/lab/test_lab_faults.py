@@ -63,6 +63,17 @@ class Case:
         apart = (end_ns <= self.window_ns[0]) | (steps.start_ns >= self.window_ns[1])
         return np.flatnonzero((steps.rank == rank) & (within if inside else apart))
 
+    def own_work_us(self, rank: int, inside: bool = True) -> float:
+        """Mean time per step the rank spent outside its all-reduces: its own work and stalls."""
+        tree = self.tree
+        reduces = (tree.name == tree.names.index("gloo:all_reduce")) & (tree.step >= 0)
+        waits = np.bincount(
+            tree.step[reduces], weights=tree.dur[reduces], minlength=len(tree.steps)
+        )
+        rows = self.steps(rank, inside)
+        assert len(rows), f"no step on rank {rank} {'in' if inside else 'outside'} the window"
+        return float((tree.steps.dur_ns[rows] - waits[rows]).mean()) / 1e3
+
     def allreduce_bytes(self, rank: int, inside: bool) -> tuple[np.ndarray, np.ndarray]:
         """(message bytes, duration ns) of each gloo all-reduce, bytes from its recorded shape."""
         nodes = self._nodes("gloo:all_reduce", rank, inside)
@@ -133,9 +144,12 @@ def test_straggler_inflates_the_peers_allreduce_and_slows_the_guilty_rank(lab_ro
     assert peer_wait >= 2 * baseline.mean_us("gloo:all_reduce", PEER)
     assert peer_wait >= 2 * case.mean_us("gloo:all_reduce", GUILTY)
     assert peer_wait >= 2 * case.mean_us("gloo:all_reduce", PEER, inside=False)
-    guilty_mm = case.mean_us("aten::mm", GUILTY)
-    assert guilty_mm >= 1.3 * case.mean_us("aten::mm", PEER)
-    assert guilty_mm >= 1.3 * case.mean_us("aten::mm", GUILTY, inside=False)
+    # its own work stretches: the quota stalls whichever operator runs when it runs out (aten::mm
+    # alone rose only 1.22x over the peer's in one CI recording), so the step's work outside the
+    # all-reduces is measured; six recordings gave 2.5-3.7x the peer's, 5.2-12x its own outside
+    own = case.own_work_us(GUILTY)
+    assert own >= 1.5 * case.own_work_us(PEER)
+    assert own >= 1.5 * case.own_work_us(GUILTY, inside=False)
 
 
 def test_cpu_contention_stretches_the_guilty_ranks_matmuls(lab_root, baseline):
