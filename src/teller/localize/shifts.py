@@ -10,8 +10,9 @@ stretch random operators in single steps; a rolling median over `WINDOW` steps i
 
 For each (rank, operator) the series of log(time / peers' time), per step, is compared with its own
 median over the run (ranks are not perfectly symmetric: rank 0 may sample tokens); a step is shifted
-when the rolling median stays `min_ratio` above that and far outside the series' spread, and the
-operator's excess is large enough to matter. Within a step, a shifted node inside another shifted
+when the rolling median stays `min_ratio` above that and far outside the series' spread, the
+rank's own time shows most of that rise (`OWN_SHARE`: the peer that kept the fast kernel its
+regressed peer lost is not shifted), and the operator's excess is large enough to matter. Within a step, a shifted node inside another shifted
 node is the same slowdown seen one level down: the outermost one is named (`aten::scaled_dot_product_
 attention` rather than the math kernels its fallback now calls). A new operator (absent on the
 peers) is a shift too; so is one whose time grows on one rank only because it runs more often.
