@@ -236,8 +236,7 @@ class NumericLocalizer:
     def _operator_shifts(self, tree: CallTree) -> dict[int, list[OperatorShift]]:
         if not self.operator_shifts:
             return {}
-        waiting = frozenset(i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name))
-        return operator_shifts(tree, waiting=waiting)
+        return operator_shifts(tree, waiting=_waiting_names(tree))
 
     @staticmethod
     def _shift_candidate(tree: CallTree, shift: OperatorShift) -> OperatorCandidate:
@@ -356,7 +355,7 @@ class NumericLocalizer:
     ) -> list[OperatorCandidate]:
         in_step = np.flatnonzero(nodes.iteration == iteration)
         totals: dict[tuple[int, int], list] = {}  # (rank, name) → [excess, observed, normal, best]
-        waiting = {i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name)}
+        waiting = _waiting_names(tree)
         layers = None  # built on first need (single-rank runs without normal steps)
         for i in in_step.tolist():
             layer = int(nodes.layer[i])
@@ -515,7 +514,7 @@ class NumericLocalizer:
         step_totals: dict[tuple[int, int, int], float],
         iteration: int,
         reference: list[int],
-        waiting: set[int],
+        waiting: frozenset[int],
     ) -> list[tuple[tuple[int, int], float]]:
         """(rank, name) whose work in this step is absent from every reference step on every
         rank: a swapped-in kernel, a fallback path. Their whole time is excess."""
@@ -749,6 +748,13 @@ _HOST_WORK = frozenset(LAYER_CODE[n] for n in ("cpu_op", "runtime"))
 _WAITING_CALL = re.compile(
     r"ynchronize|Query|WaitEvent|Memcpy|wait_tensor|c10d::wait", re.IGNORECASE
 )
+
+
+def _waiting_names(tree: CallTree) -> frozenset[int]:
+    """Name ids of the calls that mostly wait (`_WAITING_CALL`)."""
+    return frozenset(i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name))
+
+
 #: Log-ratio scale floor for per-rank components (they are noisier than whole steps).
 MIN_COMPONENT_SCALE = 0.05
 
@@ -763,8 +769,7 @@ def _component_scores(
     in_step = tree.step >= 0
     gpu = in_step & np.isin(tree.layer, list(_GPU_WORK)) & (tree.stream >= 0)
     host = in_step & np.isin(tree.layer, list(_HOST_WORK)) & (tree.stream < 0)
-    waiting_names = [i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name)]
-    host &= ~np.isin(tree.name, waiting_names)
+    host &= ~np.isin(tree.name, list(_waiting_names(tree)))
     measures = [  # (per step row, compare across ranks too?)
         (np.bincount(tree.step[gpu], weights=tree.dur[gpu], minlength=count), True),
         (np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=count), True),

@@ -149,7 +149,19 @@ def operator_shifts(
                             excess_ns=float(excess[position]),
                         )
                     )
-    return {it: _outermost(tree, found) for it, found in flagged.items()}
+    if not flagged:
+        return {}
+    # every step's nodes, found once: the clean-up below looks at a few steps' nodes many times
+    in_steps = np.flatnonzero(tree.step >= 0)
+    node_iteration = iteration_of_step[tree.step[in_steps]]
+    order = np.argsort(node_iteration, kind="stable")
+    in_steps, node_iteration = in_steps[order], node_iteration[order]
+
+    def nodes_of(iteration: int) -> np.ndarray:
+        low, high = np.searchsorted(node_iteration, [iteration, iteration + 1])
+        return in_steps[low:high]
+
+    return {it: _outermost(tree, found, nodes_of(it)) for it, found in flagged.items()}
 
 
 def _rolling_median(values: np.ndarray, window: int) -> np.ndarray:
@@ -167,16 +179,17 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), stops.tolist(), strict=True))
 
 
-def _outermost(tree: CallTree, found: list[OperatorShift]) -> list[OperatorShift]:
+def _outermost(
+    tree: CallTree, found: list[OperatorShift], step_nodes: np.ndarray
+) -> list[OperatorShift]:
     """Drop shifts whose nodes all sit inside another shifted operator's nodes on the same rank
-    and step; give each survivor its longest node; largest excess first."""
-    iteration = found[0].iteration
-    step_rows = np.flatnonzero(tree.steps.index == iteration)
-    in_step = np.isin(tree.step, step_rows)
+    and step (`step_nodes`: the step's nodes on every rank); give each survivor its longest node;
+    largest excess first."""
+    ranks, names = tree.rank[step_nodes], tree.name[step_nodes]
     shifted_names = {(s.rank, s.name) for s in found}
     kept = []
     for shift in found:
-        nodes = np.flatnonzero(in_step & (tree.rank == shift.rank) & (tree.name == shift.name))
+        nodes = step_nodes[(ranks == shift.rank) & (names == shift.name)]
         if not len(nodes):
             continue
         inside_other = all(
@@ -189,7 +202,7 @@ def _outermost(tree: CallTree, found: list[OperatorShift]) -> list[OperatorShift
             continue
         shift.node = int(nodes[np.argmax(tree.dur[nodes])])
         if shift.peers_ns == 0:
-            _name_the_caller(tree, shift, step_rows)
+            _name_the_caller(tree, shift, step_nodes)
         kept.append(shift)
     merged: dict[tuple[int, int], OperatorShift] = {}
     for shift in kept:  # a caller named twice (two new callees) is one shift
@@ -197,7 +210,7 @@ def _outermost(tree: CallTree, found: list[OperatorShift]) -> list[OperatorShift
     return sorted(merged.values(), key=lambda s: -s.excess_ns)
 
 
-def _name_the_caller(tree: CallTree, shift: OperatorShift, step_rows: np.ndarray) -> None:
+def _name_the_caller(tree: CallTree, shift: OperatorShift, step_nodes: np.ndarray) -> None:
     """A new operator called by an operator of the same layer that the peers also run is an
     implementation switch inside that caller (attention falling back to its math path): the caller
     is what the user's code called and what the peers can be compared on, so it is named."""
@@ -205,16 +218,17 @@ def _name_the_caller(tree: CallTree, shift: OperatorShift, step_rows: np.ndarray
     if parent < 0 or tree.layer[parent] != tree.layer[shift.node]:
         return
     name = int(tree.name[parent])
-    same_name = (tree.name == name) & np.isin(tree.step, step_rows)
+    callers = step_nodes[tree.name[step_nodes] == name]
+    step_ranks = np.unique(tree.steps.rank[tree.steps.index == shift.iteration]).tolist()
     peer_totals = [
-        float(tree.dur[same_name & (tree.rank == r)].sum())
-        for r in np.unique(tree.steps.rank[step_rows]).tolist()
+        float(tree.dur[callers[tree.rank[callers] == r]].sum())
+        for r in step_ranks
         if r != shift.rank
     ]
     if not any(peer_totals):
         return
     shift.name, shift.node = name, parent
-    shift.observed_ns = int(tree.dur[same_name & (tree.rank == shift.rank)].sum())
+    shift.observed_ns = int(tree.dur[callers[tree.rank[callers] == shift.rank]].sum())
     shift.peers_ns = int(np.median(peer_totals))
     shift.usual_ratio = 1.0  # the caller's own usual ratio is unknown here; peers are the norm
     # the new callee's whole time is excess; the caller's comparison can only show more

@@ -70,14 +70,14 @@ def diagnose(analysis: Analysis, method: str = "model", model_dir: Path | None =
     if method == "model":
         # a hang's unfinished step has no step record for the model: the localizer's finding
         unfinished = [s for s in localization.anomalous_steps() if s.kind == "unfinished"]
-        findings = _findings(analysis, localization, unfinished)
-        findings += by_incident(_model_findings(analysis, localization, diagnoses))
+        findings = by_incident(
+            _findings(analysis, localization, unfinished)
+            + _model_findings(analysis, localization, diagnoses)
+        )
         flagged = {d.iteration for d in diagnoses if d.anomalous}
         produced_by = f"model:{model_name}"
     else:
-        findings = _findings(analysis, localization)
-        hung = [f for f in findings if f.step_kind == "unfinished"]
-        findings = hung + by_incident([f for f in findings if f.step_kind != "unfinished"])
+        findings = by_incident(_findings(analysis, localization))
         flagged = {s.iteration for s in localization.anomalous_steps()}
         produced_by = "localizer"
     _attach_logs(analysis, findings)
@@ -364,7 +364,8 @@ INCIDENT_GAP = 3
 
 
 def by_incident(findings: list[Finding]) -> list[Finding]:
-    """Findings reordered so the longest incident comes first, worst step first within it.
+    """Findings reordered: a step a hang left unfinished first, then the longest incident, worst
+    step first within it.
 
     A fault lasts: it slows a run of steps on one rank. Load noise on a shared host slows a step
     here and there, sometimes by more than the fault does. So the headline is the worst step of
@@ -372,6 +373,8 @@ def by_incident(findings: list[Finding]) -> list[Finding]:
     with the most steps, ties broken by the time its steps lost. Within an incident, the steps that
     blame its most blamed operator come first (a slow step under load can put another operator on
     top of one step while the regressed one leads the run), each part in the incoming order."""
+    hung = [f for f in findings if f.step_kind == "unfinished"]
+    findings = [f for f in findings if f.step_kind != "unfinished"]
     runs: list[list[Finding]] = []
     for rank in dict.fromkeys(f.rank for f in findings):
         mine = sorted((f for f in findings if f.rank == rank), key=lambda f: f.step)
@@ -396,7 +399,7 @@ def by_incident(findings: list[Finding]) -> list[Finding]:
         return sorted(run, key=lambda f: (f.operator != lead, position[id(f)]))
 
     ordered = sorted(runs, key=lambda run: tuple(-v for v in strength(run)))
-    return [f for run in ordered for f in inside(run)]
+    return hung + [f for run in ordered for f in inside(run)]
 
 
 def incidents(findings: list[Finding]) -> list[list[Finding]]:
