@@ -115,3 +115,23 @@ def test_anchor_offsets_per_host_are_robust_to_outliers():
     got = estimate_anchor_offsets(["host-a"] * 40, log, trace)
     assert got.key == ["host-a"] and got.anchors.tolist() == [40]
     assert abs(int(got.offset_ns[0]) - 2_375_000_000) <= 125_000_000
+
+
+LAB_TRACES = Path(__file__).parent / "data" / "lab_none_tp2" / "traces"
+#: DESIGN's bound for a real multi-rank trace: a shifted rank's clock recovered within 50 µs.
+LAB_TOLERANCE_NS = 50_000
+
+
+def test_recovers_a_known_shift_within_50_us_on_a_real_lab_trace():
+    """The committed 2-rank lab case: gloo collectives of a real served run (about 1 µs off)."""
+    events = read_run([LAB_TRACES])
+    unshifted = estimate_rank_offsets(build_tree(events))
+    assert abs(unshifted.offset_of(1)) < LAB_TOLERANCE_NS  # one host, one clock
+    moved = shifted(events, rank=1, shift_ns=SHIFT_NS)
+    offsets = estimate_rank_offsets(build_tree(moved))
+    assert offsets.method == ["reference", "collectives"] and not offsets.warnings
+    assert offsets.instances[1] > 500
+    assert abs(offsets.offset_of(1) - SHIFT_NS) < LAB_TOLERANCE_NS
+    corrected = apply_offsets(moved, offsets)
+    error = corrected.table.column("ts_ns").to_numpy() - events.table.column("ts_ns").to_numpy()
+    assert np.abs(error).max() < LAB_TOLERANCE_NS
