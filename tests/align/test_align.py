@@ -12,6 +12,7 @@ import pytest
 from teller.align.align import align_run
 from teller.cli import main
 from teller.ingest.logs import request_key
+from teller.lab.labels import CaseLabels
 
 CASE = Path(__file__).parent / "data" / "lab_none_tp2"
 TRACES = CASE / "traces"
@@ -109,16 +110,24 @@ def test_cli_bad_log_path_is_one_line_error(capsys):
     assert "missing.log: no such log file" in capsys.readouterr().err
 
 
-def test_nccl_watchdog_lines_attach_to_the_hung_collective(tmp_path):
-    """A simulated collective hang (the GPU-cluster fault the CPU lab cannot make)."""
+@pytest.mark.parametrize("window", [None, "3:5"])
+def test_nccl_watchdog_lines_attach_to_the_hung_collective(tmp_path, window):
+    """A simulated collective hang (the GPU-cluster fault the CPU lab cannot make).
+
+    The hung step's annotation never closes, so the trace lacks it: the first step (no step in
+    the trace at all), or the one after three closed steps.
+    """
     case = tmp_path / "hang"
     argv = ["-q", "lab", "sim", "--out", str(case), "--tp", "2", "--gpus-per-node", "2"]
-    argv += ["--steps", "4", "--layers", "2", "--jobs", "1", "--fault", "collective_hang"]
+    argv += ["--steps", "6", "--layers", "2", "--jobs", "1", "--fault", "collective_hang"]
+    argv += ["--window", window] if window else []
     assert main([*argv, "--rank", "1"]) == 0
+    labels = CaseLabels.read(case)
     result = align_run([case / "traces"], [case / "logs"], year=2026)
     rows = result.alignment.to_arrow(result.logs).to_pylist()
     watchdog = [row for row in rows if row["event"] == "nccl_timeout"]
     assert watchdog and all(row["method"] == "collective" for row in watchdog)
+    assert {row["step"] for row in watchdog} == set(labels.steps)
     comm = result.tree.comm
     for row in watchdog:
         seq = json.loads(row["fields"])["seq"]

@@ -6,7 +6,8 @@ are first put on the trace clock (`teller.align.logtime`: exact, anchored, brack
 or to the second), then placed by the strongest evidence each has:
 
 1. *collective*: an NCCL watchdog line names its rank, process group and `SeqNum`: the node of
-   that collective instance on that rank (confidence 1).
+   that collective instance on that rank (confidence 1), in its step; a hung collective's step
+   never closed (so is not in the trace) and is the one after the rank's last closed step.
 2. *request*: it names a request (`Added`/`Finished`/preempted/resumed …) that the request trees
    placed in steps: admission-side lines go to the request's first step, `Finished` to its last,
    others to the request's step nearest the line; confidence is that membership's.
@@ -108,8 +109,7 @@ def align_logs(
     for i in range(count):
         if events[i] == "nccl_timeout" and (found := collectives.find(record_rank[i], fields[i])):
             comm_node, comm_rank = found
-            row = int(tree.step[comm_node])
-            step[i] = steps.index[row] if row >= 0 else -1
+            step[i] = _step_at(tree, comm_node)
             rank_out[i], node[i] = comm_rank, comm_node
             confidence[i], method[i] = 1.0, "collective"
     if len(steps) == 0:
@@ -348,6 +348,31 @@ class _Collectives:
         if named or len(candidates) == 1:
             return (named or [candidates[0][1]])[0], int(rank)
         return None
+
+
+def _step_at(tree: CallTree, node: int) -> int:
+    """Step ordinal of a node: its step's, else its rank's step still open at its start.
+
+    A collective that hangs never lets its step's annotation close, and Kineto drops ranges that
+    never closed, so the hung step is missing from the trace: a node past the rank's last closed
+    step belongs to the step after it (the first, when none closed). A node in a gap between
+    two closed steps belongs to neither (-1).
+    """
+    row = int(tree.step[node])
+    if row >= 0:
+        return int(tree.steps.index[row])
+    steps = tree.steps
+    mine = np.flatnonzero(steps.rank == tree.rank[node])
+    start = int(tree.start[node])
+    if len(mine) == 0:
+        return 0
+    ends = steps.start_ns[mine] + steps.dur_ns[mine]
+    containing = mine[(steps.start_ns[mine] <= start) & (start <= ends)]
+    if len(containing):
+        return int(steps.index[containing[0]])
+    if start > ends.max():
+        return int(steps.index[mine].max()) + 1
+    return -1
 
 
 def _membership(
