@@ -290,6 +290,38 @@ def test_a_signal_mid_run_leaves_a_readable_trace(
     assert tree.steps.name[:4] == [f"ProfilerStep#{k}" for k in range(4)]
 
 
+KILLED_PROGRAM = """
+import os
+import signal
+import torch
+
+for _ in range(3):
+    torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+print("about to die", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_process_killed_before_exporting_is_named_in_the_manifest(tmp_path: Path):
+    """SIGKILL (like a native crash or os._exit) runs no Python: no trace can be written, and
+    the manifest and the console say so instead of leaving an unexplained gap."""
+    program = _program(tmp_path, "killed.py", KILLED_PROGRAM)
+    out = tmp_path / "run"
+    done = subprocess.run(
+        _cli("collect", "--out", str(out), "--", sys.executable, str(program)),
+        capture_output=True,
+        timeout=240,
+    )
+    assert done.returncode == 128 + signal.SIGKILL
+    manifest = json.loads((out / "manifest.json").read_text())
+    (process,) = manifest["processes"]
+    assert process["finished"] is False and process["trace"] is None
+    (note,) = [n for n in manifest["notes"] if "no trace" in n]
+    assert note.startswith(process["name"]) and "SIGKILL" in note
+    assert b"no trace" in done.stderr
+    assert not [p for p in (out / "traces").iterdir() if not p.name.startswith(".")]
+
+
 def test_two_rank_gloo_run_joins_collectives_across_ranks(tmp_path: Path):
     program = _program(tmp_path, "allreduce.py", DISTRIBUTED_PROGRAM)
     result = collect(

@@ -128,13 +128,37 @@ def collect(
         hosts=sorted({socket.gethostname(), *(r["host"] for r in records)}),
         ranks=ranks_from_records(records),
         processes=records,
-        notes=notes + [f"{r['name']}: {r['trace_note']}" for r in records if r.get("trace_note")],
+        notes=notes
+        + [f"{r['name']}: {r['trace_note']}" for r in records if r.get("trace_note")]
+        + _lost_traces(records, backend),
     )
     write_manifest(manifest, manifest_path)
     traces = sorted(p for p in (out_dir / "traces").iterdir() if not p.name.startswith("."))
     logs = sorted((out_dir / "logs").glob("*.log"))
     _status(f"exit {exit_code}; {len(traces)} trace(s), {len(logs)} log(s); {manifest_path}")
     return CollectResult(exit_code, out_dir, traces, logs, manifest_path)
+
+
+def _lost_traces(records: list[dict], backend: str) -> list[str]:
+    """Name every process that died before its agent could export, and say why nothing is left.
+
+    SIGKILL, a native crash (SIGSEGV, abort) or `os._exit` end a process without running any
+    Python code, so the profiler's buffer dies with it; the record the agent wrote at start-up is
+    all that remains. Saying so keeps a missing trace from reading like a process that never ran.
+    """
+    if backend != "torch":
+        return []
+    lost = []
+    for record in records:
+        if record.get("finished") or record.get("trace"):
+            continue
+        message = (
+            f"{record['name']}: no trace: the process ended without exporting (killed by SIGKILL, "
+            "a native crash such as SIGSEGV or abort, or os._exit); what it ran is lost"
+        )
+        _status(f"warning: {message}")
+        lost.append(message)
+    return lost
 
 
 def _check_arguments(
