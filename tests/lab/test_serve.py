@@ -132,3 +132,42 @@ def test_log_lines_have_vllm_v1_shapes(capsys):
         "Engine 000: Iteration(42): 3 context requests, 6144 context tokens, 0 generation "
         "requests, 0 generation tokens, iteration elapsed time: 187.32 ms, GPU KV cache usage: 41.2%"
     )
+
+
+TP_SHAPES_PROGRAM = """
+import sys
+import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from teller.lab.dataset import TP_SIZES
+from teller.lab.serve.config import ModelConfig
+from teller.lab.serve.model import build_model
+
+config = ModelConfig()
+for tp in TP_SIZES:
+    for rank in range(tp):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=tp)
+        with torch.no_grad():
+            logits = build_model(config, tp)(torch.arange(8).unsqueeze(0)).logits
+        assert logits.shape == (1, 8, config.vocab_size), (tp, rank, logits.shape)
+        dist.destroy_process_group()
+    print("tp", tp, "ok", flush=True)
+"""
+
+
+def test_every_tp_size_the_dataset_draws_shards_the_model_into_whole_heads():
+    """Each rank of every TP size `teller lab dataset` mixes runs the sharded forward: a fake
+    process group (collectives are no-ops) checks the shapes without starting N processes."""
+    import subprocess
+    import sys
+
+    from teller.lab.dataset import TP_SIZES
+
+    config = ModelConfig()
+    for tp in TP_SIZES:
+        assert config.num_attention_heads % tp == 0 and config.num_key_value_heads % tp == 0
+    done = subprocess.run(
+        [sys.executable, "-c", TP_SHAPES_PROGRAM], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:-1] == [f"tp {tp} ok" for tp in TP_SIZES]

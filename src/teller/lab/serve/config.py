@@ -19,8 +19,10 @@ class ModelConfig:
     hidden_size: int = 384
     intermediate_size: int = 1024
     num_hidden_layers: int = 4
-    num_attention_heads: int = 6
-    num_key_value_heads: int = 6
+    # 12 heads of 32 dims: divisible by every TP size the lab runs (2, 3, 4), so each rank holds
+    # whole heads (with 6 heads TP=4 split one head across ranks and the forward failed)
+    num_attention_heads: int = 12
+    num_key_value_heads: int = 12
     max_position_embeddings: int = 4096
     attn_implementation: str = "sdpa"
     hidden_act: str = "silu"
