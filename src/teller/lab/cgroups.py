@@ -57,29 +57,29 @@ class RankCgroup:
             with contextlib.suppress(OSError):
                 (self.memory_dir / "memory.move_charge_at_immigrate").write_text("3")
         for directory in {self.cpu_dir, self.memory_dir}:
-            (directory / "cgroup.procs").write_text(str(pid))
+            _write(directory / "cgroup.procs", str(pid))
 
     def set_cpu_weight(self, shares: int) -> None:
         """Relative CPU weight against other groups (v1 cpu.shares; v2 cpu.weight, 1024 → 100)."""
         if self.version == 2:
-            (self.cpu_dir / "cpu.weight").write_text(str(max(1, min(10_000, shares * 100 // 1024))))
+            _write(self.cpu_dir / "cpu.weight", str(max(1, min(10_000, shares * 100 // 1024))))
         else:
-            (self.cpu_dir / "cpu.shares").write_text(str(shares))
+            _write(self.cpu_dir / "cpu.shares", str(shares))
 
     def set_cpu_share(self, share: float) -> None:
         """Cap the rank at `share` of one CPU (None-like 1.0+ lifts the cap)."""
         quota_us = int(CPU_PERIOD_US * share)
         if self.version == 2:
             value = "max" if share >= 1 else f"{quota_us} {CPU_PERIOD_US}"
-            (self.cpu_dir / "cpu.max").write_text(value)
+            _write(self.cpu_dir / "cpu.max", value)
         else:
-            (self.cpu_dir / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
-            (self.cpu_dir / "cpu.cfs_quota_us").write_text("-1" if share >= 1 else str(quota_us))
+            _write(self.cpu_dir / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(self.cpu_dir / "cpu.cfs_quota_us", "-1" if share >= 1 else str(quota_us))
 
     def set_oom_kill(self, enabled: bool) -> None:
         """v1 only: with the OOM killer off, a group at its limit waits instead of being killed."""
         if self.version == 1:
-            (self.memory_dir / "memory.oom_control").write_text("0" if enabled else "1")
+            _write(self.memory_dir / "memory.oom_control", "0" if enabled else "1")
 
     def memory_stat(self) -> dict[str, int]:
         lines = (self.memory_dir / "memory.stat").read_text().splitlines()
@@ -93,17 +93,18 @@ class RankCgroup:
         """Throttle (v2 memory.high) or cap (v1 limit) the rank's memory; None lifts it."""
         if self.version == 2:
             value = "max" if limit_bytes is None else str(limit_bytes)
-            (self.memory_dir / "memory.high").write_text(value)
+            _write(self.memory_dir / "memory.high", value)
         else:
             value = "-1" if limit_bytes is None else str(limit_bytes)
-            (self.memory_dir / "memory.limit_in_bytes").write_text(value)
+            _write(self.memory_dir / "memory.limit_in_bytes", value)
 
     def remove(self) -> None:
         for directory in {self.cpu_dir, self.memory_dir}:
             if not directory.is_dir():
                 continue
             parent_procs = directory.parent / "cgroup.procs"
-            for pid in (directory / "cgroup.procs").read_text().split():
+            procs = directory / "cgroup.procs"
+            for pid in procs.read_text().split() if procs.exists() else []:
                 with contextlib.suppress(OSError):  # the process may have exited
                     parent_procs.write_text(pid)
             with contextlib.suppress(OSError):
@@ -124,7 +125,7 @@ def rank_cgroups(ranks: int, tag: str | None = None) -> Iterator[list[RankCgroup
         for r in range(ranks):
             name = f"teller-{tag}-{r}"
             if version == 2:
-                directory = _own_path_v2() / name
+                directory = _v2_parent() / name
                 directory.mkdir()
                 group = RankCgroup(2, directory, directory)
             else:
@@ -136,6 +137,50 @@ def rank_cgroups(ranks: int, tag: str | None = None) -> Iterator[list[RankCgroup
     finally:
         for group in groups:
             group.remove()
+
+
+def _write(path: Path, value: str) -> None:
+    """Write one cgroup interface file; a refusal becomes an error naming the file and value."""
+    try:
+        path.write_text(value)
+    except OSError as error:
+        raise TellerError(f"cannot write {value!r} to {path}: {error.strerror or error}") from None
+
+
+V2_CONTROLLERS = ("cpu", "memory")
+
+
+def _v2_parent() -> Path:
+    """The v2 group to make rank groups in, with the cpu and memory controllers enabled for them.
+
+    On v2 a child only gets `cpu.*`/`memory.*` files once its parent lists the controllers in
+    `cgroup.subtree_control`. A non-root group that holds processes (ours, usually) may not
+    enable them (the "no internal processes" rule: EBUSY), so the hierarchy's root, which is
+    exempt, is the fallback; if neither accepts, the error says which file refused.
+    """
+    candidates = [_own_path_v2()]
+    if CGROUP_ROOT not in candidates:
+        candidates.append(CGROUP_ROOT)
+    refusals = []
+    for parent in candidates:
+        try:
+            _enable_v2_controllers(parent)
+            return parent
+        except TellerError as error:
+            refusals.append(str(error))
+    raise TellerError("cannot enable cpu and memory for per-rank cgroups: " + "; ".join(refusals))
+
+
+def _enable_v2_controllers(parent: Path) -> None:
+    available = (parent / "cgroup.controllers").read_text().split()
+    missing = [c for c in V2_CONTROLLERS if c not in available]
+    if missing:
+        raise TellerError(f"{parent / 'cgroup.controllers'} lacks {' '.join(missing)}")
+    subtree = parent / "cgroup.subtree_control"
+    enabled = subtree.read_text().split() if subtree.exists() else []
+    wanted = [c for c in V2_CONTROLLERS if c not in enabled]
+    if wanted:
+        _write(subtree, " ".join(f"+{c}" for c in wanted))
 
 
 def _own_path_v2() -> Path:
