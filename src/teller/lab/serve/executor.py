@@ -19,8 +19,9 @@ RequestCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class Executor:
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: LlamaForCausalLM, device: torch.device | None = None) -> None:
         self.model = model
+        self.device = device or torch.device("cpu")
         self.caches: dict[str, RequestCache] = {}
         self.last_token: dict[str, int] = {}
 
@@ -53,6 +54,10 @@ class Executor:
             mask[i, past_width - past : past_width] = 1
             mask[i, past_width + new_width - new :] = 1
         cache = self._batched_cache(request_ids, past_lens, past_width) if past_width else None
+        if self.device.type != "cpu":  # built on the host, as an engine's input preparation is
+            input_ids, positions, mask = (
+                t.to(self.device, non_blocking=True) for t in (input_ids, positions, mask)
+            )
         output = self.model(
             input_ids=input_ids,
             attention_mask=mask,

@@ -33,10 +33,19 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
     return hf_config
 
 
-def build_model(config: ModelConfig, tp: int) -> LlamaForCausalLM:
-    """The model on this rank: full seeded weights, then this rank's shard when `tp` > 1."""
+def build_model(
+    config: ModelConfig, tp: int, device: torch.device | None = None
+) -> LlamaForCausalLM:
+    """The model on this rank: full seeded weights, then this rank's shard when `tp` > 1.
+
+    The weights are drawn on the CPU whatever the device, so every rank (and a CPU and a GPU
+    run) starts from the same numbers; a GPU rank then moves them to its device before sharding,
+    and transformers' mesh (built on the CUDA device type when NCCL is the backend) keeps them there.
+    """
     torch.manual_seed(config.weight_seed)
     model = LlamaForCausalLM(llama_config(config)).eval()
+    if device is not None and device.type != "cpu":
+        model = model.to(device)
     if tp > 1:
         from transformers.distributed.configuration_utils import DistributedConfig
         from transformers.distributed.utils import initialize_distributed_mesh

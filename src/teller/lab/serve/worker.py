@@ -44,24 +44,28 @@ def main(argv: list[str]) -> int:
     store = dist.TCPStore(
         config.master_addr, config.master_port, config.tp, rank == 0, timeout=STORE_TIMEOUT
     )
+    device = rank_device(rank)
     if config.tp > 1:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=config.tp
         )
-    model = build_model(config.model, config.tp)
-    weight_bytes = map_weights_from_disk(model, run_dir / f"weights-rank{rank}.bin")
+    model = build_model(config.model, config.tp, device)
+    if device.type == "cpu":
+        weight_bytes = map_weights_from_disk(model, run_dir / f"weights-rank{rank}.bin")
+        where = f"{weight_bytes / 2**20:.1f} MiB of file-mapped weights"
+    else:  # device memory: nothing to map (memory_pressure is a host-memory fault)
+        where = f"weights on {device}"
     worker_log.info(
-        "Loaded Llama (%d layers, hidden %d) as TP rank %d of %d, attention %s, "
-        "%.1f MiB of file-mapped weights",
+        "Loaded Llama (%d layers, hidden %d) as TP rank %d of %d, attention %s, %s",
         config.model.num_hidden_layers,
         config.model.hidden_size,
         rank,
         config.tp,
         config.model.attn_implementation,
-        weight_bytes / 2**20,
+        where,
     )
-    executor = Executor(model)
+    executor = Executor(model, device)
     _warm_up(executor, config.warmup_steps)
     if config.tp > 1:
         dist.barrier()
@@ -85,6 +89,18 @@ def main(argv: list[str]) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+def rank_device(rank: int) -> torch.device:
+    """This rank's GPU (by LOCAL_RANK, as torchrun sets it) when CUDA is present, else the CPU.
+
+    Chosen before the process group exists so that NCCL binds each rank to its own device."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def _warm_up(executor: Executor, steps: int) -> None:
