@@ -65,7 +65,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not netns.is_root(), reason="needs root: namespaces and cgroups to clean up")
-@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_an_interrupted_run_removes_namespaces_cgroups_and_helpers(tmp_path, signal_number):
     out = tmp_path / "case"
     teller = [sys.executable, "-c", "import sys; from teller.cli import main; sys.exit(main())"]
@@ -101,7 +101,8 @@ def test_an_interrupted_run_removes_namespaces_cgroups_and_helpers(tmp_path, sig
     assert "teller: error" in stderr or "interrupted" in stderr
     assert netns.leftovers(tag) == []
     if cgroup_version() == 1:
-        assert not list(Path("/sys/fs/cgroup/cpu").rglob(f"teller-{tag}-*"))
+        for controller in ("cpu", "memory"):
+            assert not list(Path("/sys/fs/cgroup", controller).rglob(f"teller-{tag}-*"))
     assert [pid for pid in helpers if _alive(pid)] == []
     assert not out.exists() and not partial.exists()
     assert (tmp_path / "case.failed").is_dir()  # what was recorded stays inspectable

@@ -317,9 +317,14 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+#: Signals that end a run through its clean-up (SIGINT already raises KeyboardInterrupt).
+INTERRUPTS = (signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def _interrupt_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so every `finally` clean-up runs."""
+    """Turn SIGTERM and SIGHUP (a closed terminal) into KeyboardInterrupt so every `finally`
+    clean-up runs: their default actions would leave namespaces, cgroups and helpers behind."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -327,8 +332,9 @@ def _interrupt_on_sigterm() -> Iterator[None]:
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {number: signal.signal(number, interrupt) for number in INTERRUPTS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
