@@ -120,3 +120,42 @@ def test_otel_request_spans_alone_recover_every_membership(tree, truth, tmp_path
         for r in s["requests"]:
             first_steps.setdefault(request_key(r["request_id"]), s["step"])
     assert prefill_steps == first_steps  # the step whose end is the first token
+
+
+def test_a_span_with_the_engine_id_joins_the_api_id_the_logs_printed(tmp_path):
+    """V1 exports the engine's id (client id plus `-<8 hex>`); the API server logs the client's."""
+    from teller.align.requests import collect_requests
+    from teller.ingest.otlp import read_spans
+
+    log = tmp_path / "api.log"
+    log.write_text(
+        "(APIServer pid=1) INFO 02-13 11:33:33 [logger.py:49] Received request myreq: params: x\n"
+    )
+    arrival = 1_770_982_413_000_000_000  # 2026-02-13T11:33:33Z
+    export = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "spanId": "a1",
+                                "name": "llm_request",
+                                "startTimeUnixNano": str(arrival + 200_000_000),
+                                "endTimeUnixNano": str(arrival + 900_000_000),
+                                "attributes": [
+                                    {
+                                        "key": "gen_ai.request.id",
+                                        "value": {"stringValue": "myreq-a8a65d16"},
+                                    }
+                                ],
+                            }
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+    (tmp_path / "spans.json").write_text(json.dumps(export))
+    requests = collect_requests(read_logs([log], year=2026), read_spans([tmp_path / "spans.json"]))
+    assert requests.key == ["myreq"] and requests.source == ["otel"]

@@ -123,10 +123,31 @@ def test_empty_file_is_an_empty_table(tmp_path):
         ("1_chatcmpl-a269fdcb7c6ce890-a8a65d16", "chatcmpl-a269fdcb7c6ce890"),  # parallel sample
         ("550e8400-e29b-41d4-a716-446655440000", "550e8400-e29b-41d4-a716-446655440000"),
         ("165", "165"),  # V0 sequence group
+        ("my-request-1", "my-request-1"),  # a client's id: no choice index to strip
+        ("myreq-a8a65d16", "myreq-a8a65d16"),  # a suffix only shows beside the id without it
     ],
 )
 def test_request_key_joins_api_and_engine_ids(request_id, key):
     assert request_key(request_id) == key
+
+
+def test_client_request_ids_join_their_engine_ids_only_when_both_were_read(tmp_path):
+    """V1 appends `-<8 hex>` to whatever id the client sent (`X-Request-Id`)."""
+    uuid = "550e8400-e29b-41d4-a716-446655440000"
+    api = [
+        f"(APIServer pid=1) INFO 02-13 11:33:33 [logger.py:49] Received request {rid}: params: x"
+        for rid in ("myreq", uuid, "my-request-1", "my-request-2")
+    ]
+    engine = [
+        f"(APIServer pid=1) INFO 02-13 11:33:33 [async_llm.py:382] Added request {rid}."
+        for rid in ("myreq-a8a65d16", f"{uuid}-0b1c2d3e", "my-request-1", "my-request-2")
+    ]
+    (tmp_path / "api.log").write_text("\n".join(api) + "\n")
+    (tmp_path / "engine.log").write_text("\n".join(engine) + "\n")
+    keys = read_logs([tmp_path / "api.log", tmp_path / "engine.log"], year=2026)
+    assert keys.column("request_key") == ["myreq", uuid, "my-request-1", "my-request-2"] * 2
+    alone = read_logs([tmp_path / "engine.log"], year=2026).column("request_key")
+    assert alone == ["myreq-a8a65d16", f"{uuid}-0b1c2d3e", "my-request-1", "my-request-2"]
 
 
 def test_collector_console_copy_is_skipped_beside_rank_logs():

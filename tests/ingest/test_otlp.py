@@ -162,3 +162,15 @@ def test_bad_files_raise_trace_error_naming_file_and_place(tmp_path, content, me
     with pytest.raises(TraceError, match=message) as error:
         read_spans([path])
     assert error.value.path == str(path)
+
+
+def test_engine_suffix_joins_a_client_id_read_in_the_same_spans(tmp_path):
+    ids = ["myreq", "myreq-a8a65d16", "my-request-1", "my-request-2", "solo-0b1c2d3e"]
+    spans = [
+        span("llm_request", [attr("gen_ai.request.id", rid)], ARRIVAL_NS, ARRIVAL_NS + 5, f"s{k}")
+        for k, rid in enumerate(ids)
+    ]
+    path = tmp_path / "spans.json"
+    path.write_text(json.dumps(export(*spans)))
+    keys = read_spans([path]).column("request_key")
+    assert keys == ["myreq", "myreq", "my-request-1", "my-request-2", "solo-0b1c2d3e"]

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from teller.align.logtime import LogTimes
 from teller.callchain.tree import CallTree
-from teller.ingest.logs.table import LogTable
+from teller.ingest.logs.table import LogTable, request_key
 from teller.ingest.otlp import RequestTable
 
 #: How far an exact request window may miss a step and still be in it (timer granularity, the
@@ -138,9 +138,12 @@ def collect_requests(
             elif event in ("request_finished", "request_aborted"):
                 row["finish_ns"] = max(row["finish_ns"], late[i])
     if spans is not None and len(spans):
+        log_keys = frozenset(rows)
         for span in spans.table.to_pylist():
             arrival = span["arrival_ns"]
-            row = rows.setdefault(span["request_key"], _blank("otel", len(rows)))
+            # a span may carry V1's engine id for an API id only the logs printed
+            key = request_key(span["request_key"], log_keys)
+            row = rows.setdefault(key, _blank("otel", len(rows)))
             row.update(source="otel", exact=True, arrival_ns=arrival)
             row["scheduled_ns"] = arrival + span["queue_ns"] if span["queue_ns"] >= 0 else -1
             row["first_token_ns"] = arrival + span["ttft_ns"] if span["ttft_ns"] >= 0 else -1

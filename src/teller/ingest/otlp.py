@@ -134,6 +134,9 @@ def read_spans(paths: Iterable[str | Path]) -> RequestTable:
         file_rows, source = _read_file(path)
         rows.extend(file_rows)
         sources.append(source)
+    seen = frozenset(row["request_id"] for row in rows)
+    for row in rows:  # V1's engine suffix joins an id only against the others read
+        row["request_key"] = request_key(row["request_id"], seen)
     columns = {name: [row[name] for row in rows] for name in REQUEST_SCHEMA.names}
     return RequestTable(pa.table(columns, schema=REQUEST_SCHEMA), sources)
 
@@ -220,7 +223,6 @@ def _request_row(path: Path, span: dict, where: str, service: str) -> dict | Non
     request_id = str(request_id) if request_id is not None else span_id
     row: dict = {
         "request_id": request_id,
-        "request_key": request_key(request_id),
         "trace_id": str(span.get("traceId", "")),
         "span_id": span_id,
         "name": name,

@@ -23,6 +23,7 @@ from teller.ingest.logs.table import (
     LogTable,
     concat_logs,
     request_key,
+    request_keys,
     template_id,
 )
 from teller.ingest.logs.templates import Templates
@@ -66,6 +67,10 @@ def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = 
         ]
         tables.append(LogTable(read.table(resolved, str(path)), [source]))
     logs = concat_logs(tables)
+    if len(tables) > 1:  # an engine id in one file joins its API id printed in another
+        keys = request_keys(logs.table.column("request_id"))
+        index = logs.table.schema.get_field_index("request_key")
+        logs.table = logs.table.set_column(index, "request_key", keys)
     for path in skipped:
         logs.sources[0].warnings.append(
             f"skipped {path}: `teller collect`'s console copy repeats the rank logs beside it "

@@ -20,6 +20,8 @@ one logical message: a multi-line traceback is one row whose `raw` keeps every l
 | event        | dictionary<int32, string> | what the record says (EVENTS), "other" for mined lines     |
 | request_id   | string                    | request id as printed (vLLM V1: API id plus a suffix)      |
 | request_key  | string                    | the id without engine suffixes: joins API, engine and OTel |
+|              |                           | (`request_key`: by shape for vLLM's ids, else against the  |
+|              |                           | other ids of the same read)                                |
 | template_id  | int64                     | stable hash of `template` (same text → same id, any run)   |
 | template     | dictionary<int32, string> | the record's template text                                 |
 | fields       | string (JSON)             | parsed numbers and names, null when none                   |
@@ -34,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import re
 from array import array
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,22 +101,45 @@ LOG_SCHEMA = pa.schema(
     ]
 )
 
-# vLLM V1's engine id is the API id plus "-" and 8 hex digits; completions ids end in "-<n>" (the
-# choice index), so an engine id can carry both ("cmpl-<hex>-0-1a2b3c4d"); V1's parallel sampling
-# prefixes "<n>_". All are stripped so every stage of one request shares a key.
-_ENGINE_SUFFIX = re.compile(
-    r"^(?:\d+_)?(?P<key>[^-]+-[0-9A-Za-z]{6,}?)(?:-\d{1,3})?(?:-[0-9a-f]{8})?$"
+#: vLLM's own ids, whose shape is known: `cmpl-<hex>` / `chatcmpl-<hex>`, then a completions
+#: choice index (`-0`), then V1's engine suffix (`-<8 hex>`); V1's parallel sampling prefixes `<n>_`.
+_VLLM_ID = re.compile(
+    r"^(?:\d+_)?(?P<key>(?:chat)?cmpl-[0-9A-Za-z]+)(?:-\d{1,3})?(?:-[0-9a-f]{8})?$"
 )
+#: Any other id (the client's `X-Request-Id`) may carry V1's engine suffix too; whether it does
+#: shows only when the id without it was printed as well.
+_ENGINE_SUFFIX = re.compile(r"^(?P<prefix>.+)-[0-9a-f]{8}$")
+_SAMPLE_INDEX = re.compile(r"^\d+_(?P<rest>.+)$")
 
 
-#: The same pattern for Arrow's RE2 engine (no named groups), used on whole columns.
-_ENGINE_SUFFIX_RE2 = _ENGINE_SUFFIX.pattern.replace("(?P<key>", "(")
+def request_key(request_id: str, seen: Container[str] = frozenset()) -> str:
+    """The part of a request id that the API server, the engine and OTel spans all share.
+
+    vLLM's generated ids lose their choice index and engine suffix by shape alone. Any other id
+    ending in `-<8 hex>` joins the id before that suffix only when that id is in `seen` (the ids
+    read together): `myreq-a8a65d16` joins `myreq`, while `my-request-1` and `my-request-2`, or a
+    UUID's last group, stay whole.
+    """
+    if match := _VLLM_ID.match(request_id):
+        return match.group("key")
+    key = request_id
+    if (match := _SAMPLE_INDEX.match(key)) and _unsuffixed(match.group("rest"), seen) in seen:
+        key = match.group("rest")
+    return _unsuffixed(key, seen)
 
 
-def request_key(request_id: str) -> str:
-    """The part of a request id that the API server, the engine and OTel spans all share."""
+def _unsuffixed(request_id: str, seen: Container[str]) -> str:
     match = _ENGINE_SUFFIX.match(request_id)
-    return match.group("key") if match else request_id
+    return match.group("prefix") if match and match.group("prefix") in seen else request_id
+
+
+def request_keys(request_ids: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """`request_key` of every id in a column, each joined against the others (nulls stay null)."""
+    unique = pc.unique(request_ids)
+    values = unique.to_pylist()
+    seen = frozenset(v for v in values if v is not None)
+    keys = pa.array([request_key(v, seen) if v is not None else None for v in values], pa.string())
+    return pc.take(keys, pc.index_in(request_ids, value_set=unique))
 
 
 def template_id(template: str) -> int:
@@ -252,9 +278,7 @@ class LogColumns:
             return _dictionary(text(name), index_type or pa.int32())
 
         request_ids = text("request_id")
-        keys = pc.replace_substring_regex(
-            request_ids, pattern=_ENGINE_SUFFIX_RE2, replacement=r"\1"
-        )
+        keys = request_keys(request_ids)
 
         def ints(values: array, dtype: type) -> np.ndarray:
             return np.frombuffer(values, dtype=dtype) if count else np.zeros(0, dtype=dtype)
