@@ -253,3 +253,23 @@ def test_back_to_back_tracebacks_are_two_records(tmp_path):
     got = rows(read_lines(tmp_path, one + two))
     assert [r["fields"]["exception"] for r in got] == ["ValueError", "KeyError"]
     assert [r["line"] for r in got] == [1, 4]
+
+
+def test_aborted_requests_v0_and_v1(tmp_path):
+    """V0's engine and older V1 print one id; newer V1 prints `Aborted request(s)`, comma-joined."""
+    lines = [
+        "INFO 10-22 12:13:24 async_llm_engine.py:180] Aborted request cmpl-1f94a8f598ea45e386c00f39ef6ab30c-0.",
+        "(APIServer pid=90458) INFO 02-13 11:33:35 [async_llm.py:443] Aborted request chatcmpl-a269fdcb7c6ce890.",
+        "(APIServer pid=90458) INFO 02-13 11:33:36 [async_llm.py:534] Aborted request(s) chatcmpl-a269fdcb7c6ce890-a8a65d16.",
+        "(APIServer pid=90458) INFO 02-13 11:33:37 [async_llm.py:534] Aborted request(s) chatcmpl-b1-a8a65d16,chatcmpl-c2-0b1c2d3e.",
+    ]
+    got = rows(read_lines(tmp_path, lines))
+    assert {r["event"] for r in got} == {"request_aborted"}
+    assert [r["request_key"] for r in got] == [
+        "cmpl-1f94a8f598ea45e386c00f39ef6ab30c",
+        "chatcmpl-a269fdcb7c6ce890",
+        "chatcmpl-a269fdcb7c6ce890",
+        "chatcmpl-b1",
+    ]
+    assert got[2]["request_id"] == "chatcmpl-a269fdcb7c6ce890-a8a65d16" and not got[2]["fields"]
+    assert got[3]["fields"] == {"request_ids": ["chatcmpl-b1-a8a65d16", "chatcmpl-c2-0b1c2d3e"]}

@@ -36,8 +36,9 @@ ACCESS = re.compile(
     r'(?P<path>\S+) (?P<protocol>HTTP/[\d.]+)" (?P<status>\d{3})'
 )
 
+#: V1 aborts print `Aborted request(s) id1,id2.`: the record keeps the first id, all in fields.
 _REQUEST = re.compile(
-    r"^(?P<what>Received|Added|Finished|Aborted) request (?P<rid>[^\s:,]+?)(?:[.:,]|$)"
+    r"^(?P<what>Received|Added|Finished|Aborted) request(?:\(s\))? (?P<rid>[^\s:,]+?)(?:[.:,]|$)"
 )
 _REQUEST_EVENT = {
     "Received": "request_received",
@@ -104,6 +105,9 @@ def classify(record: LogRecord) -> None:
         record.template = f"vllm {match.group('what')} request <id>"
         if record.event == "request_received":
             record.fields = _received_fields(message)
+        elif record.event == "request_aborted" and message[match.end() - 1 : match.end()] == ",":
+            ids = message[match.start("rid") :].strip().rstrip(".").split(",")
+            record.fields = {"request_ids": [rid.strip() for rid in ids if rid.strip()]}
         return
     if "throughput:" in message:
         record.event = "stats"
