@@ -23,6 +23,7 @@ from teller.ingest import read_run, read_trace
 from teller.ingest.schema import LAYER_CODE, EventTable
 from teller.lab.labels import CaseLabels
 from teller.lab.sim import EngineConfig, FaultSpec, SimConfig, Topology, WorkloadConfig, simulate
+from teller.lab.sim.replica import ReplicaModel
 
 _ROOT = Path(tempfile.mkdtemp(prefix="teller-sim-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)  # the session's cases go with it
@@ -222,6 +223,27 @@ def test_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path):
     la = json.loads((tmp_path / "a" / "labels.json").read_text())
     lb = json.loads((tmp_path / "b" / "labels.json").read_text())
     assert {**la, "case_id": ""} == {**lb, "case_id": ""}
+
+
+def test_shared_draws_are_kept_for_one_step_only(tmp_path, monkeypatch):
+    """The host-time draws a replica's ranks share are dropped when the step ends, so the model's
+    memory does not grow with the run (at most one draw per layer and one per collective)."""
+    sizes: list[int] = []
+    run_step = ReplicaModel.run_step
+
+    def recording(self: ReplicaModel, plan):
+        result = run_step(self, plan)
+        sizes.append(len(self._shared_cpu) + len(self._shared_comm_host))
+        return result
+
+    monkeypatch.setattr(ReplicaModel, "run_step", recording)
+    layers, tp, pp = 2, 2, 2
+    config = SimConfig(Topology(2, 2, tp, pp), steps=30, layers=layers, python_frames=False)
+    simulate(config, tmp_path / "case")
+    assert len(sizes) == 30
+    allreduces = 2 * layers  # after attention and after the MLP of every layer
+    exchanges = tp * (pp - 1)  # one send/recv per pipeline group and stage boundary
+    assert max(sizes) == layers + allreduces + exchanges
 
 
 def test_trace_header_is_kineto_shaped():

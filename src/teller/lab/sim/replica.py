@@ -186,7 +186,8 @@ class ReplicaModel:
             count = per_stage + (1 if stage < extra else 0)
             self.stage_layers.append(range(first, first + count))
             first += count
-        # one generator for what all ranks share, seeded from the first rank's stream
+        # one generator for what all ranks share, seeded from the first rank's stream; its draws
+        # are kept for the current step only (every rank asks for them within the step)
         self._shared_rng = np.random.default_rng(int(rngs[min(rngs)].integers(2**63)))
         self._shared_comm_host: dict[tuple[str, int], int] = {}
         self._shared_cpu: dict[tuple[int, int], float] = {}
@@ -759,6 +760,8 @@ class ReplicaModel:
     # -- one step --------------------------------------------------------------------------------
     def run_step(self, plan: StepPlan) -> tuple[int, list[int]]:
         """Simulate one step on every rank; returns (end ns, ranks whose trace ended in a hang)."""
+        self._shared_cpu.clear()  # past steps' shared draws: memory stays one step's worth
+        self._shared_comm_host.clear()
         for state in self.ranks.values():
             jitter = int(state.rng.exponential(2_000))
             self._host_step(state, plan, plan.start_ns + jitter)
