@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,48 @@ def comm_kernel_times(tree: CallTree) -> tuple[dict, dict]:
         starts.setdefault(instance, {})[int(tree.rank[node])] = int(tree.start[node])
         ends.setdefault(instance, {})[int(tree.rank[node])] = int(tree.start[node] + tree.dur[node])
     return starts, ends
+
+
+def test_every_gpu_activity_carries_its_own_launch_flow_end():
+    """Kineto writes one `ac2g` flow end per GPU activity, at its start on its stream, with the
+    launch's correlation id: a cudaGraphLaunch's every replayed kernel has one (as in the real
+    hta/queue_len trace, 345 flow ends for the 345 activities of its 70 graph launches)."""
+    out, _, _ = case(tp=2, gpus=2)
+    with gzip.open(out / "traces" / "rank0.pt.trace.json.gz") as handle:
+        events = json.load(handle)["traceEvents"]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    flow_ends = Counter((e["id"], e["pid"], e["tid"], e["ts"]) for e in events if e["ph"] == "f")
+    assert flow_ends == Counter(
+        (e["args"]["correlation"], e["pid"], e["tid"], e["ts"]) for e in gpu
+    )
+    per_launch = Counter(e["args"]["correlation"] for e in gpu)
+    assert max(per_launch.values()) > 5, "graph replays fan out to many kernels"
+
+
+def test_flow_events_alone_place_each_kernel_under_its_launch_once(tmp_path):
+    """A reader that links launches by flow events (correlation ids stripped from the GPU rows, as
+    in legacy files) builds the same launch edges as one that reads the ids."""
+    out, _, _ = case(tp=2, gpus=2)
+    path = out / "traces" / "rank0.pt.trace.json.gz"
+    with gzip.open(path) as handle:
+        document = json.load(handle)
+    for event in document["traceEvents"]:
+        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            del event["args"]["correlation"]
+    stripped = tmp_path / path.name
+    with gzip.open(stripped, "wt") as handle:
+        json.dump(document, handle)
+
+    def launch_edges(tree: CallTree) -> Counter:
+        gpu = np.flatnonzero(tree.stream >= 0)
+        assert (tree.edge[gpu] == EDGE_LAUNCH).all()
+        launcher_starts = tree.start[tree.parent[gpu]].tolist()
+        return Counter(zip(launcher_starts, tree.start[gpu].tolist(), strict=True))
+
+    by_ids = launch_edges(build_tree(read_trace(path)))
+    by_flows = launch_edges(build_tree(read_trace(stripped)))
+    assert by_flows == by_ids
+    assert max(by_ids.values()) == 1, "no kernel is placed twice"
 
 
 def test_step_annotations_carry_the_batch():

@@ -568,13 +568,15 @@ class ReplicaModel:
 
     # -- GPU side --------------------------------------------------------------------------------
     def _gpu_kernels(self, state: RankState, launch: Launch) -> None:
+        """A launch's kernels back to back; a graph replay's every kernel shares its correlation
+        and, as Kineto writes it, each carries its own `ac2g` flow end."""
         t = max(state.gpu_free_ns, launch.ts_ns + self._launch_delay(state))
-        for k, (cat, name, dur, nbytes) in enumerate(launch.kernels):
-            self._emit_gpu(state, launch, cat, name, t, dur, nbytes, flow=(k == 0))
+        for cat, name, dur, nbytes in launch.kernels:
+            self._emit_gpu(state, launch, cat, name, t, dur, nbytes)
             t += dur
         state.gpu_free_ns = t
 
-    def _emit_gpu(self, state, launch, cat, name, t, dur, nbytes, flow=True, extra=None) -> None:
+    def _emit_gpu(self, state, launch, cat, name, t, dur, nbytes, extra=None) -> None:
         args = {
             "External id": launch.external_id,
             "queued": 0,
@@ -590,8 +592,7 @@ class ReplicaModel:
         if extra:
             args |= extra
         state.events.append(state.encoder.gpu(cat, name, t, dur, args))
-        if flow:
-            state.events.append(state.encoder.flow_end(launch.correlation, t))
+        state.events.append(state.encoder.flow_end(launch.correlation, t))
 
     def _arrival(self, state: RankState, launch: Launch, step: int) -> int:
         return max(
