@@ -45,6 +45,8 @@ NCCL_P2P_AND_GRAPHS = "hta/queue_len_rank0_of16.json.gz"
 LAYER_MODULE = re.compile(r"^nn\.Module: (\w+DecoderLayer)_0$")
 LAYER_ANY = re.compile(r"^nn\.Module: \w+DecoderLayer_\d+$")
 MODEL_MODULE = re.compile(r"^nn\.Module: (\w+Model)_0$")
+#: Every real trace the table is derived from (paths under the traces root), in the order read.
+INPUTS = (HF_H100, VLLM, NCCL_ALLREDUCE, NCCL_P2P_AND_GRAPHS)
 #: HIP runtime names in the AMD vLLM trace map to the CUDA names of an NVIDIA cluster by prefix.
 HIP_TO_CUDA = (("hip", "cuda"),)
 
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
     root = Path(args.traces)
-    inputs = [HF_H100, VLLM, NCCL_ALLREDUCE, NCCL_P2P_AND_GRAPHS]
+    inputs = list(INPUTS)
     missing = [p for p in inputs if not (root / p).exists()]
     if missing:
         print(f"calibrate_sim: missing real traces under {root}: {missing}", file=sys.stderr)
@@ -350,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     fd, tmp = tempfile.mkstemp(prefix=".calibration.", dir=out.parent)
+    os.fchmod(fd, 0o644)  # mkstemp makes it private; the table is an ordinary source file
     with os.fdopen(fd, "w") as handle:
         json.dump(table, handle, indent=1, sort_keys=False)
         handle.write("\n")
