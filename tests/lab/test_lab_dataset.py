@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from teller.lab.dataset import build_dataset, plan_cases
 from teller.lab.faults.catalog import LAB_FAULTS
@@ -35,6 +36,8 @@ def test_dataset_records_skips_on_resume_and_records_a_failed_case(tmp_path):
         ("case0001", "failed"),
     ]
     assert "not empty" in entries[1]["error"]
+    assert entries[0]["view"] == "-" and entries[0]["labelled_steps"] == len(labels.steps)
+    assert entries[0]["cores_shared"] == (entries[0]["tp"] > os.cpu_count())
     again = build_dataset(2, tmp_path, seed=1, progress=False)
     assert (again.recorded, again.skipped, again.failed) == (0, 1, 1)
     assert len(summary.index.read_text().splitlines()) == 3

@@ -2,7 +2,9 @@
 
 The plan is drawn from one seed, so `--n N --seed S` always names the same cases (`case0000`,
 `case0001`, …), and a rerun resumes: a case that already has labels.json is skipped, a failed case
-is recorded in index.jsonl and the batch goes on. Faults that need root are left out of the plan
+is recorded in index.jsonl and the batch goes on. Each index line holds the spec, the outcome, and
+for a recorded case its view, guilty operator and labelled step count, plus whether the ranks
+outnumber the cores (then a CPU fault's guilty rank shares its core with a peer). Faults that need root are left out of the plan
 when not running as root.
 """
 
@@ -19,6 +21,7 @@ import numpy as np
 from teller.errors import TellerError
 from teller.lab import netns
 from teller.lab.faults.catalog import LAB_FAULTS
+from teller.lab.labels import CaseLabels
 from teller.lab.run import CaseSpec, run_case
 
 #: Intensity range drawn per fault: strong enough to show, mild enough to be realistic.
@@ -102,7 +105,15 @@ def build_dataset(n: int, out: str | Path, seed: int = 0, progress: bool = True)
             entry.update(status="failed", error=str(error))
         else:
             recorded += 1
-            entry.update(status="ok")
+            labels = CaseLabels.read(case_dir)
+            entry.update(
+                status="ok",
+                view=labels.view,
+                guilty_operator=labels.guilty_operator,
+                labelled_steps=len(labels.steps),
+            )
+        # more ranks than cores: a CPU fault on one rank also slows the rank sharing its core
+        entry["cores_shared"] = case.spec.tp > (os.cpu_count() or 1)
         entry["seconds"] = round(time.monotonic() - began, 1)
         _append_line(index, entry)
     return DatasetSummary(recorded, skipped, failed, index)
