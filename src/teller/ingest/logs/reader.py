@@ -252,7 +252,7 @@ class _FileReader:
         if self.traceback_state:
             _describe_traceback(record, self.pending_lines)
         if not record.template:
-            record.cluster = self.miner.add(record.message)
+            record.cluster, record.template_key = self.miner.add(record.message)
             self.counts["template_mined"] += 1
         self.counts[f"format_{record.format}"] += 1
         if record.fields:

@@ -22,7 +22,12 @@ one logical message: a multi-line traceback is one row whose `raw` keeps every l
 | request_key  | string                    | the id without engine suffixes: joins API, engine and OTel |
 |              |                           | (`request_key`: by shape for vLLM's ids, else against the  |
 |              |                           | other ids of the same read)                                |
-| template_id  | int64                     | stable hash of `template` (same text → same id, any run)   |
+| template_id  | int64                     | stable hash of `template` (same text → same id, any run);  |
+|              |                           | a mined template is drain's final one, so a variant line   |
+|              |                           | elsewhere in the read can generalise it and change the id  |
+| template_key | int64                     | stable hash of the line's own shape: a mined line's text   |
+|              |                           | with ids and numbers masked, before drain generalises it;  |
+|              |                           | a known shape's template. Never depends on other lines     |
 | template     | dictionary<int32, string> | the record's template text                                 |
 | fields       | string (JSON)             | parsed numbers and names, null when none                   |
 | raw          | string                    | the record's text as printed (ANSI codes removed)          |
@@ -92,6 +97,7 @@ LOG_SCHEMA = pa.schema(
         pa.field("request_id", pa.string()),
         pa.field("request_key", pa.string()),
         pa.field("template_id", pa.int64()),
+        pa.field("template_key", pa.int64()),
         pa.field("template", _STR_DICT),
         pa.field("fields", pa.string()),
         pa.field("raw", pa.string()),
@@ -172,6 +178,7 @@ class LogRecord:
     fields_json: str | None = None  # `fields` serialised when the record is complete
     host: str = ""
     cluster: int = -1  # drain cluster of a mined record, resolved to `template` once all are seen
+    template_key: int = -1  # hash of a mined record's masked text; -1: its template's id
 
 
 @dataclass
@@ -226,6 +233,7 @@ class LogColumns:
         self.ts_ns = array("q")
         self.exact = bytearray()
         self.cluster = array("q")  # drain cluster of mined records, -1 for known shapes
+        self.template_key = array("q")  # masked-text hash of mined records, -1 for known shapes
         self.templates: list[str] = []  # known template text, "" for mined records
         self.pid = array("q")
         self.rank = array("i")
@@ -240,6 +248,7 @@ class LogColumns:
         self.ts_ns.append(record.ts_ns)
         self.exact.append(record.ts_exact)
         self.cluster.append(record.cluster)
+        self.template_key.append(record.template_key)
         self.templates.append(record.template)
         self.pid.append(record.pid)
         self.rank.append(record.rank)
@@ -283,6 +292,9 @@ class LogColumns:
         def ints(values: array, dtype: type) -> np.ndarray:
             return np.frombuffer(values, dtype=dtype) if count else np.zeros(0, dtype=dtype)
 
+        template_ids = np.array(_template_ids(templates), dtype=np.int64)
+        mined_keys = ints(self.template_key, np.int64)
+
         arrays = [
             pa.array(ts_ns, pa.int64()),
             pa.array(exact, pa.bool_()),
@@ -295,7 +307,8 @@ class LogColumns:
             encoded("event"),
             request_ids,
             keys,
-            pa.array(np.array(_template_ids(templates), dtype=np.int64)),
+            pa.array(template_ids),
+            pa.array(np.where(mined_keys >= 0, mined_keys, template_ids)),
             _dictionary(templates),
             text("fields"),
             text("raw"),

@@ -4,7 +4,9 @@ Unknown lines still carry structure (a fixed text with varying numbers and ids),
 template (drain3, the maintained Drain implementation) whose *text* is hashed into the record's
 template id: the same line shape gets the same id in every run, which drain's per-run cluster
 counter would not give. Templates are read back only after every line was mined, so each record
-gets its cluster's final, most general template. Numbers found in the line become fields.
+gets its cluster's final, most general template, which depends on what else was read (a variant
+line can generalise it). The masked line itself is hashed too, into a key that does not.
+Numbers found in the line become fields.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from drain3.masking import MaskingInstruction
 from drain3.template_miner_config import TemplateMinerConfig
 
 from teller.ingest.logs.fields import key_values, loose_numbers
-from teller.ingest.logs.table import LogRecord
+from teller.ingest.logs.table import LogRecord, template_id
 
 #: `2025-02-27 04:46:39,123 INFO …`, `[2025-02-27T04:46:39.123Z] [WARN] …` and similar.
 GENERIC_HEADER = re.compile(
@@ -88,10 +90,20 @@ class Templates:
         config.profiling_enabled = False
         self._miner = TemplateMiner(config=config)
         self._cache: dict[int, str] = {}
+        self._keys: dict[str, int] = {}
 
-    def add(self, message: str) -> int:
-        """Mine one message; returns its cluster id (resolve the text with `template`)."""
-        return self._miner.add_log_message(message.strip() or "<empty>")["cluster_id"]
+    def add(self, message: str) -> tuple[int, int]:
+        """Mine one message: (its cluster id, resolved with `template`; its masked text's key).
+
+        The key hashes the message with ids and numbers masked, before drain generalises it, so
+        it does not depend on what else was mined (the cluster's final template does).
+        """
+        masked = self._miner.masker.mask(message.strip() or "<empty>")
+        key = self._keys.get(masked)
+        if key is None:
+            key = self._keys.setdefault(masked, template_id(masked))
+        cluster, _ = self._miner.drain.add_log_message(masked)
+        return cluster.cluster_id, key
 
     def template(self, cluster: int) -> str:
         """The cluster's final template text (call after every message was added)."""
