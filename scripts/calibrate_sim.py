@@ -12,7 +12,10 @@ teller's own reader and tree builder on the real files under ../shared/traces:
 * the per-layer CPU timing spread (log-std of the decoder layer's duration across layers);
 * vLLM's frames above the model and around a CUDA-graph replay (vLLM piecewise trace);
 * the collective's host chain (c10d op → record_param_comms → nccl:… → launch) and NCCL kernel
-  names and durations (HTA distributed traces), and CUDA-graph launch call durations.
+  names and durations (HTA distributed traces), and CUDA-graph launch call durations;
+* the CUDA stream ids CUPTI gave the compute kernels (H100 trace) and the NCCL kernels: c10d runs
+  each communicator on its own stream (the all-reduce trace's, and the p2p trace's per-peer
+  send/recv streams in order of first use).
 
 Usage: python scripts/calibrate_sim.py [--traces DIR] [--out PATH]
 """
@@ -156,11 +159,13 @@ def model_facts(tree: CallTree, events) -> dict:
     weight_dims = json.loads(args[int(tree.row[embedding])].as_py())["Input Dims"][0]
     copies = find(tree, lambda n: n.startswith("Memcpy DtoH"))
     launcher = int(tree.parent[copies[0]])
+    kernel_streams = tree.stream[tree.layer == LAYER_CODE["kernel"]]
     return {
         "model_module": tree.node_name(model),
         "hidden_size": int(weight_dims[1]),
         "dtoh_memcpy": tree.node_name(copies[0]),
         "dtoh_runtime": tree.node_name(launcher),
+        "compute_stream": int(np.bincount(kernel_streams).argmax()),
     }
 
 
@@ -273,7 +278,14 @@ def comm_chain(tree: CallTree, events) -> dict:
         "kernel": tree.node_name(kernels[0]),
         "kernel_dur": lognormal(tree.dur[kernels]),
         "host_dur": lognormal(tree.dur[_outer_comm_nodes(tree)]),
+        "stream": streams_by_first_use(tree, kernels)[0],
     }
+
+
+def streams_by_first_use(tree: CallTree, nodes: list[int]) -> list[int]:
+    """The distinct streams the GPU nodes ran on, in order of their first activity."""
+    ordered = np.array(nodes)[np.argsort(tree.start[nodes], kind="stable")]
+    return [int(s) for s in dict.fromkeys(tree.stream[ordered].tolist())]
 
 
 def _outer_comm_nodes(tree: CallTree) -> list[int]:
@@ -299,6 +311,7 @@ def p2p_and_graphs(tree: CallTree) -> dict:
         "p2p_kernel": tree.node_name(p2p[0]),
         "p2p_kernel_dur": lognormal(tree.dur[p2p]),
         "graph_launch_dur": lognormal(tree.dur[graph]),
+        "p2p_streams": streams_by_first_use(tree, p2p),
     }
 
 

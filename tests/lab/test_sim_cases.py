@@ -24,6 +24,7 @@ from teller.ingest import read_run, read_trace
 from teller.ingest.schema import LAYER_CODE, EventTable
 from teller.lab.labels import CaseLabels
 from teller.lab.sim import EngineConfig, FaultSpec, SimConfig, Topology, WorkloadConfig, simulate
+from teller.lab.sim.calibration import load
 from teller.lab.sim.replica import ReplicaModel
 
 _ROOT = Path(tempfile.mkdtemp(prefix="teller-sim-tests-"))
@@ -143,6 +144,46 @@ def test_every_collective_instance_is_joined_across_its_group(shape):
         assert len(set(comm.rank[rows].tolist())) == expected
 
 
+@pytest.mark.parametrize("shape", [(1, 4, 4, 1), (2, 2, 2, 2)])
+def test_nccl_kernels_run_on_their_own_streams_with_stream_metadata(shape):
+    """As c10d runs them: compute kernels on the compute stream, each communicator's NCCL kernels
+    on a stream of their own (all-reduces on one, each pipeline neighbour's send/recv on
+    another), and every stream with work named by its thread metadata, as Kineto writes it."""
+    nodes, gpus, tp, pp = shape
+    out, _, tree = case(nodes=nodes, gpus=gpus, tp=tp, pp=pp)
+    cal = load()
+    compute = cal.model["compute_stream"]
+    gpu = tree.stream >= 0
+    nccl = gpu & (tree.layer == LAYER_CODE["comm"])
+    assert nccl.sum() > 100
+    assert set(tree.stream[gpu & ~nccl].tolist()) == {compute}
+    allreduce = nccl & named(tree, cal.comm["kernel"])
+    p2p = nccl & named(tree, cal.p2p["p2p_kernel"])
+    for rank in range(nodes * gpus):
+        allreduce_streams = set(tree.stream[allreduce & (tree.rank == rank)].tolist())
+        p2p_streams = set(tree.stream[p2p & (tree.rank == rank)].tolist())
+        assert len(allreduce_streams) == 1 and compute not in allreduce_streams | p2p_streams
+        assert len(p2p_streams) == (1 if pp > 1 else 0)  # an end stage has one neighbour
+        assert not allreduce_streams & p2p_streams
+        with gzip.open(out / "traces" / f"rank{rank}.pt.trace.json.gz") as handle:
+            events = json.load(handle)["traceEvents"]
+        device = rank % gpus
+        ran = {e["tid"] for e in events if e["ph"] == "X" and e["pid"] == device}
+        assert all(e["args"]["stream"] == e["tid"] for e in events if e.get("cat") == "kernel")
+        names = {
+            e["tid"]: e["args"]["name"]
+            for e in events
+            if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == device
+        }
+        sort_index = {
+            e["tid"]: e["args"]["sort_index"]
+            for e in events
+            if e["ph"] == "M" and e["name"] == "thread_sort_index" and e["pid"] == device
+        }
+        assert names == {s: f"stream {s} " for s in ran}
+        assert sort_index == {s: s for s in ran}
+
+
 def test_nccl_kernels_obey_collective_semantics():
     """No rank's NCCL kernel ends before the last rank arrived plus the transfer time."""
     _, _, tree = case()
@@ -150,6 +191,11 @@ def test_nccl_kernels_obey_collective_semantics():
     for instance, by_rank in starts.items():
         last_arrival = max(by_rank.values())
         assert min(ends[instance].values()) > last_arrival
+
+
+def named(tree: CallTree, name: str) -> np.ndarray:
+    """Nodes called `name` (none if the tree never names it)."""
+    return tree.name == (tree.names.index(name) if name in tree.names else -1)
 
 
 def comm_kernel_times(tree: CallTree) -> tuple[dict, dict]:

@@ -76,12 +76,12 @@ class KinetoWriter:
 
 
 class EventEncoder:
-    """Kineto-shaped event encoders for one rank (pid, device, stream, clock base)."""
+    """Kineto-shaped event encoders for one rank (pid, device, clock base); GPU events name their
+    stream, and the streams used get their thread metadata at the end."""
 
-    def __init__(self, pid: int, device: int, stream: int, base_time_ns: int) -> None:
+    def __init__(self, pid: int, device: int, base_time_ns: int) -> None:
         self.pid = pid
         self.device = device
-        self.stream = stream
         self.base = base_time_ns
 
     def cpu(self, cat: str, name: str, ts_ns: int, dur_ns: int, args: dict) -> bytes:
@@ -98,14 +98,14 @@ class EventEncoder:
             }
         )
 
-    def gpu(self, cat: str, name: str, ts_ns: int, dur_ns: int, args: dict) -> bytes:
+    def gpu(self, cat: str, name: str, ts_ns: int, dur_ns: int, stream: int, args: dict) -> bytes:
         return orjson.dumps(
             {
                 "ph": "X",
                 "cat": cat,
                 "name": name,
                 "pid": self.device,
-                "tid": self.stream,
+                "tid": stream,
                 "ts": us(ts_ns - self.base),
                 "dur": us(dur_ns),
                 "args": args,
@@ -125,13 +125,13 @@ class EventEncoder:
             }
         )
 
-    def flow_end(self, correlation: int, ts_ns: int) -> bytes:
+    def flow_end(self, correlation: int, ts_ns: int, stream: int) -> bytes:
         return orjson.dumps(
             {
                 "ph": "f",
                 "id": correlation,
                 "pid": self.device,
-                "tid": self.stream,
+                "tid": stream,
                 "ts": us(ts_ns - self.base),
                 "cat": "ac2g",
                 "name": "ac2g",
@@ -139,8 +139,9 @@ class EventEncoder:
             }
         )
 
-    def metadata(self, ts_ns: int, process_name: str, gpus: int) -> list[bytes]:
-        """Process/thread name events as Kineto writes them at the end of a trace."""
+    def metadata(self, ts_ns: int, process_name: str, gpus: int, streams: list[int]) -> list[bytes]:
+        """Process/thread name events as Kineto writes them at the end of a trace: every process,
+        then each GPU stream that ran work (in stream order), then the host thread."""
         ts = us(ts_ns - self.base)
 
         def m(name: str, pid: int, tid: int, args: dict) -> bytes:
@@ -159,9 +160,12 @@ class EventEncoder:
                 m("process_labels", gpu, 0, {"labels": f"GPU {gpu}"}),
                 m("process_sort_index", gpu, 0, {"sort_index": GPU_PROCESS_SORT_BASE + gpu}),
             ]
+        for stream in sorted(streams):
+            out += [
+                m("thread_name", self.device, stream, {"name": f"stream {stream} "}),
+                m("thread_sort_index", self.device, stream, {"sort_index": stream}),
+            ]
         out += [
-            m("thread_name", self.device, self.stream, {"name": f"stream {self.stream} "}),
-            m("thread_sort_index", self.device, self.stream, {"sort_index": self.stream}),
             m("thread_name", self.pid, self.pid, {"name": f"thread {self.pid} ({process_name})"}),
             m("thread_sort_index", self.pid, self.pid, {"sort_index": self.pid}),
         ]

@@ -23,7 +23,6 @@ from teller.lab.sim.faults import WATCHDOG_TIMEOUT_NS, FaultModel
 from teller.lab.sim.kineto_writer import EventEncoder
 from teller.lab.sim.topology import ProcessGroup, Topology
 
-STREAM = 7  # the compute stream id CUPTI reports for PyTorch's default stream (real traces)
 ATTENTION_MODULE = re.compile(r"^nn\.Module: \w*Attention_\d+$")
 MLP_MODULE = re.compile(r"^nn\.Module: \w*MLP_\d+$")
 _DTYPE_OF_KERNEL = (("_float", "Float", 4), ("_bf16", "BFloat16", 2), ("_half", "Half", 2))
@@ -34,6 +33,41 @@ TAIL_CLIP = 4.0
 RANK_HOST_LOG_SIGMA = 0.1
 #: Per-rank log-normal spread of a layer's host speed around the group's shared draw.
 RANK_CPU_LOG_SIGMA = 0.02
+
+
+@dataclass(frozen=True)
+class Streams:
+    """A rank's CUDA streams, numbered as CUPTI numbered them in the real traces (calibration).
+
+    Kernels and copies run on PyTorch's compute stream. c10d runs every NCCL communicator on a
+    stream of its own: the tensor-parallel group's all-reduces on one, and each pipeline
+    neighbour's point-to-point pair (c10d's per-peer communicator) on another, taking the
+    calibrated p2p stream ids in order of first use (a later stage receives before it sends).
+    The timeline is still one chain: c10d makes the NCCL stream wait for the compute stream
+    before a collective and the compute stream wait for it after, so no two kernels overlap.
+    """
+
+    compute: int
+    allreduce: int | None = None
+    recv: int | None = None
+    send: int | None = None
+
+    @classmethod
+    def of(cls, calibration: Calibration, topology: Topology, stage: int) -> Streams:
+        p2p = iter(calibration.p2p["p2p_streams"])
+        recv = next(p2p) if stage > 0 else None
+        send = next(p2p) if stage < topology.pp - 1 else None
+        allreduce = calibration.comm["stream"] if topology.tp > 1 else None
+        return cls(calibration.model["compute_stream"], allreduce, recv, send)
+
+    def for_launch(self, kind: str) -> int:
+        """The stream a launch of this kind (kernels | copy | allreduce | send | recv) runs on."""
+        stream = {"allreduce": self.allreduce, "send": self.send, "recv": self.recv}.get(kind)
+        return self.compute if stream is None else stream
+
+    def used(self) -> list[int]:
+        streams = (self.compute, self.allreduce, self.recv, self.send)
+        return sorted({s for s in streams if s is not None})
 
 
 @dataclass
@@ -72,6 +106,7 @@ class RankState:
     pid: int
     encoder: EventEncoder
     rng: np.random.Generator
+    streams: Streams
     gpu_free_ns: int = 0
     correlation: int = 1
     external_id: int = 1
@@ -171,6 +206,7 @@ class ReplicaModel:
                     pid=pids[rank],
                     encoder=encoders[rank],
                     rng=rngs[rank],
+                    streams=Streams.of(calibration, topology, stage),
                 )
         groups = topology.groups()
         self.tp_group = {
@@ -577,12 +613,13 @@ class ReplicaModel:
         state.gpu_free_ns = t
 
     def _emit_gpu(self, state, launch, cat, name, t, dur, nbytes, extra=None) -> None:
+        stream = state.streams.for_launch(launch.kind)
         args = {
             "External id": launch.external_id,
             "queued": 0,
             "device": state.device,
             "context": 1,
-            "stream": STREAM,
+            "stream": stream,
             "correlation": launch.correlation,
         }
         args |= self.cal.launch_args(name)
@@ -591,8 +628,8 @@ class ReplicaModel:
             args["memory bandwidth (GB/s)"] = nbytes / max(dur, 1)
         if extra:
             args |= extra
-        state.events.append(state.encoder.gpu(cat, name, t, dur, args))
-        state.events.append(state.encoder.flow_end(launch.correlation, t))
+        state.events.append(state.encoder.gpu(cat, name, t, dur, stream, args))
+        state.events.append(state.encoder.flow_end(launch.correlation, t, stream))
 
     def _arrival(self, state: RankState, launch: Launch, step: int) -> int:
         return max(
@@ -791,6 +828,10 @@ class ReplicaModel:
             state.open_frames.clear()
             end = max(end, state.gpu_free_ns)
         return end, [s.rank for s in self.ranks.values() if s.hung]
+
+    def streams_of(self, rank: int) -> list[int]:
+        """The streams a rank's trace names (for its thread metadata)."""
+        return self.ranks[rank].streams.used()
 
     def drain(self, rank: int) -> list[bytes]:
         events = self.ranks[rank].events

@@ -36,7 +36,7 @@ from teller.lab.sim.engine import EngineConfig, Scheduler, WorkloadConfig
 from teller.lab.sim.faults import WATCHDOG_TIMEOUT_NS, FaultModel, FaultSpec
 from teller.lab.sim.kineto_writer import EventEncoder, KinetoWriter
 from teller.lab.sim.logs import EngineLog, SpanWriter
-from teller.lab.sim.replica import STREAM, LayerTemplate, ReplicaModel
+from teller.lab.sim.replica import LayerTemplate, ReplicaModel
 from teller.lab.sim.topology import Topology
 
 MANIFEST_SCHEMA = "teller.sim.manifest/1"
@@ -232,7 +232,7 @@ def run_replica(config: SimConfig, replica: int, tmp: Path, tick=None) -> Replic
             writers[r] = KinetoWriter(
                 path, header, base, f"/tmp/vllm_profile/rank{r}.pt.trace.json"
             )
-            encoders[r] = EventEncoder(pids[r], topology.local_gpu(r), STREAM, base)
+            encoders[r] = EventEncoder(pids[r], topology.local_gpu(r), base)
         log = EngineLog(
             tmp / "logs" / f"server{replica}.log",
             replica,
@@ -347,7 +347,9 @@ def _loop(
     last = max(ends) if ends else now
     for r in ranks:
         encoder = encoders[r]
-        writers[r].write(encoder.metadata(first_ns, "python3", topology.gpus_per_node))
+        writers[r].write(
+            encoder.metadata(first_ns, "python3", topology.gpus_per_node, model.streams_of(r))
+        )
         writers[r].write(encoder.profiler_span(first_ns - 1_000_000, last + 1_000_000))
     events = {r: writers[r].events for r in ranks}
     for r in ranks:
