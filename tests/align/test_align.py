@@ -93,6 +93,41 @@ def test_a_server_in_another_time_zone_is_found_and_does_not_matter(tmp_path, tr
     assert any("log clock is +7200" in w for w in result.warnings)
 
 
+def shifted_collector_log(path: Path, lines: list[str], shift: timedelta) -> Path:
+    """Collector-prefixed lines as if written on a host whose clock is `shift` ahead."""
+
+    def move(line: str) -> str:
+        stamp = datetime.strptime(line[: PREFIX_BYTES - 2], "%Y-%m-%dT%H:%M:%S.%f") + shift
+        return f"{stamp:%Y-%m-%dT%H:%M:%S.%f}Z " + line[PREFIX_BYTES:]
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(move(line) for line in lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("manifest", [False, True])
+def test_two_log_files_on_different_clocks_each_get_their_offset(tmp_path, truth, manifest):
+    """The engine's console split over two files, each stamped by a clock of its own."""
+    lines = LOG.read_text().splitlines()
+    half = len(lines) // 2
+    first = shifted_collector_log(tmp_path / "logs" / "a.log", lines[:half], timedelta(0, 0.3))
+    second = shifted_collector_log(tmp_path / "logs" / "b.log", lines[half:], timedelta(0, -1.7))
+    if manifest:  # `teller collect` names each process's host and log
+        ranks = {
+            "0": {"host": "node-a", "log": "logs/a.log"},
+            "1": {"host": "node-b", "log": "logs/b.log"},
+        }
+        (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "ranks": ranks}))
+    result = align_run([TRACES], [first, second])
+    keys = ["node-a", "node-b"] if manifest else [str(first), str(second)]
+    assert result.log_offsets.key == keys
+    assert set(result.logs.column("host")) == ({"node-a", "node-b"} if manifest else {""})
+    # each recovered up to the engine's printing delay (under 5 ms, as in the single-file case)
+    assert 0 < result.log_offsets.offset_of(keys[0]) - 300_000_000 < 5_000_000
+    assert 0 < result.log_offsets.offset_of(keys[1]) + 1_700_000_000 < 5_000_000
+    assert check_against_truth(result, truth) == {"added": 34, "finished": 34, "iteration": 71}
+
+
 def test_cli_prints_lines_under_their_steps(capsys):
     assert main(["-q", "align", str(TRACES), str(LOG), "--steps", "3:4"]) == 0
     out = capsys.readouterr()

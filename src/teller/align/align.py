@@ -234,14 +234,21 @@ def align_tree(
     times = place_log_times(tree, logs)
     log_offsets = times.log_offset
     warnings = list(rank_offsets.warnings) + logs.warnings
-    if (
-        log_offsets is not None
-        and abs(int(log_offsets.offset_ns[0])) - int(log_offsets.residual_ns[0]) > CLOCK_WARNING_NS
-    ):  # an offset clearly beyond printing delays: another host's clock, or a time zone
-        warnings.append(
-            f"log clock is {log_offsets.offset_ns[0] / 1e6:+.1f} ms off the trace clock "
-            f"(± {log_offsets.residual_ns[0] / 1e6:.1f} ms over {log_offsets.anchors[0]} anchors)"
-        )
+    if log_offsets is not None:
+        several = len(log_offsets.key) > 1
+        for key, offset, residual, anchors in zip(
+            log_offsets.key,
+            log_offsets.offset_ns.tolist(),
+            log_offsets.residual_ns.tolist(),
+            log_offsets.anchors.tolist(),
+            strict=True,
+        ):  # an offset clearly beyond printing delays: another host's clock, or a time zone
+            if abs(offset) - residual > CLOCK_WARNING_NS:
+                named = f" ({Path(key).name})" if several else ""
+                warnings.append(
+                    f"log clock{named} is {offset / 1e6:+.1f} ms off the trace clock "
+                    f"(± {residual / 1e6:.1f} ms over {anchors} anchors)"
+                )
     requests = build_request_trees(tree, logs=logs, spans=spans, times=times)
     alignment = align_logs(tree, logs, requests, times)
     warnings += requests.warnings + alignment.warnings

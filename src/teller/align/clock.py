@@ -175,6 +175,10 @@ class AnchorOffsets:
     residual_ns: np.ndarray
     anchors: np.ndarray
 
+    def offset_of(self, key: str) -> int | None:
+        """The offset of one key's clock; None when it had no anchors."""
+        return int(self.offset_ns[self.key.index(key)]) if key in self.key else None
+
 
 def estimate_anchor_offsets(
     keys: Sequence[str], log_ts_ns: Sequence[int], trace_ts_ns: Sequence[int]

@@ -6,7 +6,8 @@ cannot say which step a line belongs to. Two facts can:
 * *iteration lines are anchors*: each reports one step (its counter and elapsed time). The
   counter-to-step shift is found by matching the printed elapsed times against the traced step
   durations (no clock needed, so a time-zone or host offset does not matter), and the anchor then
-  sits at its step's end on the trace clock;
+  sits at its step's end on the trace clock. An exact line the counters cannot place anchors to
+  the step that ended just before it, which assumes the log and trace share a clock;
 * *file order is time order* within one process's console: a line printed between the anchors of
   steps a and b happened between their ends.
 
@@ -14,6 +15,10 @@ So each record gets an interval [lo_ns, hi_ns] on the trace clock: a point for e
 (collector prefix, glog nanoseconds, shifted by the measured log offset) and anchors, the bracket
 of its neighbouring anchors for lines in between, else its printed second moved by the log clock
 offset the anchors imply. `how` says which.
+
+Each host keeps its own clock, so the log offset is measured per host (the line's `host`: Ray's
+`ip=`, the caller's, or the `teller collect` manifest's), and per file where no host is known; a
+file without anchors of its own takes the offset of all anchors together.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
     events = table.column("event").to_pylist()
     fields = table.column("fields").to_pylist()
     files = table.column("file").to_pylist()
+    clocks = [
+        host or file for host, file in zip(table.column("host").to_pylist(), files, strict=True)
+    ]
     steps = tree.steps
     warnings: list[str] = []
     if reference_rank is None:
@@ -75,26 +83,28 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
 
     anchor_step = np.full(count, -1, dtype=np.int64)
     iteration = [i for i in range(count) if events[i] == "iteration" and ts[i] >= 0]
-    exact_iteration = [i for i in iteration if exact[i]]
-    inexact_iteration = [i for i in iteration if not exact[i]]
-    ends_sorted = np.sort(np.asarray(list(ordinal_end.values()), dtype=np.int64))
-    end_to_ordinal = {e: o for o, e in ordinal_end.items()}
-    for i in exact_iteration:
-        k = int(np.searchsorted(ends_sorted, ts[i], side="right")) - 1
-        if k >= 0 and ts[i] - ends_sorted[k] <= ANCHOR_GAP_NS:
-            anchor_step[i] = end_to_ordinal[int(ends_sorted[k])]
-    shift = _counter_shift(inexact_iteration, fields, ordinal_dur, warnings)
+    shift = _counter_shift(iteration, fields, ordinal_dur, warnings)
     if shift is not None:
-        for i in inexact_iteration:
+        for i in iteration:
             counter = _field(fields[i], "iteration")
             if isinstance(counter, int) and counter + shift in ordinal_end:
                 anchor_step[i] = counter + shift
+    # exact lines the counters did not place: the step that ended just before (one clock assumed)
+    ends_sorted = np.sort(np.asarray(list(ordinal_end.values()), dtype=np.int64))
+    end_to_ordinal = {e: o for o, e in ordinal_end.items()}
+    for i in iteration:
+        if anchor_step[i] >= 0 or not exact[i]:
+            continue
+        k = int(np.searchsorted(ends_sorted, ts[i], side="right")) - 1
+        if k >= 0 and ts[i] - ends_sorted[k] <= ANCHOR_GAP_NS:
+            anchor_step[i] = end_to_ordinal[int(ends_sorted[k])]
 
-    log_offset = _log_offset(ts, exact, anchor_step, ordinal_end)
-    offset_lo, offset_hi = _offset_bounds(log_offset)
+    log_offset = _log_offsets(ts, exact, anchor_step, ordinal_end, clocks)
+    bounds = _offset_bounds(log_offset, ts, exact, anchor_step, ordinal_end)
+    offset_lo = np.asarray([bounds.get(c, bounds[""])[0] for c in clocks], dtype=np.int64)
+    offset_hi = np.asarray([bounds.get(c, bounds[""])[1] for c in clocks], dtype=np.int64)
     exact_shift = (offset_lo + offset_hi) // 2
-    if abs(exact_shift) < SAME_CLOCK_NS:
-        exact_shift = 0
+    exact_shift[np.abs(exact_shift) < SAME_CLOCK_NS] = 0
     lo = np.full(count, -1, dtype=np.int64)
     hi = np.full(count, -1, dtype=np.int64)
     how = ["none"] * count
@@ -103,13 +113,13 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
             lo[i] = hi[i] = ordinal_end[int(anchor_step[i])]
             how[i] = "anchor"
         elif ts[i] >= 0 and exact[i]:
-            lo[i] = hi[i] = ts[i] - exact_shift
+            lo[i] = hi[i] = ts[i] - exact_shift[i]
             how[i] = "exact"
     _bracket_by_file_order(files, ts, exact, lo, hi, how)
     for i in range(count):
         if how[i] == "none" and ts[i] >= 0:
             second = ts[i] - ts[i] % NS_PER_S
-            lo[i], hi[i] = second - offset_hi, second + NS_PER_S - offset_lo
+            lo[i], hi[i] = second - offset_hi[i], second + NS_PER_S - offset_lo[i]
             how[i] = "second"
     return LogTimes(lo, hi, how, anchor_step, log_offset, warnings)
 
@@ -184,43 +194,74 @@ def _counter_shift(
     return best[1]
 
 
-def _log_offset(
-    ts: np.ndarray, exact: np.ndarray, anchor_step: np.ndarray, ordinal_end: dict[int, int]
+def _log_offsets(
+    ts: np.ndarray,
+    exact: np.ndarray,
+    anchor_step: np.ndarray,
+    ordinal_end: dict[int, int],
+    clocks: list[str],
 ) -> AnchorOffsets | None:
-    """Log clock minus trace clock, from anchored iteration lines.
+    """Log clock minus trace clock per clock (host, else file), from its anchored lines."""
+    anchored = np.flatnonzero(anchor_step >= 0)
+    if len(anchored) == 0:
+        return None
+    ends = np.asarray([ordinal_end[int(anchor_step[i])] for i in anchored], dtype=np.int64)
+    anchored_clocks = np.asarray([clocks[i] for i in anchored.tolist()], dtype=object)
+    names = sorted(set(anchored_clocks.tolist()))
+    rows = []
+    for name in names:
+        mask = anchored_clocks == name
+        rows.append(_log_offset(ts[anchored[mask]], exact[anchored[mask]], ends[mask]))
+    return AnchorOffsets(
+        key=names,
+        offset_ns=np.asarray([r[0] for r in rows], dtype=np.int64),
+        residual_ns=np.asarray([r[1] for r in rows], dtype=np.int64),
+        anchors=np.asarray([r[2] for r in rows], dtype=np.int64),
+    )
+
+
+def _log_offset(line_ts: np.ndarray, exact: np.ndarray, ends: np.ndarray) -> tuple[int, int, int]:
+    """(offset, residual, anchors) of one log clock from its anchors' times and step ends.
 
     Exact lines give (time − step end) directly. Whole-second lines give an interval each (the
     printed second contains the end plus the offset), and their intersection bounds the offset
     to far below a second once there are many anchors.
     """
-    anchored = np.flatnonzero(anchor_step >= 0)
-    if len(anchored) == 0:
-        return None
-    ends = np.asarray([ordinal_end[int(anchor_step[i])] for i in anchored], dtype=np.int64)
-    line_ts = ts[anchored]
-    exact_mask = exact[anchored]
-    if exact_mask.any():
-        return estimate_anchor_offsets(
-            ["logs"] * int(exact_mask.sum()), line_ts[exact_mask], ends[exact_mask]
-        )
+    if exact.any():
+        got = estimate_anchor_offsets(["log"] * int(exact.sum()), line_ts[exact], ends[exact])
+        return int(got.offset_ns[0]), int(got.residual_ns[0]), int(got.anchors[0])
     seconds = line_ts - line_ts % NS_PER_S
     lower, upper = seconds - ends, seconds + NS_PER_S - ends
     low, high = int(np.percentile(lower, 95)), int(np.percentile(upper, 5))
     if low > high:
         low, high = high, low
-    return AnchorOffsets(
-        key=["logs"],
-        offset_ns=np.asarray([(low + high) // 2], dtype=np.int64),
-        residual_ns=np.asarray([(high - low) // 2], dtype=np.int64),
-        anchors=np.asarray([len(anchored)], dtype=np.int64),
-    )
+    return (low + high) // 2, (high - low) // 2, len(line_ts)
 
 
-def _offset_bounds(offset: AnchorOffsets | None) -> tuple[int, int]:
-    if offset is None:
-        return 0, 0
-    middle, half = int(offset.offset_ns[0]), int(offset.residual_ns[0])
-    return middle - half, middle + half
+def _offset_bounds(
+    offsets: AnchorOffsets | None,
+    ts: np.ndarray,
+    exact: np.ndarray,
+    anchor_step: np.ndarray,
+    ordinal_end: dict[int, int],
+) -> dict[str, tuple[int, int]]:
+    """Clock → (lowest, highest) offset; "" for clocks without anchors: all anchors together."""
+    if offsets is None:
+        return {"": (0, 0)}
+    bounds = {
+        key: (int(middle) - int(half), int(middle) + int(half))
+        for key, middle, half in zip(
+            offsets.key, offsets.offset_ns, offsets.residual_ns, strict=True
+        )
+    }
+    if len(offsets.key) == 1:
+        bounds[""] = bounds[offsets.key[0]]
+    else:
+        anchored = np.flatnonzero(anchor_step >= 0)
+        ends = np.asarray([ordinal_end[int(anchor_step[i])] for i in anchored], dtype=np.int64)
+        middle, half, _ = _log_offset(ts[anchored], exact[anchored], ends)
+        bounds[""] = (middle - half, middle + half)
+    return bounds
 
 
 def _field(fields_json: str | None, key: str) -> object:

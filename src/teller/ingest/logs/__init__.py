@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from teller.errors import TraceError
-from teller.ingest.logs.detect import find_log_files
+from teller.ingest.logs.detect import find_log_files, manifest_hosts
 from teller.ingest.logs.reader import read_file
 from teller.ingest.logs.table import (
     EVENTS,
@@ -45,6 +45,8 @@ def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = 
 
     `year` is for logs that print dates without one (vLLM); without it the year comes from the
     collector prefix, a dated line, or the file's modification time (which the warnings name).
+    `host` names the machine that wrote them all; without it each file's host comes from a
+    `teller collect` manifest that lists it, else from the lines (Ray's `ip=`), else "".
     """
     paths = list(paths)
     files, skipped = find_log_files(paths)
@@ -52,11 +54,13 @@ def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = 
         shown = ", ".join(str(p) for p in paths)
         raise TraceError(shown, "no log files found (looked for *.log, *.txt, *.out, *.err)")
     miner = Templates()
+    hosts = {} if host else manifest_hosts(files)
     per_file = []
     for path in files:
         if not path.is_file():
             raise TraceError(path, "no such log file")
-        per_file.append((path, *read_file(path, miner, year=year, host=host)))
+        file_host = host or hosts.get(path.resolve(), "")
+        per_file.append((path, *read_file(path, miner, year=year, host=file_host)))
     tables = []
     for path, read, source in per_file:
         texts = read.columns.templates

@@ -9,6 +9,7 @@ report, and whether its lines start with the collector's 28-byte prefix
 from __future__ import annotations
 
 import gzip
+import json
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -54,6 +55,28 @@ def find_log_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]
             else:
                 found.append(file)
     return found, skipped
+
+
+def manifest_hosts(files: Iterable[Path]) -> dict[Path, str]:
+    """Host of each file that a `teller collect` manifest beside it names (resolved path → host).
+
+    The manifest sits in the run folder, one or two levels above the logs (`DIR/logs/rank0.log`),
+    and lists each process's log path (relative to DIR) and host (`teller.collect.manifest`).
+    """
+    folders = {parent for file in files for parent in Path(file).resolve().parents[:2]}
+    hosts: dict[Path, str] = {}
+    for folder in sorted(folders):
+        try:
+            manifest = json.loads((folder / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+        ranks = manifest.get("ranks") if isinstance(manifest, dict) else None
+        if not isinstance(ranks, dict):
+            continue  # not `teller collect`'s (the lab simulator writes another shape)
+        for record in ranks.values():
+            if isinstance(record, dict) and record.get("log") and record.get("host"):
+                hosts[(folder / str(record["log"])).resolve()] = str(record["host"])
+    return hosts
 
 
 def open_log(path: Path):

@@ -10,7 +10,8 @@ one logical message: a multi-line traceback is one row whose `raw` keeps every l
 | ts_exact     | bool                      | false when the sub-second part (or the whole time) was     |
 |              |                           | inferred: lines within one printed second are spread over  |
 |              |                           | it in file order                                           |
-| host         | dictionary<int32, string> | host: the line's own (Ray's `ip=`), else the caller's, or "" |
+| host         | dictionary<int32, string> | host: the line's own (Ray's `ip=`), else the caller's, else |
+|              |                           | the `teller collect` manifest's for the file, or ""        |
 | process      | dictionary<int32, string> | engine process tag: `APIServer`, `EngineCore_0`, `TP0`, …  |
 | pid          | int64                     | process id from the line prefix, -1 unknown                |
 | rank         | int32                     | rank from the line (`TP1`, `rank=1`, `[rank3]`) or the     |
