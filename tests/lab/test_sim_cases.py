@@ -184,13 +184,50 @@ def test_nccl_kernels_run_on_their_own_streams_with_stream_metadata(shape):
         assert sort_index == {s: s for s in ran}
 
 
-def test_nccl_kernels_obey_collective_semantics():
-    """No rank's NCCL kernel ends before the last rank arrived plus the transfer time."""
-    _, _, tree = case()
+SEMANTICS_SHAPES = {
+    "tp4-one-node": (1, 4, 4, 1),
+    "pp2-across-nodes": (2, 2, 2, 2),
+    "tp4-across-nodes": (2, 2, 4, 1),
+}
+
+
+@pytest.mark.parametrize("shape", SEMANTICS_SHAPES.values(), ids=SEMANTICS_SHAPES.keys())
+def test_nccl_kernels_obey_collective_semantics(shape):
+    """No rank's NCCL kernel ends before the last rank of its group arrived plus the time the
+    message needs on the links, from the Topology's figures: a ring all-reduce of n ranks moves
+    2(n-1)/n of its bytes through the ring's slowest link after its worst latency; a send/recv
+    moves its bytes once over the link between the two ranks."""
+    nodes, gpus, tp, pp = shape
+    topology = Topology(nodes, gpus, tp, pp)
+    _, _, tree = case(nodes=nodes, gpus=gpus, tp=tp, pp=pp)
     starts, ends = comm_kernel_times(tree)
-    for instance, by_rank in starts.items():
-        last_arrival = max(by_rank.values())
-        assert min(ends[instance].values()) > last_arrival
+    comm = tree.comm
+    kinds: dict[int, set[str]] = {}
+    nbytes: dict[int, int] = {}
+    for instance, kind, size in zip(comm.instance.tolist(), comm.kind, comm.bytes, strict=True):
+        kinds.setdefault(instance, set()).add(kind)
+        nbytes[instance] = int(size)
+    checked = Counter()
+    for instance, arrivals in starts.items():
+        ranks = sorted(arrivals)
+        size = nbytes[instance]
+        if kinds[instance] == {"allreduce"}:
+            assert len(ranks) == tp
+            ring = [topology.link(a, b) for a, b in zip(ranks, ranks[1:] + ranks[:1], strict=True)]
+            bandwidth = min(bytes_per_ns for bytes_per_ns, _ in ring)
+            latency = max(latency_ns for _, latency_ns in ring)
+            transfer_ns = latency + 2 * (tp - 1) / tp * size / bandwidth
+        else:
+            assert kinds[instance] == {"send", "recv"} and len(ranks) == 2
+            bandwidth, latency = topology.link(*ranks)
+            transfer_ns = latency + size / bandwidth
+        last_arrival = max(arrivals.values())
+        for rank, end in ends[instance].items():
+            # the simulator counts whole nanoseconds, so allow its rounding down
+            assert end - last_arrival >= transfer_ns - 1, (instance, rank, kinds[instance])
+        checked["allreduce" if "allreduce" in kinds[instance] else "p2p"] += 1
+    assert checked["allreduce"] > 50
+    assert checked["p2p"] == (STEPS * tp if pp > 1 else 0)  # every step, each tp rank's pipe
 
 
 def named(tree: CallTree, name: str) -> np.ndarray:
