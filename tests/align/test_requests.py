@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from teller.align.logtime import place_log_times
 from teller.align.requests import build_request_trees
 from teller.callchain.tree import build_tree
 from teller.ingest import read_run
@@ -70,6 +71,34 @@ def test_lifetime_windows_alone_keep_every_membership_at_lower_confidence(tree, 
     got, expected = got_pairs(trees), truth_pairs(truth)
     assert expected <= got and len(got) > len(expected)
     assert set(trees.confidence.tolist()) == {0.5}
+
+
+def test_iteration_lines_state_the_counts_an_annotation_lacks(truth):
+    """The same steps with their counts hidden: the anchored iteration lines print them."""
+    counts_hidden = build_tree(read_run([CASE / "traces"]), step_regex=r"^execute_")
+    assert (counts_hidden.steps.context_requests == -1).all()
+    logs = read_logs([CASE / "logs" / "rank0.log"])
+    times = place_log_times(counts_hidden, logs)
+    trees = build_request_trees(counts_hidden, logs=logs, times=times)
+    assert got_pairs(trees) == truth_pairs(truth)
+    assert trees.confidence.min() == 1.0
+
+
+def test_a_request_tree_has_its_step_subtree_on_every_rank(tree, truth):
+    logs = read_logs([CASE / "logs" / "rank0.log"])
+    trees = build_request_trees(tree, logs=logs)
+    key = request_key(truth[10]["requests"][0]["request_id"])
+    ordinals = trees.steps_of(key)
+    subtrees = trees.step_subtrees(key, tree).to_pylist()
+    assert [(row["step"], row["rank"]) for row in subtrees] == [
+        (step, rank) for step in ordinals for rank in (0, 1)
+    ]
+    for row in subtrees:
+        node = row["node"]
+        assert tree.rank[node] == row["rank"] and tree.step[node] >= 0
+        assert tree.steps.index[tree.step[node]] == row["step"]
+        assert tree.names[tree.name[node]] == truth[row["step"]]["annotation"]
+    assert trees.step_subtrees("no-such-request", tree).num_rows == 0
 
 
 def write_spans(path: Path) -> Path:

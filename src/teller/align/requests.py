@@ -10,11 +10,12 @@ inferred from what each request's own records bound:
   collector prefix, else to the second).
 
 Every step (on the reference rank) that overlaps the request's [scheduled, finished] window is a
-candidate; the first is its prefill step. Steps whose annotation states how many requests they ran
-(vLLM's `execute_context_N(…)_generation_M(…)`, the lab's annotation) give each membership a
-confidence: N + M over the number of candidate requests for that step, capped at 1 — a step that
-ran 3 requests while 6 lifetimes overlap it gets 0.5 for each. Without any of this a request keeps
-only its lifetime.
+candidate; the first is its prefill step. Steps that state how many requests they ran give each
+membership a confidence: N + M over the number of candidate requests for that step, capped at 1 —
+a step that ran 3 requests while 6 lifetimes overlap it gets 0.5 for each. The counts come from the
+step's annotation (vLLM's `execute_context_N(…)_generation_M(…)`, the lab's), else from the
+iteration line anchored to the step (`N context requests, … M generation requests`). Without any
+of this a request keeps only its lifetime.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
 from teller.align.logtime import LogTimes
+from teller.callchain.steps import StepTable
 from teller.callchain.tree import CallTree
 from teller.ingest.logs.table import LogTable, request_key
 from teller.ingest.otlp import RequestTable
@@ -94,6 +97,20 @@ class RequestTrees:
         except ValueError:
             return []
         return sorted(self.step[self.request == index].tolist())
+
+    def step_subtrees(self, key: str, tree: CallTree) -> pa.Table:
+        """The request's tree: one row per (step, rank) of its steps, with the node that roots
+        that rank's subtree of the step (co-batched requests share it), in step then rank order."""
+        steps = tree.steps
+        rows = np.flatnonzero(np.isin(steps.index, self.steps_of(key)))
+        rows = rows[np.lexsort((steps.rank[rows], steps.index[rows]))]
+        return pa.table(
+            {
+                "step": pa.array(steps.index[rows], pa.int64()),
+                "rank": pa.array(steps.rank[rows], pa.int32()),
+                "node": pa.array(steps.node[rows], pa.int64()),
+            }
+        )
 
     def to_arrow(self) -> pa.Table:
         return pa.table(
@@ -175,7 +192,9 @@ def build_request_trees(
     """Attach every request to the steps (of `reference_rank`, default the lowest) it ran in.
 
     `tree` and `spans` must be on one clock (see `teller.align.clock`); log times are taken as
-    printed unless `times` (`teller.align.logtime.place_log_times`) puts them on the trace clock.
+    printed unless `times` (`teller.align.logtime.place_log_times`) puts them on the trace clock;
+    `times` also ties iteration lines to their steps, whose printed request counts stand in for
+    an annotation that states none.
     """
     requests = collect_requests(logs, spans, times)
     steps = tree.steps
@@ -186,15 +205,15 @@ def build_request_trees(
     rows = np.flatnonzero(steps.rank == reference_rank)
     rows = rows[np.argsort(steps.start_ns[rows], kind="stable")]
     starts, ends = steps.start_ns[rows], steps.start_ns[rows] + steps.dur_ns[rows]
-    stated = steps.context_requests[rows] + steps.generation_requests[rows]
-    stated[(steps.context_requests[rows] < 0) | (steps.generation_requests[rows] < 0)] = -1
+    context, generation = _stated_counts(steps, rows, logs, times)
+    stated = np.where((context < 0) | (generation < 0), -1, context + generation)
     begins = np.where(requests.scheduled_ns >= 0, requests.scheduled_ns, requests.arrival_ns)
     # arrived but never finished in the records: still in flight when the trace ended
     in_flight = (begins >= 0) & (requests.finish_ns < 0)
     finishes = np.where(in_flight, np.iinfo(np.int64).max // 2, requests.finish_ns)
     complete = (begins >= 0) & (finishes >= 0)
     incomplete = int(np.count_nonzero(~complete))
-    admitted = _admit_first_come_first_served(requests, begins, complete, rows, starts, steps)
+    admitted = _admit_first_come_first_served(requests, begins, complete, starts, context)
     member_request: list[int] = []
     member_pos: list[int] = []
     for i in np.flatnonzero(complete).tolist():
@@ -242,13 +261,34 @@ def build_request_trees(
     )
 
 
+def _stated_counts(
+    steps: StepTable, rows: np.ndarray, logs: LogTable | None, times: LogTimes | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(context, generation) requests each step of `rows` ran, -1 unknown: as its annotation
+    states, else as the iteration line anchored to it prints."""
+    context = steps.context_requests[rows].copy()
+    generation = steps.generation_requests[rows].copy()
+    if logs is None or times is None or not ((context < 0) | (generation < 0)).any():
+        return context, generation
+    position = {int(o): p for p, o in enumerate(steps.index[rows].tolist())}
+    fields = logs.table.column("fields").to_pylist()
+    for i in np.flatnonzero(times.anchor_step >= 0).tolist():
+        pos = position.get(int(times.anchor_step[i]))
+        if pos is None or not fields[i]:
+            continue
+        printed = orjson.loads(fields[i])
+        for counts, name in ((context, "context_requests"), (generation, "generation_requests")):
+            if counts[pos] < 0 and isinstance(printed.get(name), int):
+                counts[pos] = printed[name]
+    return context, generation
+
+
 def _admit_first_come_first_served(
     requests: Requests,
     begins: np.ndarray,
     complete: np.ndarray,
-    rows: np.ndarray,
     starts: np.ndarray,
-    steps,
+    context: np.ndarray,
 ) -> np.ndarray:
     """Position of each request's admission step, -1 where it cannot be told.
 
@@ -258,13 +298,12 @@ def _admit_first_come_first_served(
     requests that had arrived before it started.
     """
     admitted = np.full(len(requests), -1, dtype=np.int64)
-    context = steps.context_requests[rows]
-    if len(rows) == 0 or (context < 0).any():
+    if len(context) == 0 or (context < 0).any():
         return admitted
     order = [i for i in np.argsort(begins, kind="stable").tolist() if complete[i]]
     order = [i for i in order if requests.exact[i]]
     waiting = 0  # index into `order` of the first request not yet admitted
-    for pos in range(len(rows)):
+    for pos in range(len(context)):
         take = int(context[pos])
         while take and waiting < len(order):
             i = order[waiting]
