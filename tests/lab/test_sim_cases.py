@@ -48,6 +48,7 @@ DEFAULTS = {
     "output_median": 128,
     "rate": 100.0,
     "variant": "",
+    "intensity": 1.0,
 }
 _CASES: dict[str, tuple[Path, EventTable, CallTree]] = {}
 
@@ -65,7 +66,11 @@ def case(**options) -> tuple[Path, EventTable, CallTree]:
             engine=EngineConfig(kv_blocks=o["kv_blocks"]),
             workload=WorkloadConfig(output_median=o["output_median"], rate_per_s=o["rate"]),
             fault=FaultSpec(
-                o["fault"], rank=o["rank"], intensity=1.0, window=WINDOW, variant=o["variant"]
+                o["fault"],
+                rank=o["rank"],
+                intensity=o["intensity"],
+                window=WINDOW,
+                variant=o["variant"],
             ),
             seed=o["seed"],
         )

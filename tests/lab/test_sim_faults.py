@@ -12,10 +12,11 @@ import re
 
 import numpy as np
 
-from lab.test_sim_cases import WINDOW, case, comm_kernel_times
+from lab.test_sim_cases import STEPS, WINDOW, case, comm_kernel_times
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import LAYER_CODE
 from teller.lab.labels import CaseLabels
+from teller.lab.sim.engine import EngineConfig, Scheduler, WorkloadConfig
 from teller.lab.sim.faults import NET_DELAY_UNIT_NS, STRAGGLER_UNIT_NS
 from teller.lab.sim.topology import NETWORK_LATENCY_NS, NVLINK_LATENCY_NS
 
@@ -105,6 +106,37 @@ def test_kv_pressure_preempts_and_recomputes_prefills_with_log_lines():
         return float(np.median(s.generation_requests[w] + s.context_requests[w]))
 
     assert batch_in_window(tree) < 0.8 * batch_in_window(base)
+
+
+def test_kv_pressure_at_high_intensity_never_overcommits_the_cache():
+    """At intensity 3 the cache shrinks to 1/13: the pressure takes free blocks only, the rest as
+    requests release theirs, so the logged usage reaches but never passes 100%."""
+    out, _, _ = case(fault="kv_pressure", rank=0, tp=2, gpus=2, intensity=3.0)
+    log = (out / "logs" / "server0.log").read_text()
+    usage = [float(u) for u in re.findall(r"GPU KV cache usage: ([\d.]+)%", log)]
+    assert len(usage) >= STEPS
+    assert 99.0 <= max(usage) <= 100.0
+    assert "is preempted" in log
+
+
+def test_reserving_cache_takes_only_free_blocks_until_running_requests_release_theirs():
+    engine = EngineConfig(kv_blocks=100, block_size=16)
+    scheduler = Scheduler(
+        engine, WorkloadConfig(initial_requests=4), np.random.default_rng(0), 0, 0
+    )
+    plan = scheduler.plan(0, 0)
+    held = engine.kv_blocks - scheduler.free_blocks
+    assert plan.prefill and held > 0
+    scheduler.reserve(95)
+    assert (scheduler.free_blocks, scheduler.reserved_blocks) == (0, engine.kv_blocks - held)
+    assert scheduler.kv_usage == 1.0
+    for request in list(scheduler.running):  # finished requests give their blocks back
+        request.output_tokens = 0
+    scheduler.complete(plan, 1_000)
+    scheduler.reserve(95)
+    assert (scheduler.free_blocks, scheduler.reserved_blocks) == (5, 95)
+    scheduler.reserve(0)
+    assert (scheduler.free_blocks, scheduler.reserved_blocks, scheduler.kv_usage) == (100, 0, 0.0)
 
 
 def test_host_cpu_contention_stretches_launches_and_opens_gpu_bubbles():

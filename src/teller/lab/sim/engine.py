@@ -5,7 +5,8 @@ one decode token, then fills the token budget with prefill chunks (unfinished pr
 waiting requests in arrival order). A decode that needs a new KV block when none is free preempts
 the most recently admitted request (recompute mode: its blocks are freed and its prompt plus the
 tokens generated so far are prefilled again later). Step durations come from the rank model, so the
-scheduler plans one step, the ranks run it, and `complete` books the result.
+scheduler plans one step, the ranks run it, and `complete` books the result. `reserve` holds part
+of the cache out of use (the kv_pressure fault's smaller cache).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_blocks = engine.kv_blocks
+        self.reserved_blocks = 0  # held out of use by `reserve`
         self.next_arrival_ns = start_ns
         self.arrived: list[Request] = []  # arrivals not yet reported (for logs)
         self.finished: list[Request] = []  # finished, not yet reported
@@ -163,6 +165,21 @@ class Scheduler:
                 continue
             gap_s = self.rng.exponential(1.0 / w.rate_per_s)
             self.next_arrival_ns += max(int(gap_s * 1e9), 1)
+
+    # -- capacity --------------------------------------------------------------------------------
+    def reserve(self, blocks: int) -> None:
+        """Hold `blocks` of the KV cache out of use (a smaller cache), called before each plan.
+
+        Only free blocks are taken: what running requests hold is taken as they finish or are
+        preempted (each later call takes more), so the cache is never over-committed and usage
+        stays at most 100%. A smaller target gives blocks back at once."""
+        if blocks < self.reserved_blocks:
+            self.free_blocks += self.reserved_blocks - blocks
+            self.reserved_blocks = blocks
+        else:
+            take = min(blocks - self.reserved_blocks, self.free_blocks)
+            self.free_blocks -= take
+            self.reserved_blocks += take
 
     # -- planning --------------------------------------------------------------------------------
     def plan(self, index: int, now_ns: int) -> StepPlan:
@@ -260,4 +277,6 @@ class Scheduler:
 
     @property
     def kv_usage(self) -> float:
-        return 1.0 - self.free_blocks / self.engine.kv_blocks
+        """Share of the cache in use, of the blocks not reserved (what a smaller cache reports)."""
+        capacity = max(self.engine.kv_blocks - self.reserved_blocks, 1)
+        return 1.0 - self.free_blocks / capacity

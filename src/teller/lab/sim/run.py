@@ -303,18 +303,12 @@ def _loop(
     now = config.start_unix_ns
     first_ns = now
     hung: list[int] = []
-    reserved = 0
     finished = 0
     for step in range(config.steps):
         _apply_scheduler_faults(config, scheduler, step)
-        if spec.fault == "kv_pressure":
-            want = (
-                int(config.engine.kv_blocks * (1 - 1 / (1 + 4 * spec.intensity)))
-                if spec.active(step)
-                else 0
-            )
-            scheduler.free_blocks -= want - reserved
-            reserved = want
+        if spec.fault == "kv_pressure":  # the cache shrinks to 1/(1 + 4x) inside the window
+            shrink = 1 - 1 / (1 + 4 * spec.intensity)
+            scheduler.reserve(int(config.engine.kv_blocks * shrink) if spec.active(step) else 0)
         plan = scheduler.plan(step, now)
         for request in scheduler.arrived:
             log.arrived(request)
