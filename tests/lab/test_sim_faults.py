@@ -64,6 +64,21 @@ def test_gpu_throttle_slows_only_the_guilty_rank_inside_the_window():
     assert labels.steps == list(range(*WINDOW))
 
 
+def test_gpu_throttle_slowdown_follows_its_intensity():
+    """Intensity x makes the guilty rank's kernels (1 + x)× as long as its peers' in the same
+    steps: the slowdown grows with intensity and sits near 1 + x."""
+
+    def slowdown(intensity: float) -> float:
+        _, _, tree = case(fault="gpu_throttle", rank=1, tp=2, gpus=2, intensity=intensity)
+        k = kernels(tree) & in_window(tree)
+        return tree.dur[k & (tree.rank == 1)].sum() / tree.dur[k & (tree.rank == 0)].sum()
+
+    low, high = slowdown(0.25), slowdown(2.0)
+    assert high > 2 * low
+    for intensity, measured in ((0.25, low), (2.0, high)):
+        assert abs(measured / (1 + intensity) - 1) < 0.05, (intensity, measured)
+
+
 def test_gpu_contention_slows_the_rank_and_raises_its_variance():
     _, _, tree = case(fault="gpu_contention", rank=2)
     base = case()[2]
