@@ -108,6 +108,25 @@ def test_interleaved_processes_and_out_of_order_times_are_kept_and_counted(tmp_p
     assert any("earlier than the record before them" in w for w in table.warnings)
 
 
+def test_out_of_range_times_of_day_are_counted_with_impossible_dates(tmp_path):
+    lines = [
+        ADDED,  # 11:33:33, fine
+        ADDED.replace("11:33:33", "25:33:33"),  # vLLM, hour 25
+        ADDED.replace("11:33:33", "11:61:33"),  # minute 61
+        ADDED.replace("02-13", "13-13"),  # month 13
+        "[2025-02-27 04:46:60 TP0] Decode batch. #running-req: 8, #queue-req: 0",  # SGLang
+        "2025-02-27 24:00:00,123 INFO generic line",  # generic header
+        "[rank1]:[E0213 11:99:30.000000001 ProcessGroupNCCL.cpp:1709] [Rank 1] Timeout at NCCL work: 7, last enqueued NCCL work: 7, last completed NCCL work: 6.",
+    ]
+    path = tmp_path / "clock.log"
+    path.write_text("\n".join(lines) + "\n")
+    table = read_logs([path], year=2026)
+    assert len(table) == len(lines)  # kept
+    assert table.sources[0].counts["impossible_dates"] == 6
+    assert any("6 lines printed an impossible date or time" in w for w in table.warnings)
+    assert table.column("ts_exact")[1:] == [False] * 6  # they carry the time before over
+
+
 def test_gzip_files_and_directories(tmp_path):
     (tmp_path / "logs").mkdir()
     with gzip.open(tmp_path / "logs" / "server.log.gz", "wt") as handle:

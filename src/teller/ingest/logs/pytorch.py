@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from teller.ingest.logs.table import LogRecord
+from teller.ingest.logs.table import LogRecord, second_of_day
 
 HEADER = re.compile(
     r"^(?:\[rank(?P<rank>\d+)\]:)?\[(?P<severity>[IWEF])"
@@ -52,7 +52,7 @@ def parse(text: str, line: int) -> LogRecord | None:
             None,
             int(g("month")),
             int(g("day")),
-            int(g("h")) * 3600 + int(g("m")) * 60 + int(g("s")),
+            second_of_day(g("h"), g("m"), g("s")),
             int(frac.ljust(9, "0")[:9]),
         )
         if frac

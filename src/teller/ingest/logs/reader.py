@@ -81,8 +81,10 @@ class WallClock:
         self.last_second_of_day = moment.hour * 3600 + moment.minute * 60 + moment.second
 
     def seconds(self, clock: tuple) -> int:
-        """Unix seconds of a printed time; ValueError for an impossible date."""
+        """Unix seconds of a printed time; ValueError for an impossible date or time of day."""
         year, month, day, second_of_day, _ = clock
+        if second_of_day is None:
+            raise ValueError("time of day out of range")
         if month is not None and (year, month, day) == self._last_printed:
             # same printed date as the line before (nearly every line): no context to update
             self.last_second_of_day = second_of_day
@@ -360,7 +362,10 @@ def read_file(
             "(kept, with a mined template)"
         )
     if counts["impossible_dates"]:
-        source.warnings.append(f"{counts['impossible_dates']} lines printed an impossible date")
+        source.warnings.append(
+            f"{counts['impossible_dates']} lines printed an impossible date or time (kept, "
+            "with the time of the line before)"
+        )
     for what, note in (
         ("year_from_file_mtime", "year"),
         ("date_from_file_mtime", "date"),

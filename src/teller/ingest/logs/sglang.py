@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from teller.ingest.logs.fields import key_values
-from teller.ingest.logs.table import LogRecord
+from teller.ingest.logs.table import LogRecord, second_of_day
 from teller.ingest.logs.vllm import ACCESS, fill_access
 
 HEADER = re.compile(
@@ -42,7 +42,7 @@ def parse(text: str, line: int) -> LogRecord | None:
             int(year) if year else None,
             int(g("month")) if year else None,
             int(g("day")) if year else None,
-            int(g("h")) * 3600 + int(g("m")) * 60 + int(g("s")),
+            second_of_day(g("h"), g("m"), g("s")),
             None,
         ),
     )

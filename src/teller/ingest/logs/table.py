@@ -149,6 +149,12 @@ def request_keys(request_ids: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunk
     return pc.take(keys, pc.index_in(request_ids, value_set=unique))
 
 
+def second_of_day(hour: str, minute: str, second: str) -> int | None:
+    """Seconds since midnight of a printed time of day; None when a field is out of range."""
+    h, m, s = int(hour), int(minute), int(second)
+    return h * 3600 + m * 60 + s if h < 24 and m < 60 and s < 60 else None
+
+
 def template_id(template: str) -> int:
     """A stable 63-bit id for a template text (blake2b), unlike drain's per-run cluster counter."""
     digest = hashlib.blake2b(template.encode("utf-8", "surrogatepass"), digest_size=8).digest()
@@ -175,7 +181,8 @@ class LogRecord:
     fields: dict | None = None
     message: str = ""  # the text after the engine's header, what template mining sees
     #: the time as printed: (year, month, day, second of day, ns fraction); None for "not printed"
-    clock: tuple[int | None, int | None, int | None, int, int | None] | None = None
+    #: (second of day None: the printed hour, minute or second was out of range)
+    clock: tuple[int | None, int | None, int | None, int | None, int | None] | None = None
     fields_json: str | None = None  # `fields` serialised when the record is complete
     host: str = ""
     cluster: int = -1  # drain cluster of a mined record, resolved to `template` once all are seen

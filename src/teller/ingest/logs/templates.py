@@ -18,7 +18,7 @@ from drain3.masking import MaskingInstruction
 from drain3.template_miner_config import TemplateMinerConfig
 
 from teller.ingest.logs.fields import key_values, loose_numbers
-from teller.ingest.logs.table import LogRecord, template_id
+from teller.ingest.logs.table import LogRecord, second_of_day, template_id
 
 #: `2025-02-27 04:46:39,123 INFO …`, `[2025-02-27T04:46:39.123Z] [WARN] …` and similar.
 GENERIC_HEADER = re.compile(
@@ -52,6 +52,7 @@ def parse_generic(text: str, line: int) -> LogRecord:
         return record
     g = match.group
     frac, tz = g("frac"), g("tz")
+    time_of_day = second_of_day(g("h"), g("m"), g("s"))
     level = g("level") or ""
     record = LogRecord(
         raw=text,
@@ -63,7 +64,7 @@ def parse_generic(text: str, line: int) -> LogRecord:
             int(g("year")),
             int(g("month")),
             int(g("day")),
-            int(g("h")) * 3600 + int(g("m")) * 60 + int(g("s")) - _tz_seconds(tz),
+            None if time_of_day is None else time_of_day - _tz_seconds(tz),
             int(frac.ljust(9, "0")) if frac else None,
         ),
     )

@@ -13,7 +13,7 @@ import re
 import orjson
 
 from teller.ingest.logs.fields import normalise_key
-from teller.ingest.logs.table import LogRecord
+from teller.ingest.logs.table import LogRecord, second_of_day
 
 HEADER = re.compile(r"^\[TensorRT-LLM\]\[(?P<level>[A-Z]+)\] ?(?P<message>.*)$", re.DOTALL)
 _LEVELS = {"VERBOSE": "DEBUG", "DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING"}
@@ -51,5 +51,5 @@ def _clock(value: object) -> tuple | None:
     if not isinstance(value, str) or not (match := _TIMESTAMP.match(value)):
         return None
     g = match.group
-    seconds = int(g("h")) * 3600 + int(g("m")) * 60 + int(g("s"))
+    seconds = second_of_day(g("h"), g("m"), g("s"))
     return (int(g("year")), int(g("month")), int(g("day")), seconds, None)

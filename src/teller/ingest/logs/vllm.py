@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from teller.ingest.logs.fields import key_values, normalise_key
-from teller.ingest.logs.table import LogRecord
+from teller.ingest.logs.table import LogRecord, second_of_day
 
 HEADER = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)"
@@ -25,7 +25,7 @@ HEADER = re.compile(
     re.DOTALL,
 )
 #: `MM-DD HH:MM:SS` → (month, day, second of day); stamps repeat for every line of a second.
-_STAMPS: dict[str, tuple[int, int, int]] = {}
+_STAMPS: dict[str, tuple[int, int, int | None]] = {}
 _STAMP_CACHE_SIZE = 100_000
 #: `(APIServer pid=1)`, `(VllmWorker TP0 pid=1)`, `(RayWorkerWrapper pid=1, ip=10.0.0.2)`.
 PROCESS_PREFIX = re.compile(r"^\((?P<process>[^()]*?) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\) ")
@@ -65,7 +65,7 @@ def parse(text: str, line: int) -> LogRecord | None:
     if match is None:
         return None
     level, stamp, frac, source, message = match.groups()
-    month, day, second_of_day = _STAMPS.get(stamp) or _parse_stamp(stamp)
+    month, day, time_of_day = _STAMPS.get(stamp) or _parse_stamp(stamp)
     record = LogRecord(
         raw=text,
         line=line,
@@ -73,17 +73,17 @@ def parse(text: str, line: int) -> LogRecord | None:
         level=level,
         source=source,
         message=message,
-        clock=(None, month, day, second_of_day, int(frac.ljust(9, "0")) if frac else None),
+        clock=(None, month, day, time_of_day, int(frac.ljust(9, "0")) if frac else None),
     )
     classify(record)
     return record
 
 
-def _parse_stamp(stamp: str) -> tuple[int, int, int]:
+def _parse_stamp(stamp: str) -> tuple[int, int, int | None]:
     parsed = (
         int(stamp[0:2]),
         int(stamp[3:5]),
-        int(stamp[6:8]) * 3600 + int(stamp[9:11]) * 60 + int(stamp[12:14]),
+        second_of_day(stamp[6:8], stamp[9:11], stamp[12:14]),
     )
     if len(_STAMPS) >= _STAMP_CACHE_SIZE:
         _STAMPS.clear()
