@@ -169,14 +169,22 @@ def model_facts(tree: CallTree, events) -> dict:
     }
 
 
-def trace_header(path: Path) -> dict:
-    """The profiler's own header facts of the H100 trace (device properties, CUDA versions)."""
+def read_document(path: Path) -> dict:
     with gzip.open(path, "rb") as handle:
-        document = json.load(handle)
+        return json.load(handle)
+
+
+def trace_header(document: dict) -> dict:
+    """The profiler's own header facts of the H100 trace (device properties, CUDA versions)."""
     keys = ("cuda_runtime_version", "cupti_version", "cuda_driver_version")
     return {key: document[key] for key in keys if key in document} | {
         "device_properties": document["deviceProperties"][0]
     }
+
+
+def model_id(document: dict) -> str:
+    """The profiled model's hub id, from the metadata block the H100 trace's harness wrote."""
+    return str(document["metadata"]["experiment"]["repo_id"])
 
 
 def runtime_cbids(*pairs) -> dict[str, int]:
@@ -339,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"read {rel}: {len(events):,} events", file=sys.stderr)
 
     hf_tree, hf_events = trees[HF_H100]
+    hf_document = read_document(root / HF_H100)
     delays = launch_delays(hf_tree)
     gpu_durs = hf_tree.dur[np.isin(hf_tree.layer, [LAYER_CODE["kernel"]])]
     vllm_tree, _ = trees[VLLM]
@@ -349,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             "note": "derived by scripts/calibrate_sim.py; do not edit by hand",
         },
         "reference_tokens": reference_tokens(hf_tree, hf_events),
-        "header": trace_header(root / HF_H100),
-        "model": model_facts(hf_tree, hf_events),
+        "header": trace_header(hf_document),
+        "model": model_facts(hf_tree, hf_events) | {"model_id": model_id(hf_document)},
         "layer": layer_template(hf_tree, hf_events),
         "kernels": kernel_stats(hf_tree, hf_events),
         "kernel_floor_ns": int(np.percentile(gpu_durs, 1)),

@@ -330,6 +330,13 @@ def test_logs_and_spans_have_the_documented_shapes():
         "gen_ai.usage.prompt_tokens",
     } <= attributes
     assert all(r["name"] == "llm_request" and r["kind"] == 2 for r in records)
+    models = {
+        a["value"]["stringValue"]
+        for r in records
+        for a in r["attributes"]
+        if a["key"] == "gen_ai.response.model"
+    }
+    assert models == {"Qwen/Qwen1.5-0.5B-Chat"}  # the calibrated model's hub id
 
 
 def test_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path):
@@ -457,10 +464,14 @@ def test_cli_writes_a_case(tmp_path, capsys):
             "1:3",
             "--jobs",
             "1",
+            "--model",
+            "org/served-model",
         ]
     )
     assert status == 0
     assert "gpu_throttle" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["model"] == "org/served-model"
     labels = CaseLabels.read(out)
     assert labels.steps == [1, 2] and labels.guilty_rank == 1 and labels.view == "V"
     assert labels.window_ns[0] < labels.window_ns[1]

@@ -7,6 +7,7 @@ its peers, so it fails if the injection stops working or lands on the wrong rank
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 
@@ -310,6 +311,18 @@ def test_collective_hang_leaves_peers_in_the_collective_until_the_watchdog():
     for r in (0, 2, 3):
         assert f"[rank{r}]:[E" in log and "Timeout at NCCL work" in log
     assert "[rank1]:" not in log
+    # the watchdog names the hung all-reduce's element count, as its record_param_comms has it
+    seq = int(re.search(r"Timeout at NCCL work: (\d+)", log).group(1))
+    with gzip.open(out / "traces" / "rank0.pt.trace.json.gz") as handle:
+        events = json.load(handle)["traceEvents"]
+    nelems = next(
+        e["args"]["In msg nelems"]
+        for e in events
+        if e.get("name") == "record_param_comms"
+        and e["args"]["Process Group Description"] == "tp"
+        and e["args"]["Seq"] == seq
+    )
+    assert nelems > 0 and f"NumelIn={nelems}, NumelOut={nelems}," in log
     labels = CaseLabels.read(out)
     assert labels.steps == [WINDOW[0]] and labels.guilty_rank == 1
 

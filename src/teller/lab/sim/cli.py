@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--window", default=None, help="fault window A:B in step ordinals")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--model", default=None, help="served model id in the spans (default: the calibrated one)"
+    )
     parser.add_argument("--no-python", action="store_true", help="no python_function frames")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs for decode")
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
@@ -75,6 +78,7 @@ def run_from_args(args: argparse.Namespace, progress: bool) -> SimResult:
                 variant=args.variant,
             ),
             seed=args.seed,
+            **({"model": args.model} if args.model else {}),
         )
     except ValueError as error:
         raise TellerError(f"{args.out}: {error}") from None

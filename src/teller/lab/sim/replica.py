@@ -70,6 +70,15 @@ class Streams:
         return sorted({s for s in streams if s is not None})
 
 
+@dataclass(frozen=True)
+class HungCollective:
+    """The collective a hang left unfinished: what the NCCL watchdog's lines report."""
+
+    step: int
+    seq: int
+    nelems: int
+
+
 @dataclass
 class _Hang(Exception):
     """Raised on the rank that never reaches its collective: its host stops there."""
@@ -236,7 +245,7 @@ class ReplicaModel:
         )
         self.fallback_gemm = calibration.gemm_fallback()
         self.p2p_exchanges = 0
-        self.hung_at: tuple[int, int] | None = None  # (step, seq) of a collective hang
+        self.hung_at: HungCollective | None = None
         self.cbid = calibration.raw["runtime_cbid"]
         self.graph_launch = calibration.vllm["graph_launch"]
         self.comm_host_fit = Fit.of(calibration.comm["host_dur"])
@@ -712,7 +721,8 @@ class ReplicaModel:
         first = heads[0][1]
         if hung:  # a rank never launched it: the others wait until the watchdog fires
             end = max(arrivals) + WATCHDOG_TIMEOUT_NS
-            self.hung_at = (plan.index, first.comm["seq"])
+            nelems = first.comm["args"]["In msg nelems"]
+            self.hung_at = HungCollective(plan.index, first.comm["seq"], nelems)
         else:
             end = max(arrivals) + self._ring_cost(ranks, first.comm["bytes"], plan.index)
         for (state, launch), arrival in zip(heads, arrivals, strict=True):

@@ -54,6 +54,8 @@ class SimConfig:
     fault: FaultSpec = field(default_factory=FaultSpec)
     seed: int = 0
     start_unix_ns: int = START_UNIX_NS
+    #: the served model's id (OTLP `gen_ai.response.model`); default: the calibrated model's
+    model: str = field(default_factory=lambda: load().model["model_id"])
 
     def validate(self) -> None:
         t, f = self.topology, self.fault
@@ -239,10 +241,7 @@ def run_replica(config: SimConfig, replica: int, tmp: Path, tick=None) -> Replic
             int(ids.integers(10_000, 4_000_000)),
             int(ids.integers(10_000, 4_000_000)),
         )
-        spans = SpanWriter(
-            tmp / "otlp" / f".replica{replica}.part",
-            cal.model["model_module"].removeprefix("nn.Module: "),
-        )
+        spans = SpanWriter(tmp / "otlp" / f".replica{replica}.part", config.model)
         result = _loop(
             config,
             replica,
@@ -371,9 +370,8 @@ def _apply_scheduler_faults(config: SimConfig, scheduler: Scheduler, step: int) 
 def _watchdog(
     log: EngineLog, model: ReplicaModel, topology: Topology, hung: list[int], end: int
 ) -> None:
-    _step, seq = model.hung_at
+    hung_at = model.hung_at
     group = model.tp_group[hung[0]]
-    numel = 0
     for rank in group.ranks:
         if rank in hung:
             continue
@@ -382,9 +380,9 @@ def _watchdog(
             group.name,
             group.desc,
             group.ranks.index(rank),
-            seq,
+            hung_at.seq,
             end,
-            numel,
+            hung_at.nelems,
             WATCHDOG_TIMEOUT_NS // 1_000_000,
         )
 
@@ -506,6 +504,7 @@ def _write_manifest(tmp: Path, config: SimConfig, results: list[ReplicaResult]) 
             | {"window": [config.fault.window[0], min(config.fault.window[1], 1 << 62)]},
             "seed": config.seed,
             "start_unix_ns": config.start_unix_ns,
+            "model": config.model,
         },
         "calibration": {"command": cal.raw["meta"]["command"], "inputs": cal.inputs},
         "replicas": [
