@@ -15,7 +15,20 @@ teller's own reader and tree builder on the real files under ../shared/traces:
   names and durations (HTA distributed traces), and CUDA-graph launch call durations;
 * the CUDA stream ids CUPTI gave the compute kernels (H100 trace) and the NCCL kernels: c10d runs
   each communicator on its own stream (the all-reduce trace's, and the p2p trace's per-peer
-  send/recv streams in order of first use).
+  send/recv streams in order of first use);
+* a second serving engine's step as a reference the fidelity tests hold the simulator to
+  (`serving_step`, from the SGLang Qwen3-8B prefill step): its vLLM-shape step annotation and
+  SGLang's own `step[EXTEND bs=… toks=…]` (the simulator must write the same annotation for that
+  batch), and step-level structure that does not depend on the framework: every decoder layer
+  launches the same number of kernels, the layers are siblings under one model frame, and few of
+  the step's kernels run outside the layers.
+
+What the SGLang trace is not used for, and why: it was recorded on an AMD MI300X (HIP runtime)
+with an 8B model, so none of its durations or launch delays describe the simulated H100 cluster;
+its kernels per layer (14 fused aiter/sgl kernels) and its Python depth below the step (SGLang's
+scheduler, model-runner and layer-wrapper frames; total-variation distance 0.61 from the H100
+layer's depth histogram) describe SGLang's own code, not the Hugging Face eager layer the
+simulator replays (42 kernels), so they are recorded as facts but not compared.
 
 Usage: python scripts/calibrate_sim.py [--traces DIR] [--out PATH]
 """
@@ -45,11 +58,13 @@ HF_H100 = "tracelens/hf_qwen1.5-0.5b_h100.json.gz"
 VLLM = "tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz"
 NCCL_ALLREDUCE = "hta/df_index_resolver_rank1_of2_216k_events.json.gz"
 NCCL_P2P_AND_GRAPHS = "hta/queue_len_rank0_of16.json.gz"
+SGLANG = "tracelens/sglang_Qwen3-8B_prefilldecode.json.gz"
 LAYER_MODULE = re.compile(r"^nn\.Module: (\w+DecoderLayer)_0$")
 LAYER_ANY = re.compile(r"^nn\.Module: \w+DecoderLayer_\d+$")
 MODEL_MODULE = re.compile(r"^nn\.Module: (\w+Model)_0$")
 #: Every real trace the table is derived from (paths under the traces root), in the order read.
-INPUTS = (HF_H100, VLLM, NCCL_ALLREDUCE, NCCL_P2P_AND_GRAPHS)
+INPUTS = (HF_H100, VLLM, NCCL_ALLREDUCE, NCCL_P2P_AND_GRAPHS, SGLANG)
+SGLANG_STEP = re.compile(r"^step\[\w+ bs=\d+ toks=\d+\]$")
 #: HIP runtime names in the AMD vLLM trace map to the CUDA names of an NVIDIA cluster by prefix.
 HIP_TO_CUDA = (("hip", "cuda"),)
 
@@ -323,6 +338,35 @@ def p2p_and_graphs(tree: CallTree) -> dict:
     }
 
 
+def descendants(tree: CallTree, root: int) -> np.ndarray:
+    out, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(tree.children(node).tolist())
+    return np.array(sorted(out))
+
+
+def serving_step(tree: CallTree) -> dict:
+    """Step-level facts of the SGLang trace's one (prefill) step, under its step annotation."""
+    assert len(tree.steps) == 1, "the SGLang trace holds one engine step"
+    step = descendants(tree, int(tree.steps.node[0]))
+    names = [tree.node_name(n) for n in step.tolist()]
+    layers = [int(n) for n, name in zip(step, names, strict=True) if LAYER_ANY.match(name)]
+    kernel = LAYER_CODE["kernel"]
+    per_layer = [int((tree.layer[descendants(tree, n)] == kernel).sum()) for n in layers]
+    kernels = int((tree.layer[step] == kernel).sum())
+    return {
+        "annotation": tree.node_name(int(tree.steps.node[0])),
+        "engine_annotation": next(name for name in names if SGLANG_STEP.match(name)),
+        "decoder_layers": len(layers),
+        "layers_share_parent": len({int(tree.parent[n]) for n in layers}) == 1,
+        "kernels_per_layer": sorted(set(per_layer)),
+        "kernels": kernels,
+        "kernels_outside_layers": kernels - sum(per_layer),
+    }
+
+
 def depth_histogram(tree: CallTree) -> dict:
     cpu = tree.stream < 0
     depths, counts = np.unique(tree.depth[cpu], return_counts=True)
@@ -371,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         "comm": comm_chain(*trees[NCCL_ALLREDUCE]),
         "p2p_and_graphs": p2p_and_graphs(trees[NCCL_P2P_AND_GRAPHS][0]),
         "real_depth_histograms": {rel: depth_histogram(trees[rel][0]) for rel in (HF_H100, VLLM)},
+        "serving_step": serving_step(trees[SGLANG][0]),
     }
     out = Path(args.out)
     fd, tmp = tempfile.mkstemp(prefix=".calibration.", dir=out.parent)

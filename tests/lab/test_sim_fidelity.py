@@ -9,6 +9,13 @@ single-GPU case, with these tolerances:
 * tree depth below the decoder-layer node: total-variation distance at most 0.05;
 * launch-to-kernel delay on an idle stream: median within a factor of 2 of the real one;
 * vLLM's frames from the step annotation down to the graph replay, in the real order.
+
+A second engine's real step, SGLang's Qwen3-8B prefill (calibration's `serving_step`), holds the
+step level to what does not depend on the framework or the GPU:
+
+* the step annotation for SGLang's batch (15 sequences, 15360 tokens): the same string;
+* decoder layers in a step: siblings under one model frame, in index order, each launching the same
+  number of kernels; kernels outside the layers: share of the step's within 0.05 of SGLang's.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from teller.callchain.tree import EDGE_LAUNCH, CallTree, build_tree
 from teller.ingest import read_trace
 from teller.ingest.schema import LAYER_CODE
 from teller.lab.sim.calibration import load
+from teller.lab.sim.engine import Request, StepPlan
 
 DECODER_LAYER = re.compile(r"^nn\.Module: \w+DecoderLayer_\d+$")
 COMPARED_LAYERS = ("python", "cpu_op", "runtime", "kernel", "memset")
@@ -151,3 +159,39 @@ def test_vllm_frames_lead_from_the_step_to_the_graph_replay(simulated):
 
 def node_of(tree: CallTree, name: str) -> int:
     return next(i for i in range(len(tree)) if tree.node_name(i) == name)
+
+
+def test_step_annotation_matches_a_real_sglang_step():
+    """SGLang's prefill of 15 sequences, 15360 tokens (its own `step[EXTEND bs=15 toks=15360]`)
+    carries vLLM's step annotation; the simulator writes the same string for that batch: first
+    prefills of equal length, which is what the real sqsq = 15 · 1024² says."""
+    reference = load().raw["serving_step"]
+    batch = re.search(r"bs=(\d+) toks=(\d+)", reference["engine_annotation"])
+    sequences, tokens = int(batch.group(1)), int(batch.group(2))
+    prompt = tokens // sequences
+    requests = [Request(i, f"r{i}", 0, prompt, 1) for i in range(sequences)]
+    plan = StepPlan(0, 0, prefill=[(r, prompt, 0) for r in requests], decode=[])
+    assert plan.annotation() == reference["annotation"]
+
+
+def test_decoder_layers_in_a_step_are_arranged_as_in_a_real_sglang_step(simulated):
+    reference = load().raw["serving_step"]
+    assert reference["layers_share_parent"] and len(reference["kernels_per_layer"]) == 1
+    real_outside = reference["kernels_outside_layers"] / reference["kernels"]
+    steps = simulated.steps
+    eager = [k for k in range(len(steps)) if steps.kind[k] != "decode" and steps.rank[k] == 0]
+    assert eager
+    for k in eager:
+        nodes = np.array(subtree(simulated, int(steps.node[k])))
+        layers = sorted(
+            (n for n in nodes.tolist() if DECODER_LAYER.match(simulated.node_name(n))),
+            key=lambda n: simulated.start[n],
+        )
+        assert len(layers) == 3
+        assert len({int(simulated.parent[n]) for n in layers}) == 1
+        index = [int(simulated.node_name(n).rsplit("_", 1)[1]) for n in layers]
+        assert index == sorted(index)
+        per_layer = [kernels_in(simulated, n) for n in layers]
+        assert len(set(per_layer)) == 1
+        in_step = int((simulated.layer[nodes] == LAYER_CODE["kernel"]).sum())
+        assert abs((in_step - sum(per_layer)) / in_step - real_outside) <= 0.05
