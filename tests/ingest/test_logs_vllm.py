@@ -131,6 +131,20 @@ def test_ansi_colour_codes_are_removed(tmp_path):
     assert "\x1b" not in row["raw"]
 
 
+def test_a_line_without_brackets_round_its_source(tmp_path):
+    """Some vLLM builds print `file.py:N` bare, with neither bracket, before the message."""
+    line = (
+        "INFO 10-01 18:43:28 engine.py:255 Added request cmpl-c5044c83c77b430d9038ecd2b7d1089e-0."
+    )
+    (row,) = rows(read_lines(tmp_path, [line]))
+    assert (row["format"], row["event"], row["source"]) == (
+        "vllm",
+        "request_added",
+        "engine.py:255",
+    )
+    assert row["request_key"] == "cmpl-c5044c83c77b430d9038ecd2b7d1089e"
+
+
 def test_iteration_details_line(tmp_path):
     line = "(APIServer pid=1) INFO 02-13 11:33:40 [loggers.py:257] " + ITERATION_LINE
     (row,) = rows(read_lines(tmp_path, [line]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -174,3 +175,26 @@ def test_engine_suffix_joins_a_client_id_read_in_the_same_spans(tmp_path):
     path.write_text(json.dumps(export(*spans)))
     keys = read_spans([path]).column("request_key")
     assert keys == ["myreq", "myreq", "my-request-1", "my-request-2", "solo-0b1c2d3e"]
+
+
+def test_llm_usage_and_request_attributes_in_a_gzipped_file(tmp_path):
+    """OpenLLMetry's `llm.usage.*` / `llm.request.*` keys, in an export gzipped by the collector."""
+    traceloop = span(
+        "openai.chat",
+        [
+            attr("llm.request.id", "chatcmpl-9f8e7d6c5b4a3921"),
+            attr("llm.request.model", "Qwen/Qwen2.5-0.5B-Instruct"),
+            attr("llm.request.max_tokens", 64),
+            attr("llm.usage.prompt_tokens", 17),
+            attr("llm.usage.completion_tokens", 64),
+            attr("llm.latency.e2e", 0.5),
+        ],
+        ARRIVAL_NS,
+        ARRIVAL_NS + 600_000_000,
+    )
+    (tmp_path / "spans.json.gz").write_bytes(gzip.compress(json.dumps(export(traceloop)).encode()))
+    (row,) = read_spans([tmp_path]).table.to_pylist()  # found in a directory by its suffix
+    assert row["request_id"] == row["request_key"] == "chatcmpl-9f8e7d6c5b4a3921"
+    assert row["model"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (row["input_tokens"], row["output_tokens"], row["max_tokens"]) == (17, 64, 64)
+    assert row["e2e_ns"] == 500_000_000 and row["file"].endswith("spans.json.gz")
