@@ -140,6 +140,21 @@ def test_cli_prints_lines_under_their_steps(capsys):
     assert "149 log records" in out.err
 
 
+def test_cli_prints_the_unmatched_lines_too(capsys, tmp_path):
+    start_up = tmp_path / "start_up.log"  # lines that print no time: nothing places them
+    start_up.write_text("".join(f"loading shard {k} of 25\n" for k in range(25)))
+    assert main(["-q", "align", str(TRACES), str(LOG)]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    at = listing.index("unmatched: 5 of 149 records (outside every step or without a time)")
+    assert len(listing) == at + 6 and listing[at + 1].endswith("[rank0.log:1]")
+    assert main(["-q", "align", str(TRACES), str(LOG), str(start_up)]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    at = listing.index("unmatched: 30 of 174 records (outside every step or without a time)")
+    assert listing[at + 6].startswith("    -       loading shard 0 of 25")
+    assert listing[at + 6].endswith("[start_up.log:1]")
+    assert len(listing) == at + 22 and listing[-1] == "    … and 10 more"
+
+
 def test_cli_bad_log_path_is_one_line_error(capsys):
     assert main(["-q", "align", str(TRACES), str(CASE / "missing.log")]) == 2
     assert "missing.log: no such log file" in capsys.readouterr().err

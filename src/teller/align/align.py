@@ -47,6 +47,8 @@ from teller.ingest.schema import EventTable
 CLOCK_WARNING_NS = 50_000_000
 #: An exact-time line this close to a step (but outside it) is attached with confidence 0.5.
 GAP_NS = 5_000_000
+#: How many unmatched records the per-step listing prints (then how many more there are).
+UNMATCHED_SHOWN = 20
 _ADMISSION_EVENTS = frozenset({"request_received", "request_added"})
 _LAST_STEP_EVENTS = frozenset({"request_finished", "request_aborted"})
 _RANK_PROCESS = re.compile(r"(?:TP|rank=)(\d+)")
@@ -256,7 +258,8 @@ def align_tree(
 
 
 def render_by_step(result: AlignResult, steps: range | None = None, width: int = 160) -> str:
-    """Per-step listing: each step on the reference rank, then the log lines placed in it."""
+    """Per-step listing: each step on the reference rank, then the log lines placed in it; with
+    no step range, the unmatched lines last (the first UNMATCHED_SHOWN, with their file:line)."""
     table = result.logs.table
     alignment = result.alignment
     tree = result.tree
@@ -284,7 +287,18 @@ def render_by_step(result: AlignResult, steps: range | None = None, width: int =
             lines.append(f"    {level[i] or '-':7} {text[: width - 40]}{tag}")
     unmatched = by_step.get(-1, [])
     if unmatched and steps is None:
-        lines.append(f"unmatched: {len(unmatched)} records (outside every step or without a time)")
+        lines.append(
+            f"unmatched: {len(unmatched)} of {len(table)} records "
+            "(outside every step or without a time)"
+        )
+        files = table.column("file").to_pylist()
+        numbers = table.column("line").to_pylist()
+        for i in unmatched[:UNMATCHED_SHOWN]:
+            text = raw[i].split("\n", 1)[0]
+            where = f"  [{Path(files[i]).name}:{numbers[i]}]"
+            lines.append(f"    {level[i] or '-':7} {text[: width - 40]}{where}")
+        if len(unmatched) > UNMATCHED_SHOWN:
+            lines.append(f"    … and {len(unmatched) - UNMATCHED_SHOWN} more")
     return "\n".join(lines)
 
 
