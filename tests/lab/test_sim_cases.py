@@ -21,6 +21,7 @@ import pytest
 from teller.callchain.tree import EDGE_LAUNCH, CallTree, build_tree
 from teller.cli import main
 from teller.ingest import read_run, read_trace
+from teller.ingest.logs import request_key
 from teller.ingest.schema import LAYER_CODE, EventTable
 from teller.lab.labels import CaseLabels
 from teller.lab.sim import EngineConfig, FaultSpec, SimConfig, Topology, WorkloadConfig, simulate
@@ -337,6 +338,52 @@ def test_logs_and_spans_have_the_documented_shapes():
         if a["key"] == "gen_ai.response.model"
     }
     assert models == {"Qwen/Qwen1.5-0.5B-Chat"}  # the calibrated model's hub id
+
+
+def test_ground_truth_has_the_real_labs_files_and_who_printed_each_line():
+    out, _, tree = case(tp=2, gpus=2, output_median=8)
+    truth = out / "ground_truth"
+    steps = [json.loads(line) for line in (truth / "steps.jsonl").open()]
+    # the lab's keys (teller.lab.serve.worker._step_record) plus the replica
+    assert set(steps[0]) == {"step", "start_ns", "end_ns", "annotation", "requests", "replica"}
+    rank0 = np.flatnonzero(tree.steps.rank == 0)
+    assert [s["step"] for s in steps] == tree.steps.index[rank0].tolist() == list(range(STEPS))
+    assert [s["annotation"] for s in steps] == [tree.steps.name[k] for k in rank0]
+    for s, k in zip(steps, rank0, strict=True):
+        phases = Counter(r["phase"] for r in s["requests"])
+        assert phases["prefill"] == tree.steps.context_requests[k]
+        assert phases["decode"] == tree.steps.generation_requests[k]
+        assert 0 <= tree.steps.start_ns[k] - s["start_ns"] < 100_000  # the rank's own jitter
+    requests = [json.loads(line) for line in (truth / "requests.jsonl").open()]
+    assert {r["request_id"] for s in steps for r in s["requests"]} <= {
+        r["request_id"] for r in requests
+    }
+    finished = [r for r in requests if "finish_ns" in r]
+    assert finished and all(
+        r["arrival_ns"] <= r["first_token_ns"] <= r["finish_ns"] for r in finished
+    )
+    # lines.jsonl: one row per log line, naming the process its prefix names
+    log = (out / "logs" / "server0.log").read_text().splitlines()
+    lines = [json.loads(line) for line in (truth / "lines.jsonl").open()]
+    assert [(row["log"], row["line"]) for row in lines] == [
+        ("logs/server0.log", n) for n in range(1, len(log) + 1)
+    ]
+    for row, text in zip(lines, log, strict=True):
+        assert text.startswith(f"({row['process']} pid={row['pid']}) "), text
+        if row["request_id"] is not None:
+            assert request_key(row["request_id"]) in text
+    ran: dict[str, list[int]] = {}
+    for s in steps:
+        for r in s["requests"]:
+            ran.setdefault(r["request_id"], []).append(s["step"])
+    for row, text in zip(lines, log, strict=True):
+        if "Added request" in text or "Received request" in text:
+            assert row["step"] == ran.get(row["request_id"], [None])[0]
+        elif "Finished request" in text:
+            assert row["step"] == ran[row["request_id"]][-1]
+        elif "Iteration(" in text:
+            assert f"Iteration({row['step']})" in text
+    assert sum(row["step"] is not None and row["request_id"] is None for row in lines) == STEPS
 
 
 def test_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path):

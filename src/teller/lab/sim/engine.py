@@ -61,6 +61,11 @@ class Request:
     decode_ns: int = 0
 
     @property
+    def engine_id(self) -> str:
+        """The id the engine core prints: V1 appends `-<8 hex>` to the API server's id."""
+        return f"{self.request_id}-{self.index:08x}"
+
+    @property
     def target(self) -> int:
         """Tokens that must be in the cache before the next token can be sampled."""
         return self.prompt_tokens + max(self.generated - 1, 0)

@@ -5,6 +5,9 @@ Output layout matches the real lab's:
     CASE/traces/rank{R}.pt.trace.json.gz   one Kineto trace per rank
     CASE/logs/server{D}.log                 one vLLM console per replica (API server, engine, workers)
     CASE/otlp/spans.json                    OTLP JSON, one llm_request span per finished request
+    CASE/ground_truth/steps.jsonl           the engine's own record, as the real lab writes it
+    CASE/ground_truth/requests.jsonl        (plus `replica`), and lines.jsonl: who printed each
+    CASE/ground_truth/lines.jsonl           log line, about which step and request (logs.py)
     CASE/labels.json                        teller.lab.labels.CaseLabels, source "sim"
     CASE/manifest.json                      configuration, files, event counts, calibration inputs
 
@@ -35,7 +38,14 @@ from teller.lab.sim.calibration import load
 from teller.lab.sim.engine import EngineConfig, Scheduler, WorkloadConfig
 from teller.lab.sim.faults import WATCHDOG_TIMEOUT_NS, FaultModel, FaultSpec
 from teller.lab.sim.kineto_writer import EventEncoder, KinetoWriter
-from teller.lab.sim.logs import EngineLog, SpanWriter
+from teller.lab.sim.logs import (
+    EngineLog,
+    GroundTruth,
+    Process,
+    SpanWriter,
+    merge_ground_truth,
+    worker_name,
+)
 from teller.lab.sim.replica import LayerTemplate, ReplicaModel
 from teller.lab.sim.topology import Topology
 
@@ -118,10 +128,11 @@ def simulate(
     tmp.chmod(0o755)  # mkdtemp makes it private; a case is an ordinary directory
     started = time.perf_counter()
     try:
-        for sub in ("traces", "logs", "otlp"):
+        for sub in ("traces", "logs", "otlp", "ground_truth"):
             (tmp / sub).mkdir()
         results = _run_replicas(config, tmp, jobs, progress)
         _merge_spans(tmp, config.topology.replicas)
+        merge_ground_truth(tmp / "ground_truth", config.topology.replicas)
         labels = make_labels(config, out.name, results)
         labels.write(tmp)
         _write_manifest(tmp, config, results)
@@ -225,7 +236,7 @@ def run_replica(config: SimConfig, replica: int, tmp: Path, tick=None) -> Replic
     pids = {r: int(ids.integers(10_000, 4_000_000)) for r in ranks}
     writers: dict[int, KinetoWriter] = {}
     encoders: dict[int, EventEncoder] = {}
-    log = spans = None
+    log = spans = truth = None
     try:
         for r in ranks:
             header = _device_header(config, r, topology.groups_of(r))
@@ -235,11 +246,16 @@ def run_replica(config: SimConfig, replica: int, tmp: Path, tick=None) -> Replic
                 path, header, base, f"/tmp/vllm_profile/rank{r}.pt.trace.json"
             )
             encoders[r] = EventEncoder(pids[r], topology.local_gpu(r), base)
+        workers = {r: Process(worker_name(topology, r), pids[r], r) for r in ranks}
+        log_name = f"server{replica}.log"
+        truth = GroundTruth(tmp / "ground_truth", replica, f"logs/{log_name}")
         log = EngineLog(
-            tmp / "logs" / f"server{replica}.log",
+            tmp / "logs" / log_name,
             replica,
             int(ids.integers(10_000, 4_000_000)),
             int(ids.integers(10_000, 4_000_000)),
+            workers,
+            truth,
         )
         spans = SpanWriter(tmp / "otlp" / f".replica{replica}.part", config.model)
         result = _loop(
@@ -255,12 +271,13 @@ def run_replica(config: SimConfig, replica: int, tmp: Path, tick=None) -> Replic
             ids,
             log,
             spans,
+            truth,
             tick,
         )
     except BaseException:
         for w in writers.values():
             w.abort()
-        for handle in (log, spans):
+        for handle in (log, spans, truth):
             if handle is not None:
                 handle.abort()
         raise
@@ -280,6 +297,7 @@ def _loop(
     ids,
     log,
     spans,
+    truth,
     tick,
 ):
     topology = config.topology
@@ -310,6 +328,7 @@ def _loop(
             scheduler.reserve(int(config.engine.kv_blocks * shrink) if spec.active(step) else 0)
         plan = scheduler.plan(step, now)
         for request in scheduler.arrived:
+            truth.arrived(request)
             log.arrived(request)
         scheduler.arrived.clear()
         end, hung = model.run_step(plan)
@@ -318,22 +337,18 @@ def _loop(
         starts.append(plan.start_ns)
         ends.append(end)
         if hung:
-            _watchdog(log, model, topology, hung, end)
+            _watchdog(log, model, topology, hung, end, step)
             break
+        log.scheduled(plan, scheduler.preemptions_total)
         scheduler.complete(plan, end)
-        log.step(
-            plan,
-            end,
-            scheduler.kv_usage,
-            len(scheduler.waiting),
-            len(scheduler.running),
-            scheduler.preemptions_total,
-        )
+        truth.step(plan, end)
+        # finished lines come before the step's iteration line, as the real lab's engine prints
         for request in scheduler.finished:
-            log.finished(request)
+            log.finished(request, step)
             spans.write(request, ids.bytes(16).hex(), ids.bytes(8).hex())
             finished += 1
         scheduler.finished.clear()
+        log.step(plan, end, scheduler.kv_usage, len(scheduler.waiting), len(scheduler.running))
         now = end + config.engine.step_overhead_ns
         if tick:
             tick(1)
@@ -349,6 +364,7 @@ def _loop(
         writers[r].close()
     log.close()
     spans.close()
+    truth.close()
     return ReplicaResult(
         replica, len(starts), starts, ends, events, finished, scheduler.preemptions_total, hung
     )
@@ -368,7 +384,7 @@ def _apply_scheduler_faults(config: SimConfig, scheduler: Scheduler, step: int) 
 
 
 def _watchdog(
-    log: EngineLog, model: ReplicaModel, topology: Topology, hung: list[int], end: int
+    log: EngineLog, model: ReplicaModel, topology: Topology, hung: list[int], end: int, step: int
 ) -> None:
     hung_at = model.hung_at
     group = model.tp_group[hung[0]]
@@ -384,6 +400,7 @@ def _watchdog(
             end,
             hung_at.nelems,
             WATCHDOG_TIMEOUT_NS // 1_000_000,
+            step,
         )
 
 
