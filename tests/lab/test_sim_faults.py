@@ -124,6 +124,38 @@ def test_kv_pressure_preempts_and_recomputes_prefills_with_log_lines():
     assert batch_in_window(tree) < 0.8 * batch_in_window(base)
 
 
+def test_a_resumed_request_recomputes_its_context_then_decodes_again():
+    """Recompute mode: a preempted request prefills its prompt and every token it had generated,
+    then decodes one token a step again, as before its preemption."""
+    out, _, _ = case(fault="kv_pressure", rank=0)
+    log = (out / "logs" / "server0.log").read_text().splitlines()
+    lines = [json.loads(line) for line in (out / "ground_truth" / "lines.jsonl").open()]
+    preempted_at: dict[str, list[int]] = {}
+    for row, text in zip(lines, log, strict=True):
+        if "is preempted" in text:
+            preempted_at.setdefault(row["request_id"], []).append(row["step"])
+    entries: dict[str, list[tuple[int, str, int]]] = {}
+    for line in (out / "ground_truth" / "steps.jsonl").open():
+        step = json.loads(line)
+        for r in step["requests"]:
+            entries.setdefault(r["request_id"], []).append((step["step"], r["phase"], r["tokens"]))
+    checked = 0
+    for request_id, (preempted,) in [(k, v) for k, v in preempted_at.items() if len(v) == 1]:
+        before = [e for e in entries[request_id] if e[0] < preempted]
+        after = [e for e in entries[request_id] if e[0] > preempted]
+        decodes = sum(phase == "decode" for _, phase, _ in before)
+        phases = [phase for _, phase, _ in after]
+        if not decodes or "decode" not in phases:
+            continue  # preempted in its first prefill, or the run ended during the recompute
+        recompute = after[: phases.index("decode")]
+        prompt = sum(tokens for _, phase, tokens in before if phase == "prefill")
+        assert {phase for _, phase, _ in recompute} == {"prefill"}
+        assert sum(tokens for _, _, tokens in recompute) == prompt + 1 + decodes
+        assert set(phases[len(recompute) :]) == {"decode"}
+        checked += 1
+    assert checked >= 3
+
+
 def test_kv_pressure_at_high_intensity_never_overcommits_the_cache():
     """At intensity 3 the cache shrinks to 1/13: the pressure takes free blocks only, the rest as
     requests release theirs, so the logged usage reaches but never passes 100%."""

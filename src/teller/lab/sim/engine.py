@@ -67,12 +67,15 @@ class Request:
 
     @property
     def target(self) -> int:
-        """Tokens that must be in the cache before the next token can be sampled."""
-        return self.prompt_tokens + max(self.generated - 1, 0)
+        """Tokens that must be in the cache before the next token can be sampled: the prompt and
+        every token generated so far (the last one's KV comes from the step that samples next)."""
+        return self.prompt_tokens + self.generated
 
     @property
     def prefilling(self) -> bool:
-        return self.computed < self.target or self.generated == 0
+        """Nothing sampled yet, or more than the last sampled token is missing from the cache (a
+        recompute after preemption); else the next step is a one-token decode."""
+        return self.generated == 0 or self.computed < self.target - 1
 
 
 @dataclass
