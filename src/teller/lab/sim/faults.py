@@ -21,9 +21,12 @@ shows, chosen per fault:
 | link_contention     | H    | the link between the rank and its ring neighbour     | the NCCL all-reduce kernel|
 |                     |      | gives 1/(1 + x) of its bandwidth                     |                           |
 | kernel_regression   | V    | kernel_swap: one operator's GEMM kernel becomes the  | the new kernel's name     |
-|                     |      | calibrated fallback GEMM, (1 + x)× slower;           |                           |
+|                     |      | calibrated fallback GEMM, (1 + x)× slower; the rank's|                           |
+|                     |      | worker prints vLLM's JIT warning naming it where it  |                           |
+|                     |      | first launches it;                                   |                           |
 |                     |      | graph_fallback: decode on the rank loses its CUDA    | cudaLaunchKernel          |
-|                     |      | graphs and launches every kernel eagerly             |                           |
+|                     |      | graphs and launches every kernel eagerly (no new     |                           |
+|                     |      | kernel, so no JIT warning)                           |                           |
 | scheduler_misconfig | V    | token budget and batch size shrink by 1/(1 + 3x)     | none (a config, no op)    |
 | collective_hang     | H    | at the window's first step the rank never reaches    | the NCCL all-reduce kernel|
 |                     |      | its next all-reduce; peers time out (watchdog log)   |                           |

@@ -15,6 +15,7 @@ the line is about (`lines.jsonl`).
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,9 @@ FINISHED = "async_llm.py:382"
 STATS = "loggers.py:257"
 RESUMED = "scheduler.py:495"
 PREEMPTED = "scheduler.py:1089"
+JIT = "jit_monitor.py:135"
 STATS_INTERVAL_NS = 10_000_000_000
+_IDENTIFIER = re.compile(r"\w+")
 
 
 def clock(t_ns: int) -> str:
@@ -60,6 +63,16 @@ def worker_name(topology: Topology, rank: int) -> str:
     if topology.tp > 1:
         name += f"_TP{tp_index}"
     return name
+
+
+def jit_kernel_name(kernel: str) -> str:
+    """The name a JIT monitor prints for a kernel: a function name, one identifier.
+
+    A demangled C++ kernel name (`void cutlass::Kernel2<cutlass_80_simt_sgemm_…>(…::Params)`) is
+    cut to its longest identifier, the instantiated kernel's own name, which the trace's kernel
+    name contains.
+    """
+    return max(_IDENTIFIER.findall(kernel), key=len, default=kernel)
 
 
 class EngineLog:
@@ -176,6 +189,18 @@ class EngineLog:
                 request,
             )
 
+    def jit(self, rank: int, kernel: str, t_ns: int, step: int) -> None:
+        """vLLM's warning when a worker compiles a kernel while serving (a new shape or config)."""
+        self._line(
+            self.workers[rank],
+            "WARNING",
+            t_ns,
+            JIT,
+            f"Triton kernel JIT compilation during inference: {jit_kernel_name(kernel)}. "
+            "This causes a latency spike; consider extending warmup to cover this shape/config.",
+            step,
+        )
+
     def step(
         self,
         plan: StepPlan,
@@ -282,8 +307,9 @@ class GroundTruth:
       the step it is about (null for none) and its request (null for none). A request's
       Received/Added lines are about its first step, Finished about its last, a preemption about
       the step whose scheduling preempted it (which the request is not in), a resumption about
-      the step that resumed it, an iteration line about its step, a watchdog line about the hung
-      step. Stats lines and lines of a request that never ran have step null.
+      the step that resumed it, an iteration line about its step, a JIT warning about the step
+      whose kernel it compiled, a watchdog line about the hung step. Stats lines and lines of a
+      request that never ran have step null.
 
     Request ids are the engine's (what the engine core's lines print).
     """

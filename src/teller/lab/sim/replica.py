@@ -246,6 +246,10 @@ class ReplicaModel:
         self.fallback_gemm = calibration.gemm_fallback()
         self.p2p_exchanges = 0
         self.hung_at: HungCollective | None = None
+        #: (rank, kernel, launch ns) of kernels a rank launched for the first time this step; a
+        #: real engine compiles such a kernel then (vLLM warns). The template's kernels are warm.
+        self.first_launches: list[tuple[int, str, int]] = []
+        self._launched: set[tuple[int, str]] = set()
         self.cbid = calibration.raw["runtime_cbid"]
         self.graph_launch = calibration.vllm["graph_launch"]
         self.comm_host_fit = Fit.of(calibration.comm["host_dur"])
@@ -402,6 +406,9 @@ class ReplicaModel:
                 if regress and i == tpl.regression_kernel:
                     name = self.fallback_gemm
                     dur = int(dur * (1.0 + self.faults.spec.intensity))
+                    if (state.rank, name) not in self._launched:
+                        self._launched.add((state.rank, name))
+                        self.first_launches.append((state.rank, name, launch.ts_ns))
                 cat = "kernel" if kind == "kernel" else "gpu_memset"
                 launch.kernels.append((cat, name, dur, nbytes[i]))
                 continue
@@ -810,6 +817,7 @@ class ReplicaModel:
         """Simulate one step on every rank; returns (end ns, ranks whose trace ended in a hang)."""
         self._shared_cpu.clear()  # past steps' shared draws: memory stays one step's worth
         self._shared_comm_host.clear()
+        self.first_launches = []
         for state in self.ranks.values():
             jitter = int(state.rng.exponential(2_000))
             self._host_step(state, plan, plan.start_ns + jitter)

@@ -340,6 +340,8 @@ def _loop(
             _watchdog(log, model, topology, hung, end, step)
             break
         log.scheduled(plan, scheduler.preemptions_total)
+        for rank, kernel, launch_ns in model.first_launches:
+            log.jit(rank, kernel, launch_ns, step)
         scheduler.complete(plan, end)
         truth.step(plan, end)
         # finished lines come before the step's iteration line, as the real lab's engine prints
