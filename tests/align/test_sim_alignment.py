@@ -1,0 +1,100 @@
+"""Request-scoped log lines on their request and step, scored against a simulated case's ground truth.
+
+The simulator knows which request ran in which step and which step each log line is about
+(`ground_truth/lines.jsonl`, see teller.lab.sim.logs.GroundTruth), so a kv_pressure case, whose
+requests are received, added, preempted, resumed and finished, scores alignment line by line. The
+case is aligned as a user would: `Analysis(case)`, which reads the logs and the OTLP spans beside
+the traces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from teller.analysis import Analysis
+from teller.ingest.logs import request_key
+from teller.lab.sim import FaultSpec, SimConfig, Topology, WorkloadConfig, simulate
+
+REQUEST_EVENTS = (
+    "request_received",
+    "request_added",
+    "request_preempted",
+    "request_resumed",
+    "request_finished",
+    "request_aborted",
+)
+#: Why the ≥99% check fails today; the causes are in teller.align (details in each item).
+ALIGN_SHORTFALL = (
+    "teller.align: (1) `_admit_first_come_first_served` counts every context request of a step "
+    "as a new admission, but resumed recomputes and continuing chunked prefills take context "
+    "slots too, so queued requests' Received/Added lines land steps early or late, and its step "
+    "overrides an OTel span's exact scheduled time; (2) lines before the first anchored "
+    "iteration line (a backlog at the first step) get only their printed second and make the "
+    "whole request inexact: a 1 s window, every step of a short run; (3) a request that never "
+    "ran in the trace is taken as in flight, so its Received/Added lines land on a step"
+)
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory) -> list[tuple[dict, dict]]:
+    """(aligned log row, ground-truth row) for every log line of a kv_pressure case."""
+    case = tmp_path_factory.mktemp("sim-align") / "kv"
+    config = SimConfig(
+        Topology(1, 2, 2, 1),
+        steps=120,
+        layers=8,
+        python_frames=False,
+        workload=WorkloadConfig(output_median=32),
+        fault=FaultSpec("kv_pressure", intensity=2.0, window=(20, 120)),
+        seed=5,
+    )
+    simulate(config, case)
+    truth = {}
+    for line in (case / "ground_truth" / "lines.jsonl").open():
+        row = json.loads(line)
+        truth[(row["log"], row["line"])] = row
+    rows = Analysis(case).logs().to_pylist()
+    return [
+        (row, truth[(Path(row["file"]).relative_to(case).as_posix(), row["line"])]) for row in rows
+    ]
+
+
+def request_lines(scored: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
+    return [(row, truth) for row, truth in scored if row["event"] in REQUEST_EVENTS]
+
+
+def on_its_step(row: dict, truth: dict) -> bool:
+    """The line joined the step it is about (-1 when that request never ran in the trace)."""
+    return row["step"] == (-1 if truth["step"] is None else truth["step"])
+
+
+def test_the_case_prints_every_kind_of_request_line(scored):
+    kinds = Counter(row["event"] for row, _ in request_lines(scored))
+    for event in REQUEST_EVENTS[:5]:
+        assert kinds[event] >= 10, kinds
+
+
+def test_every_request_line_names_its_request(scored):
+    for row, truth in request_lines(scored):
+        assert row["request_key"] == request_key(truth["request_id"]), row["raw"]
+
+
+def test_finished_preempted_and_resumed_lines_land_on_their_steps(scored):
+    for event in ("request_finished", "request_preempted", "request_resumed"):
+        lines = [(row, truth) for row, truth in request_lines(scored) if row["event"] == event]
+        right = sum(on_its_step(row, truth) for row, truth in lines)
+        assert right >= 0.99 * len(lines), (event, right, len(lines))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=ALIGN_SHORTFALL)
+def test_99_percent_of_request_lines_land_on_their_request_and_step(scored):
+    lines = request_lines(scored)
+    right = sum(
+        row["request_key"] == request_key(truth["request_id"]) and on_its_step(row, truth)
+        for row, truth in lines
+    )
+    assert right >= 0.99 * len(lines), f"{right} of {len(lines)}"
