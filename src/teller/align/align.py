@@ -18,9 +18,11 @@ or to the second), then placed by the strongest evidence each has:
    outside a step (within GAP_NS); a bracket is scaled by the share of it inside the step.
 5. *second*: a time known only to the second: the steps it overlaps share the confidence.
 
-Anything else is kept with step -1 (`unmatched`), so nothing disappears. `align_run` reads a run,
-puts every rank on rank 0's clock from collectives, and aligns. The steps are one engine's: with
-several data-parallel engines in one trace folder, align each engine's ranks and logs separately.
+A line about a request that no traced step admitted (still queued when the trace ended) stays at
+step -1 as `queued`. Anything else is kept with step -1 (`unmatched`), so nothing disappears.
+`align_run` reads a run, puts every rank on rank 0's clock from collectives, and aligns. The steps
+are one engine's: with several data-parallel engines in one trace folder, align each engine's
+ranks and logs separately.
 """
 
 from __future__ import annotations
@@ -52,7 +54,16 @@ UNMATCHED_SHOWN = 20
 _ADMISSION_EVENTS = frozenset({"request_received", "request_added"})
 _LAST_STEP_EVENTS = frozenset({"request_finished", "request_aborted"})
 _RANK_PROCESS = re.compile(r"(?:TP|rank=)(\d+)")
-METHODS = ("collective", "request", "iteration", "window", "order", "second", "unmatched")
+METHODS = (
+    "collective",
+    "request",
+    "queued",
+    "iteration",
+    "window",
+    "order",
+    "second",
+    "unmatched",
+)
 
 
 @dataclass
@@ -130,6 +141,7 @@ def align_logs(
     keys = table.column("request_key").to_pylist()
     processes = table.column("process").to_pylist()
     membership = _membership(requests, reference)
+    queued = frozenset(requests.queued) if requests is not None else frozenset()
     reference_position = {int(o): p for p, o in enumerate(reference.index.tolist())}
 
     def place(i: int, line: _Timeline, pos: int, how: str, sure: float) -> None:
@@ -141,6 +153,9 @@ def align_logs(
         if how == "none":
             continue
         key, event = keys[i], events[i]
+        if key is not None and key in queued:
+            confidence[i], method[i] = 1.0, "queued"  # about a request no traced step ran
+            continue
         if key is not None and key in membership:
             positions = membership[key]
             if event in _ADMISSION_EVENTS:
@@ -285,7 +300,13 @@ def render_by_step(result: AlignResult, steps: range | None = None, width: int =
             text = raw[i].split("\n", 1)[0]
             tag = f"  [{alignment.method[i]} {alignment.confidence[i]:.2f} r{alignment.rank[i]}]"
             lines.append(f"    {level[i] or '-':7} {text[: width - 40]}{tag}")
-    unmatched = by_step.get(-1, [])
+    off_steps = by_step.get(-1, [])
+    unmatched = [i for i in off_steps if alignment.method[i] != "queued"]
+    if len(unmatched) < len(off_steps) and steps is None:
+        lines.append(
+            f"queued: {len(off_steps) - len(unmatched)} records about requests no traced step "
+            "admitted"
+        )
     if unmatched and steps is None:
         lines.append(
             f"unmatched: {len(unmatched)} of {len(table)} records "

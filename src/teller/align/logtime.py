@@ -13,7 +13,8 @@ cannot say which step a line belongs to. Two facts can:
 
 So each record gets an interval [lo_ns, hi_ns] on the trace clock: a point for exact times
 (collector prefix, glog nanoseconds, shifted by the measured log offset) and anchors, the bracket
-of its neighbouring anchors for lines in between, else its printed second moved by the log clock
+of its neighbouring anchors for lines in between (before a file's first anchor or after its last:
+that side of it, within the printed second), else its printed second moved by the log clock
 offset the anchors imply. `how` says which.
 
 Each host keeps its own clock, so the log offset is measured per host (the line's `host`: Ray's
@@ -115,11 +116,13 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
         elif ts[i] >= 0 and exact[i]:
             lo[i] = hi[i] = ts[i] - exact_shift[i]
             how[i] = "exact"
-    _bracket_by_file_order(files, ts, exact, lo, hi, how)
+    # the printed second on the trace clock: [second − highest offset, next second − lowest]
+    second = ts - ts % NS_PER_S
+    second_lo, second_hi = second - offset_hi, second + NS_PER_S - offset_lo
+    _bracket_by_file_order(files, ts, exact, lo, hi, how, second_lo, second_hi)
     for i in range(count):
         if how[i] == "none" and ts[i] >= 0:
-            second = ts[i] - ts[i] % NS_PER_S
-            lo[i], hi[i] = second - offset_hi[i], second + NS_PER_S - offset_lo[i]
+            lo[i], hi[i] = second_lo[i], second_hi[i]
             how[i] = "second"
     return LogTimes(lo, hi, how, anchor_step, log_offset, warnings)
 
@@ -131,8 +134,12 @@ def _bracket_by_file_order(
     lo: np.ndarray,
     hi: np.ndarray,
     how: list[str],
+    second_lo: np.ndarray,
+    second_hi: np.ndarray,
 ) -> None:
-    """Inexact lines between two placed lines of one file lie between their times."""
+    """Inexact lines between two placed lines of one file lie between their times; those before
+    a file's first placed line (a backlog printed as the first step ran) or after its last lie
+    on that side of it, within their printed second."""
     by_file: dict[str, list[int]] = {}
     for i, name in enumerate(files):
         by_file.setdefault(name, []).append(i)
@@ -146,10 +153,15 @@ def _bracket_by_file_order(
             if how[i] != "none" or ts[i] < 0 or exact[i]:
                 continue
             after = int(np.searchsorted(placed_positions, k, side="right"))
-            if after == 0 or after == len(placed):
-                continue  # before the first or after the last anchor: no bracket
-            before_i, after_i = placed[after - 1], placed[after]
-            lo[i], hi[i] = lo[before_i], max(hi[after_i], lo[before_i])
+            if after == 0:  # before the first placed line
+                hi[i] = lo[placed[0]]
+                lo[i] = min(int(second_lo[i]), int(hi[i]))
+            elif after == len(placed):  # after the last
+                lo[i] = hi[placed[-1]]
+                hi[i] = max(int(second_hi[i]), int(lo[i]))
+            else:
+                before_i, after_i = placed[after - 1], placed[after]
+                lo[i], hi[i] = lo[before_i], max(hi[after_i], lo[before_i])
             how[i] = "order"
 
 

@@ -16,10 +16,18 @@ a step that ran 3 requests while 6 lifetimes overlap it gets 0.5 for each. The c
 step's annotation (vLLM's `execute_context_N(…)_generation_M(…)`, the lab's), else from the
 iteration line anchored to the step (`N context requests, … M generation requests`). Without any
 of this a request keeps only its lifetime.
+
+A queued request is in no step until one admits it, so where the counts and exact arrivals allow,
+the queue is replayed first-come-first-served over each step's new admissions (its context
+requests less continuing chunked prefills and resumed recomputes); a span's scheduled time names
+its step outright. A request the replay admits in no traced step, with no record of finishing, was
+still queued when the trace ended: it gets no steps (`RequestTrees.queued`). The replay assumes
+the trace covers the run from its first step: requests admitted before it would take slots.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +47,11 @@ WINDOW_SLACK_NS = 1_000_000
 INEXACT_SLACK_NS = 1_000_000_000
 #: Log times (see teller.align.logtime) that bound a record tightly enough to count as exact.
 PLACED = frozenset({"exact", "anchor", "order"})
+#: `_admit_first_come_first_served`'s mark for a request the replay admitted in no traced step.
+NEVER_ADMITTED = -2
+#: vLLM's context detail `context_N(sq<query tokens>sk<key tokens>…)`: key beyond query tokens
+#: means a request's earlier tokens were already computed.
+_QUERY_KEY_TOKENS = re.compile(r"context_\d+\(sq(\d+)sk(\d+)")
 
 
 @dataclass
@@ -85,6 +98,7 @@ class RequestTrees:
     phase: list[str]  # "prefill" | "decode"
     confidence: np.ndarray
     reference_rank: int
+    queued: list[str] = field(default_factory=list)  # keys of requests no traced step admitted
     warnings: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -213,18 +227,21 @@ def build_request_trees(
     finishes = np.where(in_flight, np.iinfo(np.int64).max // 2, requests.finish_ns)
     complete = (begins >= 0) & (finishes >= 0)
     incomplete = int(np.count_nonzero(~complete))
-    admitted = _admit_first_come_first_served(requests, begins, complete, starts, context)
+    slots = _admission_slots(steps, rows, ends, context, logs, times)
+    admitted = _admit_first_come_first_served(requests, begins, complete, starts, slots)
+    # replayed and never admitted, and no record of it finishing: still queued at the trace's end
+    queued = (admitted == NEVER_ADMITTED) & in_flight
     member_request: list[int] = []
     member_pos: list[int] = []
-    for i in np.flatnonzero(complete).tolist():
+    for i in np.flatnonzero(complete & ~queued).tolist():
         begin, finish = int(begins[i]), int(finishes[i])
         if requests.exact[i]:
             # a step already running when the request arrived cannot include it, and the step
             # that produced its last token ended just before it finished
             first = int(np.searchsorted(starts, begin - WINDOW_SLACK_NS, side="left"))
             last = int(np.searchsorted(ends, finish + WINDOW_SLACK_NS, side="right"))
-            if admitted[i] >= first:
-                first = int(admitted[i])
+            if requests.scheduled_ns[i] < 0 and admitted[i] >= first:
+                first = int(admitted[i])  # a span's scheduled time is exact: it wins
         else:  # times to the second: any step the second may overlap
             first = int(np.searchsorted(ends, begin - INEXACT_SLACK_NS, side="right"))
             last = int(np.searchsorted(starts, finish + INEXACT_SLACK_NS, side="left"))
@@ -233,10 +250,14 @@ def build_request_trees(
             member_pos.append(pos)
     if incomplete:
         warnings.append(f"{incomplete} requests have no arrival time: no steps attached")
-    if in_flight.any():
+    if (in_flight & ~queued).any():
         warnings.append(
-            f"{int(in_flight.sum())} requests never finish in the records: attached up to the "
-            "last traced step (still in flight)"
+            f"{int((in_flight & ~queued).sum())} requests never finish in the records: attached "
+            "up to the last traced step (still in flight)"
+        )
+    if queued.any():
+        warnings.append(
+            f"{int(queued.sum())} requests were never admitted in the traced steps (still queued)"
         )
     if len(rows) == 0:
         warnings.append(f"rank {reference_rank} has no steps: requests keep only their lifetimes")
@@ -257,6 +278,7 @@ def build_request_trees(
         phase=phase,
         confidence=confidence,
         reference_rank=reference_rank,
+        queued=[requests.key[i] for i in np.flatnonzero(queued).tolist()],
         warnings=warnings,
     )
 
@@ -283,32 +305,80 @@ def _stated_counts(
     return context, generation
 
 
+def _admission_slots(
+    steps: StepTable,
+    rows: np.ndarray,
+    ends: np.ndarray,
+    context: np.ndarray,
+    logs: LogTable | None,
+    times: LogTimes | None,
+) -> np.ndarray:
+    """How many new requests each step of `rows` admitted: its context requests less the ones
+    that are not new, -1 unknown.
+
+    Two kinds of context request were admitted before: a chunked prefill continuing from the
+    step before, which vLLM's annotation shows as more key than query tokens (`sk` > `sq`; the
+    scheduler leaves at most one prefill part-done), and a preempted request recomputing its
+    tokens, whose `has been resumed` line is printed as the step is scheduled.
+    """
+    slots = context.astype(np.int64).copy()
+    for pos, row in enumerate(rows.tolist()):
+        if (match := _QUERY_KEY_TOKENS.search(steps.name[row])) and int(match[2]) > int(match[1]):
+            slots[pos] -= 1
+    if logs is not None and len(logs) and len(ends):
+        events = logs.table.column("event").to_pylist()
+        if times is not None:
+            when, placed = times.hi_ns, [how in PLACED for how in times.how]
+        else:
+            when = logs.table.column("ts_ns").to_numpy()
+            placed = logs.table.column("ts_exact").to_pylist()
+        for i, event in enumerate(events):
+            if event == "request_resumed" and placed[i] and when[i] >= 0:
+                pos = int(np.searchsorted(ends, when[i], side="left"))  # the step it precedes
+                if pos < len(slots):
+                    slots[pos] -= 1
+    return np.where(context < 0, -1, np.maximum(slots, 0))
+
+
 def _admit_first_come_first_served(
     requests: Requests,
     begins: np.ndarray,
     complete: np.ndarray,
     starts: np.ndarray,
-    context: np.ndarray,
+    slots: np.ndarray,
 ) -> np.ndarray:
-    """Position of each request's admission step, -1 where it cannot be told.
+    """Position of each request's admission step; NEVER_ADMITTED where the replay admitted it in
+    no traced step, -1 where it cannot be told.
 
     A request that waits in the queue is in no step until one admits it: with exact times and
-    steps that state how many new (context) requests they took, the queue is replayed in arrival
-    order (vLLM's default first-come-first-served policy): each step admits that many of the
-    requests that had arrived before it started.
+    steps that state how many new requests they took (`_admission_slots`), the queue is replayed
+    in arrival order (vLLM's default first-come-first-served policy): each step admits that many
+    of the requests that had arrived before it started. A span's scheduled time names its step
+    outright; that request takes one of the step's slots and the replay fills the rest.
     """
     admitted = np.full(len(requests), -1, dtype=np.int64)
-    if len(context) == 0 or (context < 0).any():
+    if len(slots) == 0 or (slots < 0).any():
         return admitted
-    order = [i for i in np.argsort(begins, kind="stable").tolist() if complete[i]]
-    order = [i for i in order if requests.exact[i]]
+    slots = slots.copy()
+    order = []
+    for i in np.argsort(begins, kind="stable").tolist():
+        if not (complete[i] and requests.exact[i]):
+            continue
+        if requests.scheduled_ns[i] >= 0:
+            pos = int(np.searchsorted(starts, requests.scheduled_ns[i] - WINDOW_SLACK_NS))
+            if pos < len(slots):
+                admitted[i] = pos
+                slots[pos] = max(slots[pos] - 1, 0)
+            continue
+        admitted[i] = NEVER_ADMITTED
+        order.append(i)
     waiting = 0  # index into `order` of the first request not yet admitted
-    for pos in range(len(context)):
-        take = int(context[pos])
+    for pos in range(len(slots)):
+        take = int(slots[pos])
         while take and waiting < len(order):
             i = order[waiting]
             if begins[i] > starts[pos] + WINDOW_SLACK_NS:
-                break  # not arrived yet: the step's other context slots were chunked prefills
+                break  # not arrived yet: the step's other slots went to requests we cannot see
             admitted[i] = pos
             waiting += 1
             take -= 1
