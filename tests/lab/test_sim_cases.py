@@ -540,3 +540,27 @@ def test_python_parent_ids_name_the_enclosing_frame():
         assert parent["ts"] <= frame["ts"]
         assert frame["ts"] + frame["dur"] <= parent["ts"] + parent["dur"] + 0.001
     assert roots == STEPS  # one root frame per step, under the step annotation
+
+
+def test_cli_link_speeds_reach_the_topology_and_the_collectives(tmp_path, capsys):
+    """--network-gbps slows the cross-node transfers it names, and the manifest records it."""
+
+    def allreduce_us(out: Path) -> float:
+        tree = build_tree(read_run([out / "traces"]))
+        names = [tree.node_name(n) for n in range(len(tree))]
+        durations = [tree.dur[n] for n, name in enumerate(names) if "Kernel_AllReduce" in name]
+        assert durations
+        return float(np.median(durations)) / 1000
+
+    common = ["-q", "lab", "sim", "--nodes", "2", "--gpus-per-node", "2", "--tp", "4"]
+    common += ["--steps", "6", "--layers", "1", "--no-python", "--jobs", "1"]
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    assert main([*common, "--out", str(fast)]) == 0
+    assert main([*common, "--out", str(slow), "--network-gbps", "5"]) == 0
+    manifest = json.loads((slow / "manifest.json").read_text())
+    assert manifest["config"]["topology"]["network_bytes_per_ns"] == 5.0
+    assert allreduce_us(slow) > 2 * allreduce_us(fast)
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "bad"), "--nvlink-gbps", "0"]) == 2
+    assert "link bandwidths must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -9,7 +9,13 @@ from teller.errors import TellerError
 from teller.lab.sim.engine import EngineConfig, WorkloadConfig
 from teller.lab.sim.faults import SIM_FAULTS, FaultSpec
 from teller.lab.sim.run import SimConfig, SimResult, simulate
-from teller.lab.sim.topology import Topology
+from teller.lab.sim.topology import (
+    NETWORK_BYTES_PER_NS,
+    NETWORK_LATENCY_NS,
+    NVLINK_BYTES_PER_NS,
+    NVLINK_LATENCY_NS,
+    Topology,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-python", action="store_true", help="no python_function frames")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs for decode")
+    links = parser.add_argument_group("links (defaults: H100 NVLink 4, 400 Gb/s InfiniBand)")
+    links.add_argument(
+        "--nvlink-gbps", type=float, default=NVLINK_BYTES_PER_NS, help="GB/s between GPUs of a node"
+    )
+    links.add_argument(
+        "--network-gbps", type=float, default=NETWORK_BYTES_PER_NS, help="GB/s between nodes"
+    )
+    links.add_argument("--nvlink-latency-us", type=float, default=NVLINK_LATENCY_NS / 1000)
+    links.add_argument("--network-latency-us", type=float, default=NETWORK_LATENCY_NS / 1000)
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--max-seqs", type=int, default=64)
     parser.add_argument("--kv-blocks", type=int, default=4096)
@@ -58,7 +73,16 @@ def parse_window(text: str | None, steps: int) -> tuple[int, int]:
 def run_from_args(args: argparse.Namespace, progress: bool) -> SimResult:
     try:
         config = SimConfig(
-            topology=Topology(args.nodes, args.gpus_per_node, args.tp, args.pp),
+            topology=Topology(
+                args.nodes,
+                args.gpus_per_node,
+                args.tp,
+                args.pp,
+                nvlink_bytes_per_ns=args.nvlink_gbps,  # 1 GB/s is 1 byte/ns
+                network_bytes_per_ns=args.network_gbps,
+                nvlink_latency_ns=round(args.nvlink_latency_us * 1000),
+                network_latency_ns=round(args.network_latency_us * 1000),
+            ),
             steps=args.steps,
             layers=args.layers,
             python_frames=not args.no_python,

@@ -45,6 +45,10 @@ class Topology:
     def __post_init__(self) -> None:
         if min(self.nodes, self.gpus_per_node, self.tp, self.pp) < 1:
             raise ValueError("nodes, gpus per node, tp and pp must all be at least 1")
+        if min(self.nvlink_bytes_per_ns, self.network_bytes_per_ns) <= 0:
+            raise ValueError("link bandwidths must be positive")
+        if min(self.nvlink_latency_ns, self.network_latency_ns) < 0:
+            raise ValueError("link latencies cannot be negative")
         if self.world_size % (self.tp * self.pp):
             raise ValueError(
                 f"tp × pp = {self.tp * self.pp} does not divide the {self.world_size} GPUs"
