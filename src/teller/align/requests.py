@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from teller.align.logtime import LogTimes
 from teller.callchain.steps import StepTable
@@ -335,15 +336,15 @@ def _admission_slots(
         if (match := _QUERY_KEY_TOKENS.search(steps.name[row])) and int(match[2]) > int(match[1]):
             slots[pos] -= 1
     if logs is not None and len(logs) and len(ends):
-        events = logs.table.column("event").to_pylist()
-        if times is not None:
-            when, placed = times.hi_ns, [how in PLACED for how in times.how]
-        else:
-            when = logs.table.column("ts_ns").to_numpy()
-            placed = logs.table.column("ts_exact").to_pylist()
-        for i, event in enumerate(events):
-            if event == "request_resumed" and placed[i] and when[i] >= 0:
-                pos = int(np.searchsorted(ends, when[i], side="left"))  # the step it precedes
+        resumed = pc.fill_null(pc.equal(logs.table.column("event"), "request_resumed"), False)
+        exact = logs.table.column("ts_exact")
+        for i in np.flatnonzero(resumed.to_numpy(zero_copy_only=False)).tolist():
+            if times is not None:
+                when, placed = times.hi_ns[i], times.how[i] in PLACED
+            else:
+                when, placed = logs.table.column("ts_ns")[i].as_py(), exact[i].as_py()
+            if placed and when >= 0:
+                pos = int(np.searchsorted(ends, when, side="left"))  # the step it precedes
                 if pos < len(slots):
                     slots[pos] -= 1
     return np.where(context < 0, -1, np.maximum(slots, 0))
