@@ -9,6 +9,7 @@ pages without an OOM kill). `rank_cgroups` removes every group it made, moving p
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -144,6 +145,8 @@ def _write(path: Path, value: str) -> None:
     try:
         path.write_text(value)
     except OSError as error:
+        if error.errno == errno.EBUSY:
+            raise  # v1 refuses a limit below usage for now: callers step towards it and retry
         raise TellerError(f"cannot write {value!r} to {path}: {error.strerror or error}") from None
 
 
