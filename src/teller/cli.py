@@ -272,7 +272,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from teller.rca.model import ModelConfig
     from teller.rca.train import TrainConfig, train
 
-    model = ModelConfig(use_logs=not args.no_logs, use_numeric=not args.no_numeric)
+    model = ModelConfig(
+        use_logs=not args.no_logs,
+        use_numeric=not args.no_numeric,
+        lambda_step=args.lambda_step,
+        lambda_op=args.lambda_op,
+        lambda_explain=args.lambda_explain,
+    )
     config = TrainConfig(
         data=args.data,
         out=args.out,
@@ -381,7 +387,7 @@ def _parser() -> argparse.ArgumentParser:
     chosen.add_argument(
         "--method",
         help="one method: localizer, threshold, zscore, gmm, logs, model, model-no-logs, "
-        "model-no-numeric, model-raw-nodes",
+        "model-no-numeric, model-raw-nodes, model-step-faults",
     )
     chosen.add_argument("--all", action="store_true", help="every method; writes the scoreboard")
     evaluate.add_argument("--split", help="JSON file with train/test case ids")
@@ -407,6 +413,14 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--no-logs", action="store_true", help="ablation: no log modality")
     train.add_argument("--no-numeric", action="store_true", help="ablation: no step numbers")
     train.add_argument("--raw-nodes", action="store_true", help="ablation: no TPE merges")
+    for head, default in (("step", 1.0), ("op", 1.0), ("explain", 1.0)):
+        train.add_argument(
+            f"--lambda-{head}",
+            type=float,
+            default=default,
+            metavar="W",
+            help=f"weight of L_{head} in L = λ_step·L_step + λ_op·L_op + λ_explain·L_explain",
+        )
 
     diagnose = command("diagnose", cmd_diagnose, "diagnose a run with the root-cause model")
     diagnose.add_argument("path", help="case directory or directory of rank trace files")

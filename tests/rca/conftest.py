@@ -16,12 +16,13 @@ atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 _BUILT: dict[str, Path] = {}
 
 
-def small_case(fault: str, rank: int = 1, seed: int = 3) -> Path:
-    """A 2-GPU, one-layer, 30-step case with `fault` on `rank` in steps 10..19 (a few seconds)."""
-    name = f"{fault}-r{rank}-s{seed}"
+def small_case(fault: str, rank: int = 1, seed: int = 3, gpus: int = 2) -> Path:
+    """A one-node, one-layer, 30-step case on `gpus` GPUs (tensor-parallel across all) with
+    `fault` on `rank` in steps 10..19 (a few seconds)."""
+    name = f"{fault}-r{rank}-s{seed}-g{gpus}"
     if name not in _BUILT:
         config = SimConfig(
-            topology=Topology(1, 2, 2, 1),
+            topology=Topology(1, gpus, gpus, 1),
             steps=30,
             layers=1,
             python_frames=False,

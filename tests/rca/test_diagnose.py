@@ -1,5 +1,5 @@
 """`teller diagnose` and `teller analyze`'s verdict with the shipped default model on simulated
-cases it never saw; the localizer as the `--method localizer` escape hatch and as the fallback
+cases it never saw, of a shape it was trained on (TP4, one layer, no Python frames); the localizer as the `--method localizer` escape hatch and as the fallback
 when the model cannot be loaded."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.parametrize("fault", ["straggler", "gpu_throttle"])
 def test_default_model_names_the_labelled_rank_and_operator(fault):
-    case = small_case(fault, rank=1, seed=11)
+    case = small_case(fault, rank=1, seed=11, gpus=4)
     labels = CaseLabels.read(case)
     diagnoses = diagnose_path(case)
     flagged = [d for d in diagnoses if d.anomalous]
@@ -38,7 +38,7 @@ def test_default_model_names_the_labelled_rank_and_operator(fault):
 
 
 def test_diagnose_command_prints_the_verdict(capsys):
-    case = small_case("straggler", rank=1, seed=11)
+    case = small_case("straggler", rank=1, seed=11, gpus=4)
     assert main(["-q", "diagnose", str(case)]) == 0
     out = capsys.readouterr().out
     assert "anomalous step" in out and "rank 1" in out
@@ -53,7 +53,7 @@ def test_diagnose_command_rejects_a_directory_without_traces(tmp_path, capsys):
 
 
 def test_analysis_verdict_is_the_models_with_the_localizers_numbers():
-    case = small_case("straggler", rank=1, seed=11)
+    case = small_case("straggler", rank=1, seed=11, gpus=4)
     labels = CaseLabels.read(case)
     verdict = Analysis(case).diagnose()
     assert verdict.method == "model:default"

@@ -92,3 +92,61 @@ def test_explanations_name_only_the_pointed_operator_and_rank(trained, two_cases
             assert set(re.findall(r"(?:rank|GPU) (\d+)", d.explanation)) <= {str(d.facts.rank)}
             checked += 1
     assert checked > 0
+
+
+def test_flagged_steps_of_a_run_share_one_pooled_fault_type(trained, two_cases):
+    _, _, root = trained
+    model = LoadedModel.load(root / "a")
+    for case in two_cases:
+        records = read_case_records(case)
+        pooled = model.diagnose_records(records)
+        apart = model.diagnose_records(records, pool_faults=False)
+        # pooling decides the words only: the same steps, probabilities and pointed nodes
+        assert [d.anomalous for d in pooled] == [d.anomalous for d in apart]
+        assert [d.facts for d in pooled] == [d.facts for d in apart]
+        flagged = [d for d in pooled if d.anomalous]
+        assert len({d.fault for d in flagged}) <= 1
+        if flagged:  # the run's fault is one that some flagged step favoured on its own
+            assert flagged[0].fault in {d.fault for d in apart if d.anomalous}
+
+
+def test_steps_carry_their_neighbours_and_the_runs_shape(two_cases):
+    records = sorted(read_case_records(two_cases[0]), key=lambda r: r.iteration)
+    own = [0, 1, 7, 14]
+    for before, record, after in zip(records, records[1:], records[2:], strict=False):
+        assert list(record.step_float[16:20]) == list(before.step_float[own])
+        assert list(record.step_float[20:24]) == list(after.step_float[own])
+    assert not records[0].step_float[16:20].any() and not records[-1].step_float[20:24].any()
+    run = {tuple(r.step_float[24:32]) for r in records}
+    assert len(run) == 1
+    share_flagged = next(iter(run))[0]
+    assert share_flagged == pytest.approx(
+        sum(r.localizer_anomalous for r in records) / len(records)
+    )
+
+
+def test_train_command_takes_the_loss_weights(two_cases, tmp_path):
+    import json
+
+    from teller.cli import main
+
+    out = tmp_path / "m"
+    data = [str(c) for c in two_cases]
+    argv = ["-q", "train", "--data", *data, "-o", str(out), "--epochs", "1"]
+    assert main([*argv, "--lambda-step", "2", "--lambda-op", "0.5", "--lambda-explain", "0"]) == 0
+    config = json.loads((out / "config.json").read_text())["model"]
+    assert (config["lambda_step"], config["lambda_op"], config["lambda_explain"]) == (2, 0.5, 0)
+
+
+def test_a_power_capped_gpu_slows_all_its_kernels_alike():
+    from .conftest import small_case
+
+    case = small_case("gpu_throttle", rank=1, seed=3)
+    records = read_case_records(case, use_logs=False)
+    inside = [r.step_float[32:36] for r in records if 10 <= r.iteration < 20]
+    outside = [r.step_float[32:36] for r in records if r.iteration < 8]
+    assert inside and outside
+    for median, spread, p90, share in inside:  # every kernel of rank 1 about (1 + x)× slower
+        assert median > 0.3 and share > 0.8 and p90 >= median and spread < median
+    for median, _, _, share in outside:
+        assert abs(median) < 0.1 and share < 0.5

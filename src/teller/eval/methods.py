@@ -9,13 +9,13 @@ from teller.eval.log_baseline import LogOnlyBaseline
 from teller.localize.localizer import NumericLocalizer
 
 
-def _model(variant: str) -> Callable[[], object]:
+def _model(variant: str, pool_faults: bool = True) -> Callable[[], object]:
     """A shipped model variant; torch is imported only when a model row is actually run."""
 
     def make() -> object:
         from teller.rca.infer import RootCauseMethod, variant_dir
 
-        return RootCauseMethod(variant_dir(variant))
+        return RootCauseMethod(variant_dir(variant), pool_faults=pool_faults)
 
     return make
 
@@ -30,4 +30,6 @@ METHODS: dict[str, Callable[[], object]] = {
     "model-no-logs": _model("no-logs"),
     "model-no-numeric": _model("no-numeric"),
     "model-raw-nodes": _model("raw-nodes"),
+    # the default model with each flagged step's fault type its own (no pooling over the run)
+    "model-step-faults": _model("model", pool_faults=False),
 }

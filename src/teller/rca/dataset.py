@@ -91,6 +91,7 @@ def case_records(
         step_z=PROPOSE_Z, min_ratio=PROPOSE_RATIO, top_k=MAX_CANDIDATES
     ).score(tree)
     work = _work_features(tree)
+    slowdown = _kernel_slowdown_shape(tree)
     logs = _aligned_logs(tree, log_paths)
     strict = NumericLocalizer()
     records = []
@@ -116,6 +117,7 @@ def case_records(
         shift_ns = localization.shifted.get(score.iteration, 0.0)
         step_float[14] = float(shift_ns > 0)
         step_float[15] = np.log1p(shift_ns / 1e5) / 4.0
+        step_float[32:36] = slowdown.get(score.iteration, 0.0)
         candidates = localization.candidates.get(score.iteration, [])
         templates, floats, lines = logs.get(
             score.iteration,
@@ -139,7 +141,47 @@ def case_records(
             record.fault = labels.fault if record.anomalous else "none"
             record.target = _target(candidates, labels) if record.anomalous else -1
         records.append(record)
+    _add_context(records)
     return records
+
+
+#: Per-step features a neighbour lends (z, time against expected, strict flag, operator shift).
+_NEIGHBOUR_FEATURES = [0, 1, 7, 14]
+#: Temporal work ratios (GPU, host, comm: the largest rank against its own median) and GPU imbalance.
+_WORK_PEAKS = [9, 11, 13, 8]
+
+
+def _add_context(records: list[StepRecord]) -> None:
+    """Features 16–31: the previous and next steps' features and the whole run's shape.
+
+    Why: a fault lasts a window of steps, so a borderline step between two slow ones is more likely
+    part of it (the slice's time order, T); and fault types differ in how a run degrades rather
+    than in any one step (a power cap slows every step of its window alike, a co-tenant
+    erratically; a contended host shows in host time, a link in collectives), which one step
+    cannot show."""
+    if not records:
+        return
+    records = sorted(records, key=lambda r: r.iteration)
+    table = np.stack([r.step_float[:16] for r in records])
+    strict = table[:, 7] > 0
+    ratio = table[:, 1]
+    flagged = ratio[strict] if strict.any() else ratio[:0]
+    run = np.array(
+        [
+            strict.mean(),
+            table[:, 0].max(),
+            flagged.mean() if len(flagged) else 0.0,
+            flagged.std() if len(flagged) > 1 else 0.0,
+            *table[:, _WORK_PEAKS].max(axis=0),
+        ],
+        dtype=np.float32,
+    )
+    for i, record in enumerate(records):
+        if i > 0:
+            record.step_float[16:20] = table[i - 1, _NEIGHBOUR_FEATURES]
+        if i + 1 < len(records):
+            record.step_float[20:24] = table[i + 1, _NEIGHBOUR_FEATURES]
+        record.step_float[24:32] = run
 
 
 def _target(candidates: list[OperatorCandidate], labels: CaseLabels) -> int:
@@ -186,6 +228,50 @@ def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
         out[:, 2 * m] = np.clip(imbalance.max(axis=1), -3, 3)
         out[:, 2 * m + 1] = np.clip(temporal.max(axis=1), -3, 3)
     return {int(it): out[i] for i, it in enumerate(iterations.tolist())}
+
+
+def _kernel_slowdown_shape(tree: CallTree) -> dict[int, np.ndarray]:
+    """Per iteration, how the slowest rank's compute kernels are slower than its peers' same
+    kernels: median, spread and 90th percentile of the per-kernel log ratios against the median
+    rank (with two ranks, half their difference), and the share of kernels more than 10% slower.
+
+    Why: the ranks of a tensor-parallel group launch the same kernels in the same order, so kernel
+    i of one rank compares with kernel i of the others. A power cap slows every kernel by about
+    the same factor (small spread); a co-tenant slows some kernels a lot and others not at all
+    (large spread); one regressed operator slows few kernels. Step totals cannot tell these
+    apart. Steps whose ranks launched different kernel counts get zeros."""
+    in_step = (tree.step >= 0) & (tree.layer == LAYER_CODE["kernel"]) & (tree.stream >= 0)
+    rows = np.flatnonzero(in_step)
+    if len(rows) == 0:
+        return {}
+    rows = rows[np.lexsort((tree.start[rows], tree.step[rows]))]
+    step_of = tree.step[rows]
+    bounds = np.searchsorted(step_of, np.arange(len(tree.steps) + 1))
+    steps = tree.steps
+    by_iteration: dict[int, list[int]] = {}
+    for k in range(len(steps)):
+        by_iteration.setdefault(int(steps.index[k]), []).append(k)
+    out = {}
+    for iteration, step_rows in by_iteration.items():
+        counts = {int(bounds[k + 1] - bounds[k]) for k in step_rows}
+        if len(step_rows) < 2 or len(counts) != 1 or 0 in counts:
+            continue
+        durations = np.stack([tree.dur[rows[bounds[k] : bounds[k + 1]]] for k in step_rows]).astype(
+            np.float64
+        )
+        logs = np.log(np.maximum(durations, 1.0))
+        ratios = logs - np.median(logs, axis=0, keepdims=True)
+        slowest = ratios[int(ratios.mean(axis=1).argmax())]
+        out[iteration] = np.array(
+            [
+                np.clip(np.median(slowest), -3, 3),
+                np.clip(slowest.std(), 0, 3),
+                np.clip(np.percentile(slowest, 90), -3, 3),
+                (slowest > 0.1).mean(),
+            ],
+            dtype=np.float32,
+        )
+    return out
 
 
 def _aligned_logs(

@@ -138,7 +138,17 @@ class LoadedModel:
         model.eval()
         return cls(model, TPE.load(path / "tpe.json"), bool(meta["raw_nodes"]), path)
 
-    def diagnose_records(self, records: Sequence[StepRecord]) -> list[StepDiagnosis]:
+    def diagnose_records(
+        self, records: Sequence[StepRecord], pool_faults: bool = True
+    ) -> list[StepDiagnosis]:
+        """One diagnosis per record (the steps of one run).
+
+        With `pool_faults`, every flagged step of the run gets the one fault type that the flagged
+        steps' explanation outputs favour together (log-probabilities summed, each weighted by
+        its step probability). Why: a run's slow window has one cause far more often than several,
+        and the cause shows unevenly step by step (a co-tenant's erratic kernels look like a power
+        cap on the steps where they happen to be steady); one step's evidence is then outvoted by
+        the rest. Operators and ranks stay per step."""
         if not records:
             return []
         arrays = encode(
@@ -153,9 +163,15 @@ class LoadedModel:
             outputs, _ = self.model(batch)
         probability = torch.sigmoid(outputs["step_logit"]).numpy()
         pointer = torch.softmax(outputs["pointer"], dim=-1).numpy()
-        fault_logits = outputs["fault_logits"].numpy()
+        fault_logits = outputs["fault_logits"]
         for name in NOT_FAULTS:
-            fault_logits[:, FAULT_NAMES.index(name)] = -np.inf
+            fault_logits[:, FAULT_NAMES.index(name)] = -torch.inf
+        fault_logp = torch.log_softmax(fault_logits, dim=-1).numpy()
+        flagged = probability >= threshold(self.model.config)
+        faults = fault_logp.argmax(-1)
+        if pool_faults and flagged.any():
+            weights = probability[flagged, None]
+            faults[flagged] = int((weights * fault_logp[flagged]).sum(axis=0).argmax())
         out = []
         for b, record in enumerate(records):
             focus = arrays["focus_candidate"][b]
@@ -174,12 +190,12 @@ class LoadedModel:
                     top.normal_ns,
                     record.log_lines[0] if record.log_lines else None,
                 )
-            fault = FAULT_NAMES[int(fault_logits[b].argmax())]
+            fault = FAULT_NAMES[int(faults[b])]
             out.append(
                 StepDiagnosis(
                     iteration=record.iteration,
                     probability=float(probability[b]),
-                    anomalous=bool(probability[b] >= threshold(self.model.config)),
+                    anomalous=bool(flagged[b]),
                     dur_ns=record.dur_ns,
                     expected_ns=record.expected_ns,
                     fault=fault,
@@ -224,8 +240,9 @@ class RootCauseMethod:
 
     uses_logs = True
 
-    def __init__(self, model_dir: str | Path | None = None) -> None:
+    def __init__(self, model_dir: str | Path | None = None, pool_faults: bool = True) -> None:
         self.model_dir = model_dir
+        self.pool_faults = pool_faults
 
     def fit(
         self, normal_trees: list[CallTree], normal_logs: Sequence[CaseLogs] = ()
@@ -238,7 +255,7 @@ class RootCauseMethod:
         the explanation with the node it names (`Localization.explanations`)."""
         records = _LastRecords.of(tree, logs.paths if logs is not None else ())
         steps, candidates, explanations = [], {}, {}
-        for d in self.model_.diagnose_records(records):
+        for d in self.model_.diagnose_records(records, pool_faults=self.pool_faults):
             steps.append(
                 StepScore(d.iteration, "", d.dur_ns, d.expected_ns, d.probability, d.anomalous)
             )

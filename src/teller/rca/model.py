@@ -5,7 +5,8 @@ sequence of at most ``1 + 1 + max_trace_tokens + max_log_lines`` positions:
 
 * a summary position (``[CLS]``) whose output the step and explanation heads read;
 * the step's numeric features (batch composition, step time against its expected time, per-rank
-  GPU/host/comm work), projected to one position;
+  GPU/host/comm work, the previous and next steps' times, the run's shape, and how the slowest
+  rank's kernels are slower than its peers'), projected to one position;
 * the step's slice as TPE tokens: for each of the localizer's top candidate nodes, the tokens of
   its ancestor path (the candidate's own node is in the last one, its *focus* token), each with
   its vocabulary id, layer, rank, candidate kind, role and a few numbers (log-duration, depth,
@@ -17,7 +18,8 @@ Heads, trained jointly with ``L = λ_step·L_step + λ_op·L_op + λ_explain·L_
 * **step**: is this step anomalous (binary, from ``[CLS]``);
 * **pointer**: a score per token, masked to focus tokens, so it can only ever pick a candidate
   node; the pointed token resolves to that node's operator and rank;
-* **explain**: the fault type, read from ``[CLS]`` and the pointed token together. The words come
+* **explain**: the fault type, read from ``[CLS]`` and the pointed token together (fitted on
+  anomalous steps only; at inference the flagged steps of a run pool their votes). The words come
   from that fault's template with slots filled from the pointed node's facts only
   (`teller.rca.infer.explain`), so an explanation cannot name an operator or rank the pointer did
   not pick.
@@ -43,7 +45,7 @@ CANDIDATE_KINDS = ("context", "compute", "arrival", "transfer")
 ROLE_PAD, ROLE_CONTEXT, ROLE_FOCUS = 0, 1, 2
 TOKEN_FLOATS = 6
 LOG_FLOATS = 4
-STEP_FLOATS = 16
+STEP_FLOATS = 36
 MAX_RANKS = 64
 
 
@@ -61,7 +63,7 @@ class ModelConfig:
     use_numeric: bool = True
     lambda_step: float = 1.0
     lambda_op: float = 1.0
-    lambda_explain: float = 0.5
+    lambda_explain: float = 1.0
     pos_weight: float = 4.0  # anomalous steps are rare: weight them up in L_step
 
     def to_json(self) -> dict:
@@ -200,7 +202,14 @@ class RootCauseModel(nn.Module):
             if has_target.any()
             else outputs["pointer"].sum() * 0.0
         )
-        explain_loss = F.cross_entropy(outputs["fault_logits"], batch["y_fault"])
+        # the fault type only matters on anomalous steps (the step head tells faults from none):
+        # fitting it on every step would spend the head on the many normal ones
+        faulty = batch["y_step"] > 0
+        explain_loss = (
+            F.cross_entropy(outputs["fault_logits"][faulty], batch["y_fault"][faulty])
+            if faulty.any()
+            else outputs["fault_logits"].sum() * 0.0
+        )
         total = c.lambda_step * step_loss + c.lambda_op * op_loss + c.lambda_explain * explain_loss
         return {"total": total, "step": step_loss, "op": op_loss, "explain": explain_loss}
 
