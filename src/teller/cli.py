@@ -272,13 +272,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from teller.rca.model import ModelConfig
     from teller.rca.train import TrainConfig, train
 
-    model = ModelConfig(
-        use_logs=not args.no_logs,
-        use_numeric=not args.no_numeric,
-        lambda_step=args.lambda_step,
-        lambda_op=args.lambda_op,
-        lambda_explain=args.lambda_explain,
-    )
+    weights = {  # unset flags keep ModelConfig's defaults, which live in one place
+        f"lambda_{head}": getattr(args, f"lambda_{head}")
+        for head in ("step", "op", "explain")
+        if getattr(args, f"lambda_{head}") is not None
+    }
+    model = ModelConfig(use_logs=not args.no_logs, use_numeric=not args.no_numeric, **weights)
     config = TrainConfig(
         data=args.data,
         out=args.out,
@@ -413,13 +412,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--no-logs", action="store_true", help="ablation: no log modality")
     train.add_argument("--no-numeric", action="store_true", help="ablation: no step numbers")
     train.add_argument("--raw-nodes", action="store_true", help="ablation: no TPE merges")
-    for head, default in (("step", 1.0), ("op", 1.0), ("explain", 1.0)):
+    for head in ("step", "op", "explain"):
         train.add_argument(
             f"--lambda-{head}",
             type=float,
-            default=default,
             metavar="W",
-            help=f"weight of L_{head} in L = λ_step·L_step + λ_op·L_op + λ_explain·L_explain",
+            help=f"weight of L_{head} in L = λ_step·L_step + λ_op·L_op + λ_explain·L_explain "
+            "(default: the model's, 1)",
         )
 
     diagnose = command("diagnose", cmd_diagnose, "diagnose a run with the root-cause model")
