@@ -16,16 +16,18 @@ atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 _BUILT: dict[str, Path] = {}
 
 
-def small_case(fault: str, rank: int = 1, seed: int = 3, gpus: int = 2) -> Path:
+def small_case(
+    fault: str, rank: int = 1, seed: int = 3, gpus: int = 2, python_frames: bool = False
+) -> Path:
     """A one-node, one-layer, 30-step case on `gpus` GPUs (tensor-parallel across all) with
-    `fault` on `rank` in steps 10..19 (a few seconds)."""
-    name = f"{fault}-r{rank}-s{seed}-g{gpus}"
+    `fault` on `rank` in steps 10..19 (a few seconds); `python_frames` records module scopes."""
+    name = f"{fault}-r{rank}-s{seed}-g{gpus}{'-py' if python_frames else ''}"
     if name not in _BUILT:
         config = SimConfig(
             topology=Topology(1, gpus, gpus, 1),
             steps=30,
             layers=1,
-            python_frames=False,
+            python_frames=python_frames,
             fault=FaultSpec(fault, rank=rank, intensity=1.0, window=(10, 20)),
             seed=seed,
         )

@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from teller.errors import TraceError
+from teller.lab.labels import CaseLabels
 from teller.rca.dataset import read_case_records
 from teller.rca.infer import LoadedModel
-from teller.rca.model import ModelConfig
+from teller.rca.model import STEP_FLOATS, ModelConfig
 from teller.rca.train import TrainConfig, train
 
 
@@ -89,6 +90,7 @@ def test_explanations_name_only_the_pointed_operator_and_rank(trained, two_cases
                 continue
             others = {c.operator for c, _ in d.candidates} - {d.facts.operator}
             assert not any(op in d.explanation for op in others)
+            assert d.facts.operator in d.explanation  # the pointed node is always named
             assert set(re.findall(r"(?:rank|GPU) (\d+)", d.explanation)) <= {str(d.facts.rank)}
             checked += 1
     assert checked > 0
@@ -150,3 +152,65 @@ def test_a_power_capped_gpu_slows_all_its_kernels_alike():
         assert median > 0.3 and share > 0.8 and p90 >= median and spread < median
     for median, _, _, share in outside:
         assert abs(median) < 0.1 and share < 0.5
+
+
+def test_a_shrunken_kv_cache_blames_the_forward_the_localizer_cannot_name():
+    """kv_pressure slows the whole forward (recomputed prefills), so its guilty node is the
+    model's outermost module scope; every step offers it as its last candidate."""
+    from .conftest import small_case
+
+    case = small_case("kv_pressure", rank=0, seed=3, python_frames=True)
+    guilty = CaseLabels.read(case).guilty_operator
+    records = read_case_records(case, use_logs=False)
+    assert all(r.candidates and r.candidates[-1].kind == "forward" for r in records)
+    assert {r.candidates[-1].operator for r in records} == {guilty}
+    anomalous = [r for r in records if r.anomalous]
+    assert anomalous
+    assert all(r.candidates[r.target].operator == guilty for r in anomalous)
+    # the forward's own time, against what the step's batch should take
+    forward = anomalous[0].candidates[-1]
+    assert forward.observed_ns > 0 and forward.normal_ns > 0
+
+
+def test_a_trace_without_module_scopes_has_no_forward_candidate(two_cases):
+    records = read_case_records(two_cases[0], use_logs=False)
+    assert not any(c.kind == "forward" for r in records for c in r.candidates)
+
+
+def test_steps_carry_their_batch_against_the_runs_usual_one():
+    """Features 36–37: log(context, generation tokens / the run's median for that step kind)."""
+    import numpy as np
+
+    from teller.rca.dataset import StepRecord, _add_context
+
+    def decode(iteration: int, tokens: int) -> StepRecord:
+        step = np.zeros(STEP_FLOATS, np.float32)
+        step[3] = np.log1p(tokens) / 8.0
+        step[5] = 1.0  # decode
+        return StepRecord(
+            "c", iteration, step, [], [], np.zeros(0), np.zeros((0, 4)), [], False, 0, 0
+        )
+
+    records = [decode(i, 63) for i in range(5)] + [decode(5, 15)]
+    _add_context(records)
+    assert [r.step_float[37] for r in records[:5]] == [0.0] * 5
+    assert records[5].step_float[37] == pytest.approx(np.log(16 / 64), abs=1e-5)
+    assert all(r.step_float[36] == 0.0 for r in records)
+
+
+def test_the_decoder_writes_the_reference_sentence_of_a_learned_fault(trained, two_cases):
+    """Two small cases suffice for the decoder to learn each fault's sentence: the flagged steps
+    of the power-capped case whose node is the labelled one say its reference nearly word for
+    word (ROUGE-L F), with that case's operator and rank filled in."""
+    from teller.eval.metrics import rouge_l
+
+    _, _, root = trained
+    model = LoadedModel.load(root / "a")
+    labels = CaseLabels.read(two_cases[1])
+    said = [
+        d.explanation
+        for d in model.diagnose_records(read_case_records(two_cases[1]))
+        if d.anomalous and d.facts and d.facts.operator == labels.guilty_operator
+    ]
+    assert said
+    assert sum(rouge_l(text, labels.explanation) for text in said) / len(said) > 0.8

@@ -78,7 +78,7 @@ class OperatorCandidate:
     z: float
     node: int  # the largest contributing node
     reference: str
-    kind: str  # "compute", "idle", "shift", "arrival" or "transfer"
+    kind: str  # "compute", "idle", "shift", "arrival" or "transfer" ("forward": rca/dataset.py)
 
 
 @dataclass

@@ -24,7 +24,7 @@ import numpy as np
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import LAYER_CODE
 from teller.lab.labels import CaseLabels
-from teller.localize.localizer import NumericLocalizer, OperatorCandidate
+from teller.localize.localizer import NumericLocalizer, OperatorCandidate, StepScore
 from teller.rca.model import (
     CANDIDATE_KINDS,
     FAULT_NAMES,
@@ -36,6 +36,7 @@ from teller.rca.model import (
     log_bucket,
     safe_log_ratio,
 )
+from teller.rca.words import MAX_WORDS, WordVocab, target_words
 from teller.slices.cut import slice_of_nodes
 from teller.slices.slice import Slice
 from teller.tpe.tokenizer import TPE
@@ -55,7 +56,9 @@ _COMM = LAYER_CODE["comm"]
 
 #: Localizer candidate kinds the model reads as one of its own: an idle-GPU candidate is host
 #: work that delayed the GPU, i.e. compute on the host; a persistent shift is compute that regressed.
-_KIND_AS = {"idle": "compute", "shift": "compute"}
+_KIND_AS = {"idle": "compute", "shift": "compute", "forward": "compute"}
+#: PyTorch profiler's name prefix of module scopes (with_modules / with_stack traces).
+_MODULE_PREFIX = "nn.Module: "
 
 
 @dataclass
@@ -77,6 +80,7 @@ class StepRecord:
     anomalous: bool = False
     fault: str = "none"
     target: int = -1  # index into candidates of the guilty one, -1 unknown/none
+    words: list[str] = field(default_factory=list)  # the reference explanation, slotted
     meta: dict = field(default_factory=dict)
 
 
@@ -92,6 +96,7 @@ def case_records(
     ).score(tree)
     work = _work_features(tree)
     slowdown = _kernel_slowdown_shape(tree)
+    forwards = _forward_nodes(tree)
     logs = _aligned_logs(tree, log_paths)
     strict = NumericLocalizer()
     records = []
@@ -119,6 +124,9 @@ def case_records(
         step_float[15] = np.log1p(shift_ns / 1e5) / 4.0
         step_float[32:36] = slowdown.get(score.iteration, 0.0)
         candidates = localization.candidates.get(score.iteration, [])
+        forward = _forward_candidate(tree, forwards, score, candidates)
+        if forward is not None:
+            candidates = [*candidates[: MAX_CANDIDATES - 1], forward]
         templates, floats, lines = logs.get(
             score.iteration,
             (np.zeros(0, np.int64), np.zeros((0, LOG_FLOATS), np.float32), []),
@@ -140,6 +148,13 @@ def case_records(
             record.anomalous = score.iteration in truth
             record.fault = labels.fault if record.anomalous else "none"
             record.target = _target(candidates, labels) if record.anomalous else -1
+            if record.anomalous:
+                record.words = target_words(
+                    labels.explanation,
+                    labels.guilty_operator,
+                    labels.guilty_rank,
+                    has_node=record.target >= 0,
+                )
         records.append(record)
     _add_context(records)
     return records
@@ -152,7 +167,8 @@ _WORK_PEAKS = [9, 11, 13, 8]
 
 
 def _add_context(records: list[StepRecord]) -> None:
-    """Features 16–31: the previous and next steps' features and the whole run's shape.
+    """Features 16–31: the previous and next steps' features and the whole run's shape; 36–37:
+    the step's batch against the run's usual one.
 
     Why: a fault lasts a window of steps, so a borderline step between two slow ones is more likely
     part of it (the slice's time order, T); and fault types differ in how a run degrades rather
@@ -176,12 +192,67 @@ def _add_context(records: list[StepRecord]) -> None:
         ],
         dtype=np.float32,
     )
+    # the batch against the run's usual batch of the same step kind (log ratios; features 2–3
+    # hold log1p(tokens) / 8): a misconfigured scheduler shrinks batches while requests queue
+    kind = table[:, 4:7].argmax(axis=1) + 3 * (table[:, 4:7].max(axis=1) == 0)
+    batch = np.zeros((len(records), 2), dtype=np.float32)
+    for k in np.unique(kind).tolist():
+        same = kind == k
+        batch[same] = np.clip(8.0 * (table[same, 2:4] - np.median(table[same, 2:4], axis=0)), -4, 4)
     for i, record in enumerate(records):
+        record.step_float[36:38] = batch[i]
         if i > 0:
             record.step_float[16:20] = table[i - 1, _NEIGHBOUR_FEATURES]
         if i + 1 < len(records):
             record.step_float[20:24] = table[i + 1, _NEIGHBOUR_FEATURES]
         record.step_float[24:32] = run
+
+
+def _forward_nodes(tree: CallTree) -> dict[tuple[int, int], int]:
+    """(rank, iteration) → the step's outermost module scope on that rank (the model's forward),
+    where the trace records module scopes."""
+    modules = [i for i, name in enumerate(tree.names) if name.startswith(_MODULE_PREFIX)]
+    if not modules:
+        return {}
+    rows = np.flatnonzero(np.isin(tree.name, modules) & (tree.step >= 0))
+    rows = rows[np.lexsort((-tree.dur[rows], tree.depth[rows]))]  # shallowest, then longest
+    out: dict[tuple[int, int], int] = {}
+    for i in rows.tolist():
+        out.setdefault((int(tree.rank[i]), int(tree.steps.index[tree.step[i]])), i)
+    return out
+
+
+def _forward_candidate(
+    tree: CallTree,
+    forwards: dict[tuple[int, int], int],
+    score: StepScore,
+    candidates: list[OperatorCandidate],
+) -> OperatorCandidate | None:
+    """The whole forward pass as one more candidate, ranked last.
+
+    Why: some faults slow every operator of a step alike (a shrunken KV cache recomputes
+    preempted prefills; the forward grows, no operator stands out), and their guilty node is
+    the model's forward itself; the localizer only proposes single operators. The rank is the
+    top candidate's (tensor-parallel ranks run the same forward), else the lowest."""
+    ranks = sorted(r for r, it in forwards if it == score.iteration)
+    if not ranks:
+        return None
+    rank = candidates[0].rank if candidates and candidates[0].rank in ranks else ranks[0]
+    node = forwards[(rank, score.iteration)]
+    observed = int(tree.dur[node])
+    normal = int(observed * score.expected_ns / max(score.dur_ns, 1))
+    return OperatorCandidate(
+        iteration=score.iteration,
+        rank=rank,
+        operator=tree.names[tree.name[node]],
+        score=0.0,
+        observed_ns=observed,
+        normal_ns=normal,
+        z=score.z,
+        node=node,
+        reference="the step's expected time for its batch",
+        kind="forward",
+    )
 
 
 def _target(candidates: list[OperatorCandidate], labels: CaseLabels) -> int:
@@ -363,9 +434,14 @@ def path_tokens(tpe: TPE, path: Slice, raw: bool) -> list[tuple[int, int, int, i
 
 
 def encode(
-    records: Sequence[StepRecord], tpe: TPE, raw: bool = False, log_vocab: int = 64
+    records: Sequence[StepRecord],
+    tpe: TPE,
+    raw: bool = False,
+    log_vocab: int = 64,
+    words: WordVocab | None = None,
 ) -> dict[str, np.ndarray]:
-    """Padded arrays for `RootCauseModel`; `focus_candidate[b, t]` maps a token to its candidate."""
+    """Padded arrays for `RootCauseModel`; `focus_candidate[b, t]` maps a token to its candidate;
+    with `words`, the explanation targets too (`y_words`: <bos> words <eos>, 0-padded)."""
     n = len(records)
     arrays = {
         "tok_kind": np.zeros((n, MAX_TRACE_TOKENS), np.int64),
@@ -412,6 +488,12 @@ def encode(
                 t += 1
         arrays["y_step"][b] = float(record.anomalous)
         arrays["y_fault"][b] = FAULT_NAMES.index(record.fault)
+    if words is not None:
+        arrays["y_words"] = np.zeros((n, MAX_WORDS + 1), np.int64)
+        for b, record in enumerate(records):
+            if record.anomalous:
+                ids = words.encode(record.words)
+                arrays["y_words"][b, : len(ids)] = ids
     return arrays
 
 

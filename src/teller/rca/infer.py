@@ -1,10 +1,10 @@
 """Load a trained root-cause model and diagnose a tree: steps, guilty operator and rank, words.
 
-The explanation is grounded by construction: the explanation head only chooses a fault type, and
-the sentence is that fault's template (`TEMPLATES`) with its slots filled from the facts of the
-node the pointer picked (`NodeFacts`: operator, rank, observed and normal time, the step's first
-aligned log line). No other operator or rank reaches the text, so it cannot name one the pointer
-did not pick; a step without a candidate node gets a template with no operator slot.
+The explanation is grounded by construction: the decoder writes plain words and slots only
+(`teller.rca.words`), and the slots are filled from the facts of the node the pointer picked
+(`NodeFacts`: operator, rank, observed and normal time). No other operator or rank reaches the
+text, so it cannot name one the pointer did not pick; a sentence that names no operator gets the
+evidence clause naming the pointed node, and a step without a candidate node gets `NO_NODE`.
 
 `RootCauseMethod` wraps the model in the scoreboard's estimator shape (`fit`, `score`).
 """
@@ -36,6 +36,19 @@ from teller.localize.localizer import (
 from teller.rca.dataset import StepRecord, case_records, encode
 from teller.rca.model import FAULT_NAMES, ModelConfig, RootCauseModel
 from teller.rca.train import FORMAT
+from teller.rca.words import (
+    BOS,
+    EVIDENCE,
+    NORMAL,
+    OBSERVED,
+    OP,
+    PAD,
+    RANK,
+    UNK,
+    WordVocab,
+    fill,
+    pieces,
+)
 from teller.tpe.tokenizer import TPE
 
 if TYPE_CHECKING:
@@ -53,25 +66,6 @@ def threshold(config: ModelConfig) -> float:
 #: Fault types that are not faults: never the explanation of a flagged step.
 NOT_FAULTS = ("none", "workload_shift")
 
-#: One sentence per fault type; the only slots are the pointed node's facts.
-TEMPLATES: dict[str, str] = {
-    "cpu_contention": "Rank {rank}'s CPU is contended: {operator} stretches ({observed} vs {normal} normal).",
-    "straggler": "Rank {rank} reaches every collective late; its peers wait inside {operator}.",
-    "net_throttle": "The network of rank {rank} is throttled; {operator} takes longer ({observed} vs {normal}).",
-    "slow_operator": "On rank {rank} {operator} became slower ({observed} vs {normal} normal).",
-    "scheduler_misconfig": "The scheduler's token budget and batch size are too small: requests queue.",
-    "host_stall": "Rank {rank}'s host stalls between operators, around {operator}.",
-    "memory_pressure": "Rank {rank} is under memory pressure: {operator} spends time in page faults.",
-    "gpu_throttle": "GPU {rank} is power-capped: all its kernels run slower, led by {operator}.",
-    "gpu_contention": "Another process shares GPU {rank}: its kernels ({operator} first) slow erratically.",
-    "kv_pressure": "The KV cache is too small: requests are preempted and their prefills recomputed.",
-    "host_cpu_contention": "Rank {rank}'s host CPU is contended: launches ({operator}) lag and the GPU idles.",
-    "net_delay": "The network link of rank {rank}'s node adds latency to {operator}.",
-    "bandwidth_throttle": "The network link of rank {rank}'s node lost bandwidth; {operator} takes longer.",
-    "link_contention": "The link between rank {rank} and its ring neighbour is contended; {operator} slows.",
-    "kernel_regression": "On rank {rank} one GEMM falls back to {operator}, which is slower.",
-    "collective_hang": "Rank {rank} never reached its all-reduce; peers hung in {operator} until the NCCL watchdog fired.",
-}
 #: For a flagged step with no candidate node at all: nothing to name.
 NO_NODE = "Step {step} is slower than its batch predicts; no single operator stands out."
 
@@ -87,14 +81,22 @@ class NodeFacts:
     log_line: str | None = None
 
 
-def explain(fault: str, facts: NodeFacts | None, step: int) -> str:
+def explain(words: WordVocab, ids: Sequence[int], facts: NodeFacts | None, step: int) -> str:
+    """The decoder's words with their slots filled from the pointed node's facts; a sentence
+    that names no operator gets the evidence clause, so the node it rests on is always named."""
     if facts is None:
         return NO_NODE.format(step=step)
-    return TEMPLATES[fault].format(
-        operator=facts.operator,
-        rank=facts.rank,
-        observed=format_ns(facts.observed_ns),
-        normal=format_ns(facts.normal_ns),
+    said = words.decode(ids)
+    if OP not in said:
+        said += pieces(EVIDENCE)
+    return fill(
+        said,
+        {
+            OP: facts.operator,
+            RANK: str(facts.rank),
+            OBSERVED: format_ns(facts.observed_ns),
+            NORMAL: format_ns(facts.normal_ns),
+        },
     )
 
 
@@ -117,6 +119,7 @@ class LoadedModel:
     tpe: TPE
     raw_nodes: bool
     path: Path
+    words: WordVocab
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> LoadedModel:
@@ -136,7 +139,8 @@ class LoadedModel:
         except (OSError, RuntimeError) as error:
             raise TraceError(path / "model.safetensors", f"unusable weights: {error}") from None
         model.eval()
-        return cls(model, TPE.load(path / "tpe.json"), bool(meta["raw_nodes"]), path)
+        tpe = TPE.load(path / "tpe.json")
+        return cls(model, tpe, bool(meta["raw_nodes"]), path, WordVocab.load(path / "words.json"))
 
     def diagnose_records(
         self, records: Sequence[StepRecord], pool_faults: bool = True
@@ -172,6 +176,16 @@ class LoadedModel:
         if pool_faults and flagged.any():
             weights = probability[flagged, None]
             faults[flagged] = int((weights * fault_logp[flagged]).sum(axis=0).argmax())
+        sentences = np.zeros((len(records), 1), np.int64)
+        if flagged.any():  # the decoder writes for the flagged steps, given their fault type
+            rows = torch.from_numpy(np.flatnonzero(flagged))
+            condition = self.model.condition_of(
+                outputs["summary"][rows], outputs["chosen"][rows], torch.from_numpy(faults)[rows]
+            )
+            banned = [self.words.index[w] for w in (PAD, BOS, UNK)]
+            written = self.model.generate(condition, banned).numpy()
+            sentences = np.zeros((len(records), written.shape[1]), np.int64)
+            sentences[rows.numpy()] = written
         out = []
         for b, record in enumerate(records):
             focus = arrays["focus_candidate"][b]
@@ -200,7 +214,7 @@ class LoadedModel:
                     expected_ns=record.expected_ns,
                     fault=fault,
                     facts=facts,
-                    explanation=explain(fault, facts, record.iteration),
+                    explanation=explain(self.words, sentences[b], facts, record.iteration),
                     candidates=candidates,
                 )
             )

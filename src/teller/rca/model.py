@@ -18,16 +18,19 @@ Heads, trained jointly with ``L = λ_step·L_step + λ_op·L_op + λ_explain·L_
 * **step**: is this step anomalous (binary, from ``[CLS]``);
 * **pointer**: a score per token, masked to focus tokens, so it can only ever pick a candidate
   node; the pointed token resolves to that node's operator and rank;
-* **explain**: the fault type, read from ``[CLS]`` and the pointed token together (fitted on
-  anomalous steps only; at inference the flagged steps of a run pool their votes). The words come
-  from that fault's template with slots filled from the pointed node's facts only
-  (`teller.rca.infer.explain`), so an explanation cannot name an operator or rank the pointer did
-  not pick.
+* **explain**: the fault type, read from ``[CLS]`` and the pointed token together (at inference
+  the flagged steps of a run pool their votes), and a small causal decoder that writes the
+  sentence word by word, conditioned on ``[CLS]``, the pointed token and the fault type. Its
+  vocabulary (`teller.rca.words`) holds plain words and four slots (operator, rank, observed and
+  normal time) that are filled from the pointed node's facts only, so an explanation cannot name
+  an operator or rank the pointer did not pick. L_explain is the fault type's cross-entropy plus
+  the words', both on anomalous steps only.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -36,6 +39,7 @@ from torch import nn
 
 from teller.ingest.schema import LAYERS
 from teller.lab.labels import FAULTS
+from teller.rca.words import BOS, EOS, MAX_WORDS, SPECIALS
 
 #: Fault types the explanation head chooses between, in a fixed order (saved with the model).
 FAULT_NAMES: tuple[str, ...] = tuple(FAULTS)
@@ -45,8 +49,9 @@ CANDIDATE_KINDS = ("context", "compute", "arrival", "transfer")
 ROLE_PAD, ROLE_CONTEXT, ROLE_FOCUS = 0, 1, 2
 TOKEN_FLOATS = 6
 LOG_FLOATS = 4
-STEP_FLOATS = 36
+STEP_FLOATS = 38
 MAX_RANKS = 64
+BOS_ID, EOS_ID = SPECIALS.index(BOS), SPECIALS.index(EOS)
 
 
 @dataclass
@@ -65,6 +70,8 @@ class ModelConfig:
     lambda_op: float = 1.0
     lambda_explain: float = 1.0
     pos_weight: float = 4.0  # anomalous steps are rare: weight them up in L_step
+    words: int = 0  # explanation vocabulary size (`teller.rca.words`); 0: no decoder
+    decoder_layers: int = 1
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -87,12 +94,14 @@ class Block(nn.Module):
         self.n_heads = config.n_heads
         self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: torch.Tensor, causal: bool = False) -> torch.Tensor:
         batch, length, width = x.shape
         q, k, v = self.qkv(self.ln_1(x)).split(width, dim=2)
         shape = (batch, length, self.n_heads, width // self.n_heads)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         mask = keep[:, None, None, :]  # attend to real positions only
+        if causal:  # and, in the decoder, to earlier ones
+            mask = mask & torch.ones(length, length, dtype=torch.bool).tril()
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
         )
@@ -123,6 +132,13 @@ class RootCauseModel(nn.Module):
         self.explain_head = nn.Sequential(
             nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, len(FAULT_NAMES))
         )
+        if config.words:
+            self.fault_in = nn.Embedding(len(FAULT_NAMES), d)
+            self.condition = nn.Linear(2 * d, d)
+            self.word = nn.Embedding(config.words, d)
+            self.word_pos = nn.Embedding(MAX_WORDS + 1, d)
+            self.decoder = nn.ModuleList(Block(config) for _ in range(config.decoder_layers))
+            self.ln_words = nn.LayerNorm(d)
         self.apply(self._init)
 
     @staticmethod
@@ -183,6 +199,12 @@ class RootCauseModel(nn.Module):
         chosen = chosen * focus.any(-1, keepdim=True)  # no candidate: nothing to read
         fault_logits = self.explain_head(torch.cat([summary, chosen], dim=-1))
         outputs = {"step_logit": step_logit, "pointer": pointer, "fault_logits": fault_logits}
+        outputs["summary"], outputs["chosen"] = summary, chosen  # what the decoder reads
+        if c.words and "y_words" in batch:  # teacher forcing: the labelled node and fault type
+            rows = (batch["y_step"] > 0) & (batch["y_words"][:, 0] > 0)  # anomalous, worded
+            condition = self.condition_of(summary[rows], chosen[rows], batch["y_fault"][rows])
+            outputs["word_rows"] = rows
+            outputs["word_logits"] = self.decode_step(condition, batch["y_words"][rows, :-1])
         if "y_step" not in batch:
             return outputs, None
         return outputs, self.losses(outputs, batch)
@@ -210,8 +232,48 @@ class RootCauseModel(nn.Module):
             if faulty.any()
             else outputs["fault_logits"].sum() * 0.0
         )
+        if "word_logits" in outputs and outputs["word_rows"].any():  # the words (anomalous steps)
+            logits = outputs["word_logits"]
+            explain_loss = explain_loss + F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                batch["y_words"][outputs["word_rows"], 1:].reshape(-1),
+                ignore_index=0,
+            )
         total = c.lambda_step * step_loss + c.lambda_op * op_loss + c.lambda_explain * explain_loss
         return {"total": total, "step": step_loss, "op": op_loss, "explain": explain_loss}
+
+    # -- the explanation decoder -------------------------------------------------------------
+    def condition_of(
+        self, summary: torch.Tensor, chosen: torch.Tensor, fault: torch.Tensor
+    ) -> torch.Tensor:
+        return self.condition(torch.cat([summary, chosen], dim=-1)) + self.fault_in(fault)
+
+    def decode_step(self, condition: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """Next-word logits after each prefix of `words` (which starts with <bos>), the
+        condition sitting at position 0 (a prefix the words attend to)."""
+        length = words.shape[1]
+        x = self.word(words) + self.word_pos(torch.arange(1, length + 1))
+        x = torch.cat([(condition + self.word_pos.weight[0])[:, None], x], dim=1)
+        keep = torch.cat([torch.ones_like(words[:, :1], dtype=torch.bool), words > 0], dim=1)
+        for block in self.decoder:
+            x = block(x, keep, causal=True)
+        return self.ln_words(x[:, 1:]) @ self.word.weight.T  # tied with the word embedding
+
+    @torch.no_grad()
+    def generate(self, condition: torch.Tensor, banned: Sequence[int] = ()) -> torch.Tensor:
+        """Greedy words (ids, <bos> first) for each condition; `banned` ids are never chosen."""
+        size = condition.shape[0]
+        words = torch.full((size, 1), BOS_ID, dtype=torch.long)
+        done = torch.zeros(size, dtype=torch.bool)
+        for _ in range(MAX_WORDS):
+            logits = self.decode_step(condition, words)[:, -1]
+            logits[:, list(banned)] = -torch.inf
+            nxt = logits.argmax(-1).masked_fill(done, 0)
+            words = torch.cat([words, nxt[:, None]], dim=1)
+            done |= nxt == EOS_ID
+            if done.all():
+                break
+        return words
 
 
 def log_bucket(template_id: int, buckets: int) -> int:

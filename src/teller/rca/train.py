@@ -6,7 +6,8 @@ steps of the training cases. The evaluation cases are a different recipe (differ
 split is by case by construction. Deterministic under `seed` (one thread, seeded shuffles).
 
 A checkpoint is a directory: `model.safetensors` (weights), `config.json` (model and training
-configuration, fault names, input switches) and `tpe.json` (the vocabulary). Nothing is pickled.
+configuration, fault names, input switches), `tpe.json` (the TPE vocabulary) and `words.json` (the
+explanation decoder's words). Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from tqdm import tqdm
 from teller.errors import TellerError
 from teller.rca.dataset import encode, read_case_records, train_vocab
 from teller.rca.model import FAULT_NAMES, ModelConfig, RootCauseModel
+from teller.rca.words import WordVocab
 from teller.tpe.tokenizer import TPE
 
-FORMAT = "teller.rca/1"
+FORMAT = "teller.rca/2"  # 2: the explanation decoder (words.json)
 
 
 @dataclass
@@ -75,8 +77,9 @@ def find_case_dirs(roots: list[str]) -> list[Path]:
     return dirs
 
 
-def load_dataset(config: TrainConfig) -> tuple[dict[str, np.ndarray], TPE, int]:
-    """Encoded arrays, the vocabulary and the case count; from the cache when it has them.
+def load_dataset(config: TrainConfig) -> tuple[dict[str, np.ndarray], TPE, WordVocab, int]:
+    """Encoded arrays, the vocabularies (TPE, explanation words) and the case count; from the
+    cache when it has them.
 
     The cache holds both encodings (TPE and raw nodes) of one read, so the ablations cost no
     second pass over the traces."""
@@ -88,7 +91,8 @@ def load_dataset(config: TrainConfig) -> tuple[dict[str, np.ndarray], TPE, int]:
     name = "arrays-raw.npz" if config.raw_nodes else "arrays.npz"
     if cache is not None and (cache / name).is_file():
         with np.load(cache / name, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}, TPE.load(cache / "tpe.json"), len(dirs)
+            arrays = {k: data[k] for k in data.files}
+        return arrays, TPE.load(cache / "tpe.json"), WordVocab.load(cache / "words.json"), len(dirs)
     records = []
     with ProcessPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else _Serial() as pool:
         results = pool.map(read_case_records, dirs)
@@ -97,13 +101,17 @@ def load_dataset(config: TrainConfig) -> tuple[dict[str, np.ndarray], TPE, int]:
         ):
             records.extend(case_records)
     tpe = train_vocab(records, config.tpe_vocab)
+    words = WordVocab.build(r.words for r in records if r.anomalous)
     log_vocab = config.model.log_vocab
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
         tpe.save(cache / "tpe.json")
+        words.save(cache / "words.json")
         for raw, file in ((False, "arrays.npz"), (True, "arrays-raw.npz")):
-            np.savez(cache / file, **encode(records, tpe, raw=raw, log_vocab=log_vocab))
-    return encode(records, tpe, raw=config.raw_nodes, log_vocab=log_vocab), tpe, len(dirs)
+            arrays = encode(records, tpe, raw=raw, log_vocab=log_vocab, words=words)
+            np.savez(cache / file, **arrays)
+    arrays = encode(records, tpe, raw=config.raw_nodes, log_vocab=log_vocab, words=words)
+    return arrays, tpe, words, len(dirs)
 
 
 class _Serial:
@@ -123,8 +131,9 @@ def train(config: TrainConfig) -> TrainResult:
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     torch.set_num_threads(1)  # bit-for-bit the same weights for the same seed
-    arrays, tpe, cases = load_dataset(config)
+    arrays, tpe, words, cases = load_dataset(config)
     config.model.vocab_size = tpe.vocab_size
+    config.model.words = len(words)
     model = RootCauseModel(config.model)
     tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
     optimizer = torch.optim.AdamW(
@@ -150,7 +159,7 @@ def train(config: TrainConfig) -> TrainResult:
             total += float(loss["total"].detach()) * len(batch["y_step"])
         losses.append(total / count)
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    save(model, tpe, config, Path(config.out))
+    save(model, tpe, words, config, Path(config.out))
     return TrainResult(
         out=Path(config.out),
         cases=cases,
@@ -162,13 +171,14 @@ def train(config: TrainConfig) -> TrainResult:
     )
 
 
-def save(model: RootCauseModel, tpe: TPE, config: TrainConfig, out: Path) -> None:
+def save(model: RootCauseModel, tpe: TPE, words: WordVocab, config: TrainConfig, out: Path) -> None:
     """Write the checkpoint directory atomically (a temp dir renamed into place)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     os.chmod(tmp, 0o755)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
     tpe.save(tmp / "tpe.json")
+    words.save(tmp / "words.json")
     meta = {
         "format": FORMAT,
         "model": config.model.to_json(),
