@@ -87,6 +87,11 @@ def explain(words: WordVocab, ids: Sequence[int], facts: NodeFacts | None, step:
     if facts is None:
         return NO_NODE.format(step=step)
     said = words.decode(ids)
+    # a number after "rank"/"GPU" reads as a rank: only the rank slot may stand there
+    said = [
+        RANK if i and w in (OBSERVED, NORMAL) and said[i - 1].lower() in ("rank", "gpu") else w
+        for i, w in enumerate(said)
+    ]
     if OP not in said:
         said += pieces(EVIDENCE)
     return fill(
