@@ -208,23 +208,23 @@ def _add_context(records: list[StepRecord]) -> None:
         record.step_float[24:32] = run
 
 
-def _forward_nodes(tree: CallTree) -> dict[tuple[int, int], int]:
-    """(rank, iteration) → the step's outermost module scope on that rank (the model's forward),
+def _forward_nodes(tree: CallTree) -> dict[int, dict[int, int]]:
+    """iteration → rank → the step's outermost module scope on that rank (the model's forward),
     where the trace records module scopes."""
     modules = [i for i, name in enumerate(tree.names) if name.startswith(_MODULE_PREFIX)]
     if not modules:
         return {}
     rows = np.flatnonzero(np.isin(tree.name, modules) & (tree.step >= 0))
     rows = rows[np.lexsort((-tree.dur[rows], tree.depth[rows]))]  # shallowest, then longest
-    out: dict[tuple[int, int], int] = {}
+    out: dict[int, dict[int, int]] = {}
     for i in rows.tolist():
-        out.setdefault((int(tree.rank[i]), int(tree.steps.index[tree.step[i]])), i)
+        out.setdefault(int(tree.steps.index[tree.step[i]]), {}).setdefault(int(tree.rank[i]), i)
     return out
 
 
 def _forward_candidate(
     tree: CallTree,
-    forwards: dict[tuple[int, int], int],
+    forwards: dict[int, dict[int, int]],
     score: StepScore,
     candidates: list[OperatorCandidate],
 ) -> OperatorCandidate | None:
@@ -234,11 +234,11 @@ def _forward_candidate(
     preempted prefills; the forward grows, no operator stands out), and their guilty node is
     the model's forward itself; the localizer only proposes single operators. The rank is the
     top candidate's (tensor-parallel ranks run the same forward), else the lowest."""
-    ranks = sorted(r for r, it in forwards if it == score.iteration)
-    if not ranks:
+    by_rank = forwards.get(score.iteration)
+    if not by_rank:
         return None
-    rank = candidates[0].rank if candidates and candidates[0].rank in ranks else ranks[0]
-    node = forwards[(rank, score.iteration)]
+    rank = candidates[0].rank if candidates and candidates[0].rank in by_rank else min(by_rank)
+    node = by_rank[rank]
     observed = int(tree.dur[node])
     normal = int(observed * score.expected_ns / max(score.dur_ns, 1))
     return OperatorCandidate(

@@ -64,7 +64,7 @@ def _plain(word: str) -> bool:
     """A word the decoder may say: slots, and words that are not identifiers or numbers."""
     if word in SLOTS:
         return True
-    return not ("_" in word or "::" in word or word.isdigit() or re.search(r"\d", word))
+    return not ("_" in word or "::" in word or re.search(r"\d", word))
 
 
 @dataclass
