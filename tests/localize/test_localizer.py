@@ -81,3 +81,32 @@ def test_usual_noise_in_arrivals_does_not_outrank_a_consistent_slowdown(tmp_path
         assert step in [s.iteration for s in result.anomalous_steps()]
         top = result.candidates[step][0]
         assert (top.rank, top.operator, top.kind) == (1, "aten::mm", "compute")
+
+
+def test_candidates_for_every_step_leave_the_flagged_steps_and_their_ranking_alone(
+    tmp_path: Path,
+) -> None:
+    """`candidate_z` proposes operators for quiet steps too (the root-cause model's input); the
+    steps flagged and the references their operators are measured against do not change."""
+    tree = build_tree(read_run(write_run(tmp_path, slow_mm={(1, 7): 4.0, (1, 8): 4.0})))
+    usual = NumericLocalizer().score(tree)
+    every = NumericLocalizer(candidate_z=float("-inf")).score(tree)
+    assert [s.iteration for s in every.anomalous_steps()] == [7, 8]
+    assert set(every.candidates) == {s.iteration for s in every.steps}
+    for iteration in (7, 8):
+        assert every.candidates[iteration] == usual.candidates[iteration]
+    # a quiet step is measured against the other quiet steps, not against itself: nothing in it
+    # stands out by much
+    quiet = [c for it, found in every.candidates.items() if it not in (7, 8) for c in found]
+    assert all(c.observed_ns < 2 * max(c.normal_ns, 1) for c in quiet if c.kind == "compute")
+
+
+def test_the_median_of_a_short_list_is_numpys() -> None:
+    import numpy as np
+
+    from teller.localize.localizer import _small_median
+
+    rng = np.random.default_rng(0)
+    for n in range(1, 12):
+        values = rng.integers(0, 1000, n).tolist()
+        assert _small_median(values) == float(np.median(values))

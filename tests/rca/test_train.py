@@ -214,3 +214,31 @@ def test_the_decoder_writes_the_reference_sentence_of_a_learned_fault(trained, t
     ]
     assert said
     assert sum(rouge_l(text, labels.explanation) for text in said) / len(said) > 0.8
+
+
+def test_work_over_time_is_measured_against_steps_of_the_same_kind():
+    """Features 9, 11, 13 (GPU, host, comm of the busiest rank against its usual): a decode step
+    is compared with decode steps, not with prefills that move far more bytes. A decode step whose
+    every message waits 1.5× longer is 1.5× its usual, though still far below any prefill."""
+    import numpy as np
+
+    from teller.rca.dataset import _against_same_kind
+
+    kinds = np.array(["prefill", "decode", "decode", "decode", "prefill", "decode"], dtype=object)
+    comm_us = np.array([[900.0, 910], [30, 31], [30, 30], [45, 46], [1000, 1000], [31, 30]])
+    temporal = _against_same_kind(np.log(comm_us), kinds).max(axis=1)
+    assert temporal[3] == pytest.approx(np.log(1.5), abs=0.03)
+    assert np.abs(temporal[[1, 2, 5]]).max() < 0.05
+    assert abs(temporal[0]) < 0.1 and abs(temporal[4]) < 0.1
+
+
+def test_training_renames_ranks_but_keeps_which_tokens_share_one():
+    from teller.rca.train import relabel_ranks
+
+    ranks = torch.tensor([[0, 1, 1, 3, 0], [2, 2, 0, 1, 5]])
+    renamed = relabel_ranks(ranks, torch.Generator().manual_seed(0))
+    for row, new in zip(ranks.tolist(), renamed.tolist()):
+        assert len(set(zip(row, new))) == len(set(row)) == len(set(new))  # a bijection
+    again = relabel_ranks(ranks, torch.Generator().manual_seed(0))
+    assert torch.equal(renamed, again)
+    assert not torch.equal(renamed, ranks)

@@ -165,8 +165,13 @@ class NumericLocalizer:
         top_k: int = 10,
         noise_floor_ns: float = 2_000.0,
         operator_shifts: bool = True,
+        candidate_z: float | None = None,
     ) -> None:
         self.step_z = step_z
+        # which steps get operator candidates: the anomalous ones (None), or every step whose z
+        # reaches this (the root-cause model ranks the candidates of borderline steps too); the
+        # reference steps that candidates are measured against stay the non-anomalous ones
+        self.candidate_z = candidate_z
         self.min_ratio = min_ratio
         self.self_fit_keep = self_fit_keep
         self.top_k = top_k
@@ -212,8 +217,11 @@ class NumericLocalizer:
             if step.iteration in shifts and not step.anomalous:
                 step.anomalous = True
                 only_shifted.add(step.iteration)
-        anomalous = {s.iteration for s in steps if s.anomalous}
-        candidates = self._candidates(tree, anomalous, steps) if anomalous else {}
+        if self.candidate_z is None:
+            propose = {s.iteration for s in steps if s.anomalous}
+        else:
+            propose = {s.iteration for s in steps if s.anomalous or s.z >= self.candidate_z}
+        candidates = self._candidates(tree, propose, steps) if propose else {}
         for iteration, found_shifts in shifts.items():
             found = [self._shift_candidate(tree, s) for s in found_shifts]
             named = {(c.rank, c.operator) for c in found}
@@ -312,7 +320,7 @@ class NumericLocalizer:
         ]
 
     def _candidates(
-        self, tree: CallTree, anomalous: set[int], steps: list[StepScore]
+        self, tree: CallTree, propose: set[int], steps: list[StepScore]
     ) -> dict[int, list[OperatorCandidate]]:
         nodes = step_nodes(tree)
         kind_of = {s.iteration: s.kind for s in steps}
@@ -336,7 +344,7 @@ class NumericLocalizer:
         step_totals = _totals_by_step(nodes)
         gaps = idle_gaps(tree)
         out: dict[int, list[OperatorCandidate]] = {}
-        for iteration in sorted(anomalous):
+        for iteration in sorted(propose):
             reference = _nearest(iteration, normal_iterations, kind_of, tokens_of, NEAREST_STEPS)
             out[iteration] = self._step_candidates(
                 tree, nodes, key_rows, step_totals, gaps, iteration, reference
@@ -384,7 +392,7 @@ class NumericLocalizer:
                 where = "same operator in the step's other layers, same rank"
             if not ref:
                 continue
-            normal = float(np.median(ref))
+            normal = _small_median(ref)
             excess = float(nodes.self_ns[i]) - normal  # small and negative ones too: they add up
             entry = totals.setdefault((rank, name), [0.0, 0, 0, i, 0.0, where])
             entry[0] += excess
@@ -701,9 +709,19 @@ def _largest_node(nodes, iteration: int, rank: int, name: int) -> int:
     return int(where[np.argmax(nodes.self_ns[where])])
 
 
+#: The last tree's arrival table: every proposed step of a run reads the same one.
+_last_arrivals: list = [None, None]
+
+
 def _arrivals(tree: CallTree) -> tuple[np.ndarray, ...] | None:
     """Per (collective instance, rank): iteration, rank, name, lateness (arrival after the median
     of the others, ≥ 0) and own duration. Arrival is on the GPU where collectives run there."""
+    if _last_arrivals[0] is not tree:
+        _last_arrivals[:] = [tree, _arrival_table(tree)]
+    return _last_arrivals[1]
+
+
+def _arrival_table(tree: CallTree) -> tuple[np.ndarray, ...] | None:
     comm = tree.comm
     if not len(comm):
         return None
@@ -861,11 +879,20 @@ def _nearest(
     tokens_of: dict[int, float],
     count: int,
 ) -> list[int]:
+    normal = [n for n in normal if n != iteration]  # a step proposed while normal is not its own
     same_kind = [n for n in normal if kind_of.get(n) == kind_of.get(iteration)] or normal
     target = tokens_of.get(iteration, 0.0)
     return sorted(
         same_kind, key=lambda n: (abs(tokens_of.get(n, 0.0) - target), abs(n - iteration))
     )[:count]
+
+
+def _small_median(values: list[int]) -> float:
+    """The median of a short list. Why not np.median: candidates take one per operator per
+    step (hundreds of thousands per run), where its array overhead was most of the time."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return float(ordered[half]) if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2.0
 
 
 def _peers(tree: CallTree, rank: int) -> list[int]:

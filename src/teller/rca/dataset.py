@@ -45,8 +45,11 @@ MAX_CANDIDATES = 8
 PATH_TOKENS = 6
 MAX_TRACE_TOKENS = MAX_CANDIDATES * PATH_TOKENS
 MAX_LOG_LINES = 8
-#: Proposal thresholds: far below the localizer's own (5σ, 15%), so the model sees the borderline
-#: steps and learns which of them are faults; the localizer stays the cheap first stage.
+#: Which steps count as not normal when operators are measured against the normal steps: far
+#: below the localizer's own thresholds (5σ, 15%), so borderline steps are not anyone's reference.
+#: Every step gets its ranked candidates all the same (`candidate_z=-inf`): a delayed link or a
+#: swapped kernel slows a step by less than its batch's spread, yet its collective or its new
+#: kernel stands out among the step's operators, and the model, not a threshold, decides.
 PROPOSE_Z = 3.0
 PROPOSE_RATIO = 1.03
 STEP_KINDS = ("prefill", "decode", "mixed")
@@ -92,7 +95,7 @@ def case_records(
 ) -> list[StepRecord]:
     """One record per iteration of the tree."""
     localization = NumericLocalizer(
-        step_z=PROPOSE_Z, min_ratio=PROPOSE_RATIO, top_k=MAX_CANDIDATES
+        step_z=PROPOSE_Z, min_ratio=PROPOSE_RATIO, top_k=MAX_CANDIDATES, candidate_z=-np.inf
     ).score(tree)
     work = _work_features(tree)
     slowdown = _kernel_slowdown_shape(tree)
@@ -273,7 +276,12 @@ def _target(candidates: list[OperatorCandidate], labels: CaseLabels) -> int:
 
 def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
     """Per iteration, for GPU, host and comm work: the largest rank's share against the median
-    rank (imbalance) and against its own median over the case (temporal), as log ratios."""
+    rank (imbalance) and against its own median over the case's steps of the same kind
+    (temporal), as log ratios.
+
+    Why the same kind: a prefill's collectives move hundreds of times a decode's bytes, so against
+    the whole run's median a decode step's comm looks small even when every message of it waits
+    an extra network hop (a delayed or contended link)."""
     steps = tree.steps
     in_step = tree.step >= 0
     gpu = in_step & np.isin(tree.layer, _GPU) & (tree.stream >= 0)
@@ -288,6 +296,9 @@ def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
     ranks = np.unique(steps.rank)
     it_pos = {int(it): i for i, it in enumerate(iterations.tolist())}
     rank_pos = {int(r): j for j, r in enumerate(ranks.tolist())}
+    kind_of = np.zeros(len(iterations), dtype=object)
+    for k in range(len(steps)):
+        kind_of[it_pos[int(steps.index[k])]] = str(steps.kind[k])
     out = np.zeros((len(iterations), 2 * len(measures)), dtype=np.float32)
     for m, measure in enumerate(measures):
         grid = np.full((len(iterations), len(ranks)), np.nan)
@@ -295,10 +306,19 @@ def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
             grid[it_pos[int(steps.index[k])], rank_pos[int(steps.rank[k])]] = measure[k]
         logs = np.log(np.maximum(np.nan_to_num(grid, nan=1.0), 1.0))
         imbalance = logs - np.median(logs, axis=1, keepdims=True)
-        temporal = logs - np.median(logs, axis=0, keepdims=True)
         out[:, 2 * m] = np.clip(imbalance.max(axis=1), -3, 3)
-        out[:, 2 * m + 1] = np.clip(temporal.max(axis=1), -3, 3)
+        out[:, 2 * m + 1] = np.clip(_against_same_kind(logs, kind_of).max(axis=1), -3, 3)
     return {int(it): out[i] for i, it in enumerate(iterations.tolist())}
+
+
+def _against_same_kind(logs: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """(iterations × ranks) log measures minus each rank's median over the steps of the row's
+    kind."""
+    out = np.zeros_like(logs)
+    for kind in set(kinds.tolist()):
+        same = kinds == kind
+        out[same] = logs[same] - np.median(logs[same], axis=0, keepdims=True)
+    return out
 
 
 def _kernel_slowdown_shape(tree: CallTree) -> dict[int, np.ndarray]:

@@ -7,10 +7,12 @@ sequence of at most ``1 + 1 + max_trace_tokens + max_log_lines`` positions:
 * the step's numeric features (batch composition, step time against its expected time, per-rank
   GPU/host/comm work, the previous and next steps' times, the run's shape, and how the slowest
   rank's kernels are slower than its peers'), projected to one position;
-* the step's slice as TPE tokens: for each of the localizer's top candidate nodes, the tokens of
-  its ancestor path (the candidate's own node is in the last one, its *focus* token), each with
-  its vocabulary id, layer, rank, candidate kind, role and a few numbers (log-duration, depth,
-  observed/normal, excess, z);
+* the step's slice as TPE tokens: for each of the localizer's top candidate nodes (every step
+  has them, not only the steps the localizer flags), the tokens of its ancestor path (the
+  candidate's own node is in the last one, its *focus* token), each with its vocabulary id,
+  layer, rank, candidate kind, role and a few numbers (log-duration, depth, observed/normal,
+  excess, z). Rank ids only say which tokens share a rank: training renames them at random
+  (`teller.rca.train.relabel_ranks`), so no rank number is learned as guilty;
 * the aligned log lines: template ids hashed into a small vocabulary plus a few numeric fields.
 
 Heads, trained jointly with ``L = λ_step·L_step + λ_op·L_op + λ_explain·L_explain``:
