@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -31,10 +32,12 @@ def test_default_model_names_the_labelled_rank_and_operator(fault):
     diagnoses = diagnose_path(case)
     flagged = [d for d in diagnoses if d.anomalous and d.iteration in labels.steps]
     named = [d for d in flagged if d.facts is not None]
-    assert named  # (the model may also flag steps outside the window: not pinned here)
-    top = max(named, key=lambda d: d.probability)
-    assert (top.facts.operator, top.facts.rank) == (labels.guilty_operator, labels.guilty_rank)
-    assert labels.guilty_operator in top.explanation  # the fault type may differ: see the README
+    assert len(named) >= len(labels.steps) // 2  # (steps outside the window: not pinned here)
+    # the run's answer: the operator and rank most of its flagged steps name
+    picks = Counter((d.facts.operator, d.facts.rank) for d in named)
+    assert picks.most_common(1)[0][0] == (labels.guilty_operator, labels.guilty_rank)
+    right = [d for d in named if (d.facts.operator, d.facts.rank) == picks.most_common(1)[0][0]]
+    assert all(labels.guilty_operator in d.explanation for d in right)  # fault type: see README
 
 
 def test_diagnose_command_prints_the_verdict(capsys):

@@ -237,8 +237,8 @@ def test_training_renames_ranks_but_keeps_which_tokens_share_one():
 
     ranks = torch.tensor([[0, 1, 1, 3, 0], [2, 2, 0, 1, 5]])
     renamed = relabel_ranks(ranks, torch.Generator().manual_seed(0))
-    for row, new in zip(ranks.tolist(), renamed.tolist()):
-        assert len(set(zip(row, new))) == len(set(row)) == len(set(new))  # a bijection
+    for row, new in zip(ranks.tolist(), renamed.tolist(), strict=True):
+        assert len(set(zip(row, new, strict=True))) == len(set(row)) == len(set(new))  # bijection
     again = relabel_ranks(ranks, torch.Generator().manual_seed(0))
     assert torch.equal(renamed, again)
     assert not torch.equal(renamed, ranks)

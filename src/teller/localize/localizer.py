@@ -343,11 +343,12 @@ class NumericLocalizer:
             key_rows.setdefault(key, {})[int(nodes.iteration[i])] = i
         step_totals = _totals_by_step(nodes)
         gaps = idle_gaps(tree)
+        arrivals = _arrivals(tree)  # once per run: every proposed step reads the same table
         out: dict[int, list[OperatorCandidate]] = {}
         for iteration in sorted(propose):
             reference = _nearest(iteration, normal_iterations, kind_of, tokens_of, NEAREST_STEPS)
             out[iteration] = self._step_candidates(
-                tree, nodes, key_rows, step_totals, gaps, iteration, reference
+                tree, nodes, key_rows, step_totals, gaps, arrivals, iteration, reference
             )
         return out
 
@@ -358,6 +359,7 @@ class NumericLocalizer:
         key_rows: dict[tuple, dict[int, int]],
         step_totals: dict[tuple[int, int, int], float],
         gaps: dict[tuple[int, int], dict[int, float]],
+        arrivals: tuple[np.ndarray, ...] | None,
         iteration: int,
         reference: list[int],
     ) -> list[OperatorCandidate]:
@@ -442,7 +444,10 @@ class NumericLocalizer:
             compute_excess[candidate.rank] = (
                 compute_excess.get(candidate.rank, 0.0) + candidate.score
             )
-        for candidate in self._collective_candidates(tree, iteration, nodes, key_rows, reference):
+        collectives = self._collective_candidates(
+            tree, arrivals, iteration, nodes, key_rows, reference
+        )
+        for candidate in collectives:
             explained = compute_excess.get(candidate.rank, 0.0)
             if candidate.kind == "arrival":
                 # a rank whose own work got slower arrives late *because* of it: when its compute
@@ -540,12 +545,13 @@ class NumericLocalizer:
     def _collective_candidates(
         self,
         tree: CallTree,
+        table: tuple[np.ndarray, ...] | None,
         iteration: int,
         nodes,
         key_rows: dict[tuple, dict[int, int]],
         reference: list[int],
     ) -> list[OperatorCandidate]:
-        table = _arrivals(tree)
+        """Arrival and transfer candidates of one step, from the run's `_arrivals` table."""
         if table is None:
             return []
         iteration_of, rank, name, late_ns, own_ns, node, is_last = table
@@ -709,19 +715,9 @@ def _largest_node(nodes, iteration: int, rank: int, name: int) -> int:
     return int(where[np.argmax(nodes.self_ns[where])])
 
 
-#: The last tree's arrival table: every proposed step of a run reads the same one.
-_last_arrivals: list = [None, None]
-
-
 def _arrivals(tree: CallTree) -> tuple[np.ndarray, ...] | None:
     """Per (collective instance, rank): iteration, rank, name, lateness (arrival after the median
     of the others, ≥ 0) and own duration. Arrival is on the GPU where collectives run there."""
-    if _last_arrivals[0] is not tree:
-        _last_arrivals[:] = [tree, _arrival_table(tree)]
-    return _last_arrivals[1]
-
-
-def _arrival_table(tree: CallTree) -> tuple[np.ndarray, ...] | None:
     comm = tree.comm
     if not len(comm):
         return None
