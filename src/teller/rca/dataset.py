@@ -198,10 +198,7 @@ def _add_context(records: list[StepRecord]) -> None:
     # the batch against the run's usual batch of the same step kind (log ratios; features 2–3
     # hold log1p(tokens) / 8): a misconfigured scheduler shrinks batches while requests queue
     kind = table[:, 4:7].argmax(axis=1) + 3 * (table[:, 4:7].max(axis=1) == 0)
-    batch = np.zeros((len(records), 2), dtype=np.float32)
-    for k in np.unique(kind).tolist():
-        same = kind == k
-        batch[same] = np.clip(8.0 * (table[same, 2:4] - np.median(table[same, 2:4], axis=0)), -4, 4)
+    batch = np.clip(8.0 * _against_same_kind(table[:, 2:4], kind), -4, 4)
     for i, record in enumerate(records):
         record.step_float[36:38] = batch[i]
         if i > 0:
@@ -292,18 +289,14 @@ def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
         np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=len(steps)),
         np.bincount(tree.step[comm], weights=tree.dur[comm], minlength=len(steps)),
     ]
-    iterations = np.unique(steps.index)
-    ranks = np.unique(steps.rank)
-    it_pos = {int(it): i for i, it in enumerate(iterations.tolist())}
-    rank_pos = {int(r): j for j, r in enumerate(ranks.tolist())}
+    iterations, row = np.unique(steps.index, return_inverse=True)
+    ranks, column = np.unique(steps.rank, return_inverse=True)
     kind_of = np.zeros(len(iterations), dtype=object)
-    for k in range(len(steps)):
-        kind_of[it_pos[int(steps.index[k])]] = str(steps.kind[k])
+    kind_of[row] = np.asarray(steps.kind, dtype=object)
     out = np.zeros((len(iterations), 2 * len(measures)), dtype=np.float32)
     for m, measure in enumerate(measures):
         grid = np.full((len(iterations), len(ranks)), np.nan)
-        for k in range(len(steps)):
-            grid[it_pos[int(steps.index[k])], rank_pos[int(steps.rank[k])]] = measure[k]
+        grid[row, column] = measure
         logs = np.log(np.maximum(np.nan_to_num(grid, nan=1.0), 1.0))
         imbalance = logs - np.median(logs, axis=1, keepdims=True)
         out[:, 2 * m] = np.clip(imbalance.max(axis=1), -3, 3)
@@ -312,8 +305,8 @@ def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
 
 
 def _against_same_kind(logs: np.ndarray, kinds: np.ndarray) -> np.ndarray:
-    """(iterations × ranks) log measures minus each rank's median over the steps of the row's
-    kind."""
+    """(steps × columns) log measures minus each column's median over the steps of the row's
+    kind (per-rank work over time; the batch against the run's usual one)."""
     out = np.zeros_like(logs)
     for kind in set(kinds.tolist()):
         same = kinds == kind
