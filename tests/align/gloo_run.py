@@ -31,6 +31,10 @@ def worker(rank: int, world_size: int, out_dir: str) -> None:
             dist.all_reduce(tensor)
             dist.broadcast(tensor, 0)
     profiler.export_chrome_trace(os.path.join(out_dir, f"rank{rank}.json"))
+    # both traces written before either rank tears gloo down: a rank that destroyed its group
+    # while its peer was still exporting aborted once in a full-suite run ("terminate called
+    # without an active exception", SIGABRT in process 0)
+    dist.barrier()
     dist.destroy_process_group()
 
 
