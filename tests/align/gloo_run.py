@@ -8,6 +8,7 @@ in OUT_DIR, not a TCP port: a probed free port can be taken by another test befo
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -31,11 +32,14 @@ def worker(rank: int, world_size: int, out_dir: str) -> None:
             dist.all_reduce(tensor)
             dist.broadcast(tensor, 0)
     profiler.export_chrome_trace(os.path.join(out_dir, f"rank{rank}.json"))
-    # both traces written before either rank tears gloo down: a rank that destroyed its group
-    # while its peer was still exporting aborted once in a full-suite run ("terminate called
-    # without an active exception", SIGABRT in process 0)
     dist.barrier()
     dist.destroy_process_group()
+    # the profiled gloo work sits in reference cycles; left to the interpreter's final collection,
+    # freeing it wakes gloo's run-loop threads after they may no longer take the GIL, and one is
+    # killed mid-unwind: "terminate called without an active exception", SIGABRT (gdb: thread
+    # pt_gloo_runloop under Py_FinalizeEx; 4 of 10 runs of tests/callchain's recorder, 0 of 30
+    # with this collection). Collect while the interpreter lives.
+    gc.collect()
 
 
 if __name__ == "__main__":

@@ -160,7 +160,7 @@ def test_collectives_join_across_two_ranks_of_one_job() -> None:
 
 RECORD_GLOO = textwrap.dedent(
     """
-    import os, sys, torch, torch.distributed as dist
+    import gc, os, sys, torch, torch.distributed as dist
     from torch.profiler import profile, record_function, ProfilerActivity
 
     def main(rank, world, out):
@@ -175,6 +175,9 @@ RECORD_GLOO = textwrap.dedent(
                     dist.all_reduce(y)
         prof.export_chrome_trace(f"{out}/rank{rank}.pt.trace.json")
         dist.destroy_process_group()
+        # freed at interpreter exit, the profiled gloo work aborts a run-loop thread (SIGABRT,
+        # "terminate called without an active exception"): free it while the interpreter lives
+        gc.collect()
 
     if __name__ == "__main__":
         import torch.multiprocessing as mp
