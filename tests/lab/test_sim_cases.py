@@ -50,6 +50,7 @@ DEFAULTS = {
     "rate": 100.0,
     "variant": "",
     "intensity": 1.0,
+    "graphs": True,
 }
 _CASES: dict[str, tuple[Path, EventTable, CallTree]] = {}
 
@@ -64,7 +65,7 @@ def case(**options) -> tuple[Path, EventTable, CallTree]:
             steps=o["steps"],
             layers=o["layers"],
             python_frames=o["python"],
-            engine=EngineConfig(kv_blocks=o["kv_blocks"]),
+            engine=EngineConfig(kv_blocks=o["kv_blocks"], cuda_graphs=o["graphs"]),
             workload=WorkloadConfig(output_median=o["output_median"], rate_per_s=o["rate"]),
             fault=FaultSpec(
                 o["fault"],

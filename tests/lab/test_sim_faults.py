@@ -297,6 +297,16 @@ def test_kernel_regression_swaps_one_gemm_on_one_rank_and_slows_it():
     assert in_window(tree)[swapped].all()
     gemm = named(tree, "sm90_xmma_gemm") & in_window(tree) & (tree.rank == 1)
     assert np.median(tree.dur[swapped]) > 1.5 * np.median(tree.dur[gemm])
+    # the labels name the window's steps that launched the swapped kernel, not its graph replays
+    with_swap = set(step_index(tree)[swapped].tolist())
+    assert labels.steps == sorted(with_swap)
+    assert 0 < len(labels.steps) < WINDOW[1] - WINDOW[0]
+
+
+def test_kernel_regression_labels_leave_out_steps_it_did_not_change():
+    """An eager-only run: every window step launches the swapped GEMM, so all are labelled."""
+    out, _, _ = case(fault="kernel_regression", rank=0, graphs=False)
+    assert CaseLabels.read(out).steps == list(range(*WINDOW))
 
 
 def test_graph_fallback_makes_one_rank_launch_decode_kernels_eagerly():
@@ -311,6 +321,13 @@ def test_graph_fallback_makes_one_rank_launch_decode_kernels_eagerly():
     assert (eager & decode & w & (tree.rank == 3)).sum() > 100
     assert (graph & decode & w & (tree.rank == 0)).sum() > 0
     assert (graph & decode & outside_window(tree) & (tree.rank == 3)).sum() > 0
+    # labelled: the window's steps that would have replayed a graph; its prefills ran as before
+    kind = np.array(tree.steps.kind)
+    rank3 = tree.steps.rank == 3
+    index = tree.steps.index
+    window_steps = rank3 & (index >= WINDOW[0]) & (index < WINDOW[1])
+    replayed = set(index[window_steps & (kind == "decode")].tolist())
+    assert set(CaseLabels.read(out).steps) == replayed
     # its peers still meet it at every collective: the instances stay joined across all four
     sizes = np.bincount(np.bincount(tree.comm.instance))
     assert sizes.nonzero()[0].tolist() == [4]

@@ -162,6 +162,16 @@ class FaultModel:
             and s.active(step)
         )
 
+    def changes_kernels(self, rank: int, step: int, graph: bool, can_swap: bool = True) -> bool:
+        """kernel_regression altered this step on the rank: a swapped GEMM runs only where the
+        step launches eagerly (a replayed CUDA graph keeps the kernel it captured; `can_swap` is
+        whether the calibration has a fallback GEMM at all), and a lost graph matters only to a
+        step that would have replayed one. The window's other steps run exactly as without the
+        fault, so the labels leave them out."""
+        if self.regression(rank, step):
+            return can_swap and not graph
+        return graph and self.graph_fallback(rank, step)
+
     def hangs(self, rank: int, step: int) -> bool:
         s = self.spec
         return s.fault == "collective_hang" and rank == s.rank and step == s.window[0]

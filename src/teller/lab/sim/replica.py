@@ -250,6 +250,8 @@ class ReplicaModel:
         #: real engine compiles such a kernel then (vLLM warns). The template's kernels are warm.
         self.first_launches: list[tuple[int, str, int]] = []
         self._launched: set[tuple[int, str]] = set()
+        #: steps in which kernel_regression changed what a rank ran (see FaultModel.changes_kernels)
+        self.regressed_steps: list[int] = []
         self.cbid = calibration.raw["runtime_cbid"]
         self.graph_launch = calibration.vllm["graph_launch"]
         self.comm_host_fit = Fit.of(calibration.comm["host_dur"])
@@ -601,6 +603,10 @@ class ReplicaModel:
             t = self._p2p_host(state, plan, t, "recv", stage - 1)
         layers = self.stage_layers[stage]
         state.pending_frames = (step_frame, frames)
+        if self.faults.changes_kernels(
+            state.rank, plan.index, plan.graph, can_swap=bool(self.fallback_gemm)
+        ):
+            self.regressed_steps.append(plan.index)
         try:
             if plan.graph and not self.faults.graph_fallback(state.rank, plan.index):
                 t = self._graph_layers(state, plan, layers, t)

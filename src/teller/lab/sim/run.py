@@ -98,6 +98,8 @@ class ReplicaResult:
     requests_finished: int
     preemptions: int
     hung_ranks: list[int]
+    #: steps in which kernel_regression changed what the guilty rank ran (empty for other faults)
+    regressed_steps: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -368,7 +370,15 @@ def _loop(
     spans.close()
     truth.close()
     return ReplicaResult(
-        replica, len(starts), starts, ends, events, finished, scheduler.preemptions_total, hung
+        replica,
+        len(starts),
+        starts,
+        ends,
+        events,
+        finished,
+        scheduler.preemptions_total,
+        hung,
+        sorted(set(model.regressed_steps)),
     )
 
 
@@ -476,6 +486,9 @@ def make_labels(config: SimConfig, case_id: str, results: list[ReplicaResult]) -
     window = None
     if steps:
         window = (result.step_start_ns[steps[0]], result.step_end_ns[steps[-1]])
+    if spec.fault == "kernel_regression":  # only the steps whose kernels it changed are anomalous
+        changed = set(result.regressed_steps)
+        steps = [s for s in steps if s in changed]
     op = guilty_operator(config) if is_fault else None
     return CaseLabels(
         case_id=case_id,
