@@ -54,7 +54,7 @@ class CaseLabels:
     guilty_rank: int | None
     guilty_operator: str | None  # a call-chain node name, as the readers name it
     window_ns: tuple[int, int] | None  # unix ns, [start, end)
-    steps: list[int]  # rank-local step ordinals the fault covers
+    steps: list[int]  # rank-local step ordinals the fault acted on (its window, or less)
     intensity: float
     seed: int
     explanation: str  # one-sentence reference explanation
