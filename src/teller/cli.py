@@ -286,6 +286,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         seed=args.seed,
         jobs=args.jobs,
+        members=args.members,
         cache_dir=args.cache,
         progress=not args.quiet,
     )
@@ -407,7 +408,16 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("-o", "--out", required=True, help="model directory to write")
     train.add_argument("--epochs", type=int, default=40)
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--jobs", type=int, default=1, help="processes reading cases")
+    train.add_argument(
+        "--jobs", type=int, default=1, help="processes reading cases, then training members"
+    )
+    train.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        metavar="K",
+        help="train an ensemble of K models (seeds SEED..SEED+K-1) that vote at diagnosis",
+    )
     train.add_argument("--cache", help="directory caching the encoded cases between runs")
     train.add_argument("--no-logs", action="store_true", help="ablation: no log modality")
     train.add_argument("--no-numeric", action="store_true", help="ablation: no step numbers")

@@ -56,6 +56,32 @@ def test_same_seed_same_weights_other_seed_other_weights(trained, two_cases):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def test_an_ensemble_holds_the_single_runs_of_its_seeds_and_averages_them(trained, two_cases):
+    _, _, root = trained
+    config = tiny(two_cases, root / "ensemble", root / "cache")
+    config.members, config.jobs = 2, 2  # members trained side by side, in spawned processes
+    result = train(config)
+    single = {0: root / "a", 1: root / "seed1"}
+    if not (single[1] / "model.safetensors").is_file():
+        train(tiny(two_cases, single[1], root / "cache", seed=1))
+    weights = load_file(result.out / "model.safetensors")
+    for k, directory in single.items():
+        alone = load_file(directory / "model.safetensors")
+        assert all(torch.equal(weights[f"member{k}.{name}"], alone[name]) for name in alone)
+    assert len(weights) == 2 * len(alone)
+    # the ensemble's step probability is its members' mean
+    records = read_case_records(two_cases[0])
+    both = LoadedModel.load(result.out).diagnose_records(records)
+    each = [LoadedModel.load(d).diagnose_records(records) for d in single.values()]
+    for b, (x, y) in zip(both, zip(*each, strict=True), strict=True):
+        assert b.probability == pytest.approx((x.probability + y.probability) / 2, abs=1e-6)
+    # a config that names more members than the weights hold is refused, naming the file
+    meta = (result.out / "config.json").read_text().replace('"members": 2', '"members": 3')
+    (result.out / "config.json").write_text(meta)
+    with pytest.raises(TraceError, match=r"model\.safetensors.*unusable weights"):
+        LoadedModel.load(result.out)
+
+
 def test_checkpoint_round_trip_gives_the_same_diagnosis(trained, two_cases):
     _, _, root = trained
     loaded = LoadedModel.load(root / "a")

@@ -120,11 +120,20 @@ class StepDiagnosis:
 
 @dataclass
 class LoadedModel:
-    model: RootCauseModel
+    """A checkpoint ready to diagnose. An ensemble's members (`teller train --members K`) vote:
+    their step probabilities, pointer distributions and fault-type probabilities are averaged,
+    and the first member writes the words for the pick they agree on."""
+
+    model: RootCauseModel  # the first member: its configuration and decoder are the checkpoint's
     tpe: TPE
     raw_nodes: bool
     path: Path
     words: WordVocab
+    members: list[RootCauseModel] = field(default_factory=list)  # all of them, `model` first
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            self.members = [self.model]
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> LoadedModel:
@@ -138,14 +147,25 @@ class LoadedModel:
             raise TraceError(path / "config.json", f"not valid JSON ({error.msg})") from None
         if meta.get("format") != FORMAT or tuple(meta.get("fault_names", ())) != FAULT_NAMES:
             raise TraceError(path / "config.json", f"not a {FORMAT} model for this teller")
-        model = RootCauseModel(ModelConfig(**meta["model"]))
+        count = meta.get("members", 1)
+        if not isinstance(count, int) or count < 1:
+            raise TraceError(path / "config.json", f"members must be a positive integer: {count!r}")
         try:
-            model.load_state_dict(load_file(path / "model.safetensors"))
+            weights = load_file(path / "model.safetensors")
+            members = []
+            for k in range(count):
+                prefix = f"member{k}." if count > 1 else ""
+                own = {n[len(prefix) :]: v for n, v in weights.items() if n.startswith(prefix)}
+                member = RootCauseModel(ModelConfig(**meta["model"]))
+                member.load_state_dict(own)
+                members.append(member.eval())
+            if sum(len(m.state_dict()) for m in members) != len(weights):
+                raise RuntimeError(f"tensors for more than the {count} member(s) config.json names")
         except (OSError, RuntimeError) as error:
             raise TraceError(path / "model.safetensors", f"unusable weights: {error}") from None
-        model.eval()
         tpe = TPE.load(path / "tpe.json")
-        return cls(model, tpe, bool(meta["raw_nodes"]), path, WordVocab.load(path / "words.json"))
+        words = WordVocab.load(path / "words.json")
+        return cls(members[0], tpe, bool(meta["raw_nodes"]), path, words, members)
 
     def diagnose_records(
         self, records: Sequence[StepRecord], pool_faults: bool = True
@@ -169,13 +189,21 @@ class LoadedModel:
             if not k.startswith("y_") and k != "focus_candidate"
         }
         with torch.no_grad():
-            outputs, _ = self.model(batch)
-        probability = torch.sigmoid(outputs["step_logit"]).numpy()
-        pointer = torch.softmax(outputs["pointer"], dim=-1).numpy()
-        fault_logits = outputs["fault_logits"]
-        for name in NOT_FAULTS:
-            fault_logits[:, FAULT_NAMES.index(name)] = -torch.inf
-        fault_logp = torch.log_softmax(fault_logits, dim=-1).numpy()
+            each = [member(batch)[0] for member in self.members]
+            probability = torch.stack([torch.sigmoid(o["step_logit"]) for o in each]).mean(0)
+            pointer = torch.stack([torch.softmax(o["pointer"], dim=-1) for o in each]).mean(0)
+            if len(each) > 1:  # the fault head and the decoder read the node the members chose
+                pointed = pointer.argmax(-1)
+                each = [member(batch, pointed=pointed)[0] for member in self.members]
+            fault_logp = []
+            for o in each:
+                for name in NOT_FAULTS:
+                    o["fault_logits"][:, FAULT_NAMES.index(name)] = -torch.inf
+                fault_logp.append(torch.log_softmax(o["fault_logits"], dim=-1))
+            # the log of the members' mean probability
+            fault_logp = torch.logsumexp(torch.stack(fault_logp), 0) - np.log(len(each))
+        outputs = each[0]
+        probability, pointer, fault_logp = probability.numpy(), pointer.numpy(), fault_logp.numpy()
         flagged = probability >= threshold(self.model.config)
         faults = fault_logp.argmax(-1)
         if pool_faults and flagged.any():

@@ -8,12 +8,19 @@ split is by case by construction. Deterministic under `seed` (one thread, seeded
 A checkpoint is a directory: `model.safetensors` (weights), `config.json` (model and training
 configuration, fault names, input switches), `tpe.json` (the TPE vocabulary) and `words.json` (the
 explanation decoder's words). Nothing is pickled.
+
+With `members` > 1 the checkpoint is an ensemble: the same model trained from seeds `seed`,
+`seed + 1`, …, each exactly as a single run with that seed would train it, its weights stored
+under `member{k}.` in the one safetensors file. Why: on a training set this small, two seeds
+disagree about the weak steps (a slightly late rank, a kernel a little slower), and a single
+model's verdict on them is a draw; the members' average is steadier.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -51,7 +58,8 @@ class TrainConfig:
     log_dropout: float = 0.5  # share of training steps shown without logs (the scoreboard has none)
     # rename the ranks of every training step at random (`relabel_ranks`)
     shuffle_ranks: bool = True
-    jobs: int = 1
+    jobs: int = 1  # processes reading cases, then training members side by side
+    members: int = 1  # an ensemble of this many models, seeds seed .. seed + members - 1
     cache_dir: str | None = None  # encoded dataset cache (npz + tpe.json), keyed by the inputs
     progress: bool = True
 
@@ -131,20 +139,57 @@ class _Serial:
 
 def train(config: TrainConfig) -> TrainResult:
     started = time.perf_counter()
-    torch.manual_seed(config.seed)
+    if config.members < 1:
+        raise TellerError(f"members must be at least 1, not {config.members}")
     torch.set_num_threads(1)  # bit-for-bit the same weights for the same seed
     arrays, tpe, words, cases = load_dataset(config)
     config.model.vocab_size = tpe.vocab_size
     config.model.words = len(words)
+    seeds = [config.seed + k for k in range(config.members)]
+    if config.members > 1 and config.jobs > 1:
+        context = multiprocessing.get_context("spawn")  # no forked torch state
+        with ProcessPoolExecutor(min(config.jobs, config.members), mp_context=context) as pool:
+            results = pool.map(_fit_member, [(config, arrays, s) for s in seeds])
+            bar = tqdm(
+                results, total=len(seeds), desc="training members", disable=not config.progress
+            )
+            fitted = list(bar)
+    else:
+        fitted = [_fit_member((config, arrays, s)) for s in seeds]
+    models = [model for model, _ in fitted]
+    save(models, tpe, words, config, Path(config.out))
+    return TrainResult(
+        out=Path(config.out),
+        cases=cases,
+        examples=len(arrays["y_step"]),
+        anomalous=int(arrays["y_step"].sum()),
+        losses=np.mean([losses for _, losses in fitted], axis=0).tolist(),  # members' mean
+        seconds=time.perf_counter() - started,
+        params=sum(m.num_params() for m in models),
+    )
+
+
+def _fit_member(
+    job: tuple[TrainConfig, dict[str, np.ndarray], int],
+) -> tuple[RootCauseModel, list[float]]:
+    """One model trained from `seed` on the encoded arrays: (model, mean loss per epoch).
+
+    Everything random is seeded here, so a member is the model a single run with its seed gives,
+    whichever process trains it."""
+    config, arrays, seed = job
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
     model = RootCauseModel(config.model)
     tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
     count = len(arrays["y_step"])
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(seed)
     losses = []
-    bar = tqdm(range(config.epochs), desc="training", disable=not config.progress)
+    show = config.progress and (config.members == 1 or config.jobs == 1)
+    desc = "training" if config.members == 1 else f"training (seed {seed})"
+    bar = tqdm(range(config.epochs), desc=desc, disable=not show)
     for _ in bar:
         model.train()
         order = torch.randperm(count, generator=generator)
@@ -163,16 +208,8 @@ def train(config: TrainConfig) -> TrainResult:
             total += float(loss["total"].detach()) * len(batch["y_step"])
         losses.append(total / count)
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    save(model, tpe, words, config, Path(config.out))
-    return TrainResult(
-        out=Path(config.out),
-        cases=cases,
-        examples=count,
-        anomalous=int(arrays["y_step"].sum()),
-        losses=losses,
-        seconds=time.perf_counter() - started,
-        params=model.num_params(),
-    )
+    model.eval()
+    return model, losses
 
 
 def relabel_ranks(tok_rank: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -186,18 +223,26 @@ def relabel_ranks(tok_rank: torch.Tensor, generator: torch.Generator) -> torch.T
     return torch.gather(relabel, 1, tok_rank.clamp(0, MAX_RANKS - 1))
 
 
-def save(model: RootCauseModel, tpe: TPE, words: WordVocab, config: TrainConfig, out: Path) -> None:
-    """Write the checkpoint directory atomically (a temp dir renamed into place)."""
+def save(
+    models: list[RootCauseModel], tpe: TPE, words: WordVocab, config: TrainConfig, out: Path
+) -> None:
+    """Write the checkpoint directory atomically (a temp dir renamed into place); one model's
+    weights under their own names, an ensemble's under `member{k}.`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     os.chmod(tmp, 0o755)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
+    weights = {}
+    for k, model in enumerate(models):
+        prefix = f"member{k}." if len(models) > 1 else ""
+        weights.update({prefix + n: v.contiguous() for n, v in model.state_dict().items()})
+    save_file(weights, tmp / "model.safetensors")
     tpe.save(tmp / "tpe.json")
     words.save(tmp / "words.json")
     meta = {
         "format": FORMAT,
         "model": config.model.to_json(),
         "raw_nodes": config.raw_nodes,
+        "members": len(models),
         "fault_names": list(FAULT_NAMES),
         "train": {k: v for k, v in asdict(config).items() if k not in ("model", "progress")},
     }
