@@ -111,7 +111,7 @@ def test_without_normal_steps_an_operator_is_judged_against_its_other_layers(tmp
         key = (int(nodes.rank[i]), int(nodes.name[i]), int(nodes.ordinal[i]), bool(nodes.on_gpu[i]))
         key_rows.setdefault(key, {})[int(nodes.iteration[i])] = i
     candidates = NumericLocalizer()._step_candidates(
-        tree, nodes, key_rows, _totals_by_step(nodes), {}, None, SLOW_STEPS[0], reference=[]
+        tree, nodes, key_rows, _totals_by_step(nodes), {}, None, set(), SLOW_STEPS[0], reference=[]
     )
     top = candidates[0]
     assert (top.operator, top.rank, top.kind) == ("aten::add", 0, "compute")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from builders import STEPS, write_run
 from teller.callchain.tree import build_tree
 from teller.ingest import read_run
@@ -110,3 +112,28 @@ def test_the_median_of_a_short_list_is_numpys() -> None:
     for n in range(1, 12):
         values = rng.integers(0, 1000, n).tolist()
         assert _small_median(values) == float(np.median(values))
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_a_swapped_kernel_is_a_candidate_on_every_step_that_runs_it(graphs: bool) -> None:
+    """Every labelled kernel_regression step offers the swapped-in kernel on the guilty rank, its
+    whole time as excess: the step scores flag none of these steps, so the fault's own steps are
+    the reference of the others (with CUDA graphs, 8 eager steps in a row; eagerly, all 20 of the
+    window), and idle gaps elsewhere in the step outscore it."""
+    from lab.test_sim_cases import case
+    from teller.lab.labels import CaseLabels
+    from teller.localize.localizer import FRESH
+
+    out, _, tree = case(fault="kernel_regression", rank=0, graphs=graphs, seed=2)
+    labels = CaseLabels.read(out)
+    localization = NumericLocalizer(candidate_z=float("-inf")).score(tree)
+    flagged = {s.iteration for s in localization.steps if s.anomalous}
+    assert len(set(labels.steps) - flagged) > len(labels.steps) // 2
+    for step in labels.steps:
+        named = [
+            c
+            for c in localization.candidates[step]
+            if (c.operator, c.rank) == (labels.guilty_operator, labels.guilty_rank)
+        ]
+        assert named and named[0].reference in FRESH, step
+        assert named[0].score == named[0].observed_ns  # its whole time is the excess

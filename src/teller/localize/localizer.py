@@ -38,6 +38,7 @@ shape), so the baselines and the scoreboard treat every method alike.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,6 +66,11 @@ SAME_SETUP_NAMES = 0.7
 FULL_CREDIT_Z = 5.0
 #: Temporal reference size: this many nearest-composition normal steps.
 NEAREST_STEPS = 8
+
+#: The reference of a candidate whose operator the step's usual work does not run at all.
+NEW_OPERATOR = "absent from most of the nearest normal steps, on every rank"
+#: The reference of a kernel one rank runs where its tensor-parallel peers all run another.
+SUBSTITUTED = "launched where the peer ranks launch another kernel, same step and position"
 
 
 @dataclass
@@ -344,11 +350,20 @@ class NumericLocalizer:
         step_totals = _totals_by_step(nodes)
         gaps = idle_gaps(tree)
         arrivals = _arrivals(tree)  # once per run: every proposed step reads the same table
+        substituted = _substituted_kernels(tree)
         out: dict[int, list[OperatorCandidate]] = {}
         for iteration in sorted(propose):
             reference = _nearest(iteration, normal_iterations, kind_of, tokens_of, NEAREST_STEPS)
             out[iteration] = self._step_candidates(
-                tree, nodes, key_rows, step_totals, gaps, arrivals, iteration, reference
+                tree,
+                nodes,
+                key_rows,
+                step_totals,
+                gaps,
+                arrivals,
+                substituted.get(iteration, set()),
+                iteration,
+                reference,
             )
         return out
 
@@ -360,6 +375,7 @@ class NumericLocalizer:
         step_totals: dict[tuple[int, int, int], float],
         gaps: dict[tuple[int, int], dict[int, float]],
         arrivals: tuple[np.ndarray, ...] | None,
+        substituted: set[tuple[int, int]],
         iteration: int,
         reference: list[int],
     ) -> list[OperatorCandidate]:
@@ -423,7 +439,18 @@ class NumericLocalizer:
                 )
             )
         new = self._new_operators(step_totals, iteration, reference, waiting) if reference else []
-        for (rank, name), observed in new:
+        seen = {key for key, _ in new}
+        new = [(key, observed, NEW_OPERATOR) for key, observed in new]
+        for rank, name in sorted(substituted - seen):
+            observed = step_totals.get((rank, name, iteration), 0.0)
+            if observed > self.noise_floor_ns and name not in waiting:
+                new.append(((rank, name), observed, SUBSTITUTED))
+        # an operator the usual work does not run was measured above against the few steps that
+        # did (the fault's own unflagged steps, or all of them once it persists): its whole time
+        # is the excess instead
+        fresh = {(rank, tree.names[name]) for (rank, name), _, _ in new}
+        candidates = [c for c in candidates if (c.rank, c.operator) not in fresh]
+        for (rank, name), observed, why in new:
             candidates.append(
                 OperatorCandidate(
                     iteration=iteration,
@@ -434,7 +461,7 @@ class NumericLocalizer:
                     normal_ns=0,
                     z=self._significance(observed, []),
                     node=int(nodes.node[_largest_node(nodes, iteration, rank, name)]),
-                    reference="absent from the nearest normal steps and from the peer ranks",
+                    reference=why,
                     kind="compute",
                 )
             )
@@ -461,7 +488,7 @@ class NumericLocalizer:
             if candidate.score > self.noise_floor_ns:
                 candidates.append(candidate)
         candidates.sort(key=lambda c: -c.score)
-        return candidates[: self.top_k]
+        return keep_top(candidates, self.top_k)
 
     def _idle_candidates(
         self,
@@ -529,10 +556,17 @@ class NumericLocalizer:
         reference: list[int],
         waiting: frozenset[int],
     ) -> list[tuple[tuple[int, int], float]]:
-        """(rank, name) whose work in this step is absent from every reference step on every
-        rank: a swapped-in kernel, a fallback path. Their whole time is excess."""
+        """(rank, name) whose work in this step is absent from most reference steps, on every
+        rank: a swapped-in kernel, a fallback path. Their whole time is excess.
+
+        Most, not all: the reference steps are the ones the step scores did not flag, and a
+        fault that slows a step less than its batch's spread leaves some of its own steps among
+        them. One such step in the reference must not make the swapped kernel usual."""
         references = set(reference)
-        usual_names = {n for (_, n, it) in step_totals if it in references}
+        steps_with = Counter(
+            n for n, _ in {(n, it) for (_, n, it) in step_totals if it in references}
+        )
+        usual_names = {n for n, count in steps_with.items() if 2 * count > len(references)}
         return [
             ((r, n), total)
             for (r, n, it), total in step_totals.items()
@@ -707,6 +741,42 @@ def _totals_by_step(nodes) -> dict[tuple[int, int, int], float]:
     return {tuple(int(v) for v in unique[k]): float(sums[k]) for k in range(len(unique))}
 
 
+def _substituted_kernels(tree: CallTree) -> dict[int, set[tuple[int, int]]]:
+    """iteration → (rank, kernel name id) of kernels one rank launched where every other rank of
+    the step, at the same position of the same-length kernel sequence, launched one other kernel.
+
+    Why: the ranks of a tensor-parallel group launch the same kernels in the same order, so a
+    kernel that one rank alone runs in a peer's place is a substitution (a fallback GEMM, a
+    regressed path), whether or not earlier steps ran it too: history cannot see a regression
+    that has lasted, the peers can. Needs three ranks of one sequence length (with two, neither
+    is the odd one out); pipeline stages, whose sequences differ, never compare."""
+    in_step = (tree.step >= 0) & (tree.layer == LAYER_CODE["kernel"]) & (tree.stream >= 0)
+    rows = np.flatnonzero(in_step)
+    out: dict[int, set[tuple[int, int]]] = {}
+    if len(rows) == 0:
+        return out
+    rows = rows[np.lexsort((tree.start[rows], tree.step[rows]))]
+    bounds = np.searchsorted(tree.step[rows], np.arange(len(tree.steps) + 1))
+    by_iteration: dict[int, list[int]] = {}
+    for k in range(len(tree.steps)):
+        by_iteration.setdefault(int(tree.steps.index[k]), []).append(k)
+    for iteration, step_rows in by_iteration.items():
+        by_length: dict[int, list[int]] = {}
+        for k in step_rows:
+            by_length.setdefault(int(bounds[k + 1] - bounds[k]), []).append(k)
+        for length, group in by_length.items():
+            if length == 0 or len(group) < 3:
+                continue
+            names = np.stack([tree.name[rows[bounds[k] : bounds[k + 1]]] for k in group])
+            for g, k in enumerate(group):
+                others = np.delete(names, g, axis=0)
+                odd = (others != names[g]).all(axis=0) & (others == others[0]).all(axis=0)
+                rank = int(tree.steps.rank[k])
+                for name in np.unique(names[g][odd]).tolist():
+                    out.setdefault(iteration, set()).add((rank, int(name)))
+    return out
+
+
 def _largest_node(nodes, iteration: int, rank: int, name: int) -> int:
     """Position (in `nodes`) of the longest self-time node of `name` on `rank` in the step."""
     where = np.flatnonzero(
@@ -866,6 +936,22 @@ def _iteration_rows(tree: CallTree, with_iteration: bool = False) -> list[tuple]
             row = (*row, iteration, sorted(int(steps.rank[k]) for k in members))
         rows.append(row)
     return rows
+
+
+FRESH = (NEW_OPERATOR, SUBSTITUTED)
+
+
+def keep_top(candidates: list[OperatorCandidate], k: int) -> list[OperatorCandidate]:
+    """The first k of candidates ranked best first, in their order, except that up to k // 2
+    new operators stay whatever their place, in place of the last others.
+
+    Why: a swapped-in kernel's whole time is its excess, often less than an idle gap elsewhere in
+    a noisy step, yet an operator the usual work never runs is the strongest structural evidence
+    a step has; cut by rank alone, it would never reach the pointer that weighs it."""
+    fresh = [i for i, c in enumerate(candidates) if c.reference in FRESH][: k // 2]
+    others = [i for i, c in enumerate(candidates) if c.reference not in FRESH]
+    kept = sorted(fresh + others[: max(k - len(fresh), 0)])
+    return [candidates[i] for i in kept]
 
 
 def _nearest(

@@ -24,7 +24,7 @@ import numpy as np
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import LAYER_CODE
 from teller.lab.labels import CaseLabels
-from teller.localize.localizer import NumericLocalizer, OperatorCandidate, StepScore
+from teller.localize.localizer import NumericLocalizer, OperatorCandidate, StepScore, keep_top
 from teller.rca.model import (
     CANDIDATE_KINDS,
     FAULT_NAMES,
@@ -129,7 +129,7 @@ def case_records(
         candidates = localization.candidates.get(score.iteration, [])
         forward = _forward_candidate(tree, forwards, score, candidates)
         if forward is not None:
-            candidates = [*candidates[: MAX_CANDIDATES - 1], forward]
+            candidates = [*keep_top(candidates, MAX_CANDIDATES - 1), forward]
         templates, floats, lines = logs.get(
             score.iteration,
             (np.zeros(0, np.int64), np.zeros((0, LOG_FLOATS), np.float32), []),
