@@ -40,7 +40,9 @@ from teller.rca.model import FAULT_NAMES, MAX_RANKS, ModelConfig, RootCauseModel
 from teller.rca.words import WordVocab
 from teller.tpe.tokenizer import TPE
 
-FORMAT = "teller.rca/3"  # 2: the explanation decoder (words.json); 3: candidates on every step
+# 2: the explanation decoder (words.json); 3: candidates on every step; 4: ensembles ("members"),
+# and substituted or new kernels always among a step's candidates
+FORMAT = "teller.rca/4"
 
 
 @dataclass
