@@ -83,7 +83,8 @@ class NodeFacts:
 
 def explain(words: WordVocab, ids: Sequence[int], facts: NodeFacts | None, step: int) -> str:
     """The decoder's words with their slots filled from the pointed node's facts; a sentence
-    that names no operator gets the evidence clause, so the node it rests on is always named."""
+    that names no operator, or no rank, gets the evidence clause, so the node it rests on (and
+    its rank) is always named."""
     if facts is None:
         return NO_NODE.format(step=step)
     said = words.decode(ids)
@@ -92,7 +93,10 @@ def explain(words: WordVocab, ids: Sequence[int], facts: NodeFacts | None, step:
         RANK if i and w in (OBSERVED, NORMAL) and said[i - 1].lower() in ("rank", "gpu") else w
         for i, w in enumerate(said)
     ]
-    if OP not in said:
+    rank_named = any(
+        w == RANK and i and said[i - 1].lower() in ("rank", "gpu") for i, w in enumerate(said)
+    )
+    if OP not in said or not rank_named:  # both named, always: the evidence clause names them
         said += pieces(EVIDENCE)
     return fill(
         said,
