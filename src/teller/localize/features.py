@@ -87,3 +87,19 @@ def robust_z(values: np.ndarray, reference: np.ndarray, floor: float) -> np.ndar
     median = np.median(reference)
     mad = 1.4826 * np.median(np.abs(reference - median))
     return (values - median) / max(mad, floor)
+
+
+def kernel_sequences(tree: CallTree) -> dict[int, list[tuple[int, np.ndarray]]]:
+    """iteration → [(step row, its kernel rows in launch order)], one entry per rank's step.
+
+    The ranks of a tensor-parallel group launch the same kernels in the same order, so kernel i
+    of one rank's sequence compares with kernel i of the others' (slowdown shapes, substituted
+    kernels). Kernels on a stream only; a step without kernels gets an empty sequence."""
+    in_step = (tree.step >= 0) & (tree.layer == LAYER_CODE["kernel"]) & (tree.stream >= 0)
+    rows = np.flatnonzero(in_step)
+    rows = rows[np.lexsort((tree.start[rows], tree.step[rows]))]
+    bounds = np.searchsorted(tree.step[rows], np.arange(len(tree.steps) + 1))
+    out: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for k in range(len(tree.steps)):
+        out.setdefault(int(tree.steps.index[k]), []).append((k, rows[bounds[k] : bounds[k + 1]]))
+    return out

@@ -47,7 +47,7 @@ from scipy.optimize import nnls
 from teller.callchain.render import format_ns
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import LAYER_CODE
-from teller.localize.features import COMPUTE_LAYERS, step_nodes
+from teller.localize.features import COMPUTE_LAYERS, kernel_sequences, step_nodes
 from teller.localize.idle import idle_gaps
 from teller.localize.shifts import OperatorShift, operator_shifts
 
@@ -750,25 +750,16 @@ def _substituted_kernels(tree: CallTree) -> dict[int, set[tuple[int, int]]]:
     regressed path), whether or not earlier steps ran it too: history cannot see a regression
     that has lasted, the peers can. Needs three ranks of one sequence length (with two, neither
     is the odd one out); pipeline stages, whose sequences differ, never compare."""
-    in_step = (tree.step >= 0) & (tree.layer == LAYER_CODE["kernel"]) & (tree.stream >= 0)
-    rows = np.flatnonzero(in_step)
     out: dict[int, set[tuple[int, int]]] = {}
-    if len(rows) == 0:
-        return out
-    rows = rows[np.lexsort((tree.start[rows], tree.step[rows]))]
-    bounds = np.searchsorted(tree.step[rows], np.arange(len(tree.steps) + 1))
-    by_iteration: dict[int, list[int]] = {}
-    for k in range(len(tree.steps)):
-        by_iteration.setdefault(int(tree.steps.index[k]), []).append(k)
-    for iteration, step_rows in by_iteration.items():
-        by_length: dict[int, list[int]] = {}
-        for k in step_rows:
-            by_length.setdefault(int(bounds[k + 1] - bounds[k]), []).append(k)
+    for iteration, sequences in kernel_sequences(tree).items():
+        by_length: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for k, rows in sequences:
+            by_length.setdefault(len(rows), []).append((k, rows))
         for length, group in by_length.items():
             if length == 0 or len(group) < 3:
                 continue
-            names = np.stack([tree.name[rows[bounds[k] : bounds[k + 1]]] for k in group])
-            for g, k in enumerate(group):
+            names = np.stack([tree.name[rows] for _, rows in group])
+            for g, (k, _) in enumerate(group):
                 others = np.delete(names, g, axis=0)
                 odd = (others != names[g]).all(axis=0) & (others == others[0]).all(axis=0)
                 rank = int(tree.steps.rank[k])

@@ -24,6 +24,7 @@ import numpy as np
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import LAYER_CODE
 from teller.lab.labels import CaseLabels
+from teller.localize.features import kernel_sequences
 from teller.localize.localizer import NumericLocalizer, OperatorCandidate, StepScore, keep_top
 from teller.rca.model import (
     CANDIDATE_KINDS,
@@ -324,25 +325,12 @@ def _kernel_slowdown_shape(tree: CallTree) -> dict[int, np.ndarray]:
     the same factor (small spread); a co-tenant slows some kernels a lot and others not at all
     (large spread); one regressed operator slows few kernels. Step totals cannot tell these
     apart. Steps whose ranks launched different kernel counts get zeros."""
-    in_step = (tree.step >= 0) & (tree.layer == LAYER_CODE["kernel"]) & (tree.stream >= 0)
-    rows = np.flatnonzero(in_step)
-    if len(rows) == 0:
-        return {}
-    rows = rows[np.lexsort((tree.start[rows], tree.step[rows]))]
-    step_of = tree.step[rows]
-    bounds = np.searchsorted(step_of, np.arange(len(tree.steps) + 1))
-    steps = tree.steps
-    by_iteration: dict[int, list[int]] = {}
-    for k in range(len(steps)):
-        by_iteration.setdefault(int(steps.index[k]), []).append(k)
     out = {}
-    for iteration, step_rows in by_iteration.items():
-        counts = {int(bounds[k + 1] - bounds[k]) for k in step_rows}
-        if len(step_rows) < 2 or len(counts) != 1 or 0 in counts:
+    for iteration, sequences in kernel_sequences(tree).items():
+        counts = {len(rows) for _, rows in sequences}
+        if len(sequences) < 2 or len(counts) != 1 or 0 in counts:
             continue
-        durations = np.stack([tree.dur[rows[bounds[k] : bounds[k + 1]]] for k in step_rows]).astype(
-            np.float64
-        )
+        durations = np.stack([tree.dur[rows] for _, rows in sequences]).astype(np.float64)
         logs = np.log(np.maximum(durations, 1.0))
         ratios = logs - np.median(logs, axis=0, keepdims=True)
         slowest = ratios[int(ratios.mean(axis=1).argmax())]

@@ -198,7 +198,8 @@ class LoadedModel:
             pointer = torch.stack([torch.softmax(o["pointer"], dim=-1) for o in each]).mean(0)
             if len(each) > 1:  # the fault head and the decoder read the node the members chose
                 pointed = pointer.argmax(-1)
-                each = [member(batch, pointed=pointed)[0] for member in self.members]
+                for member, o in zip(self.members, each, strict=True):
+                    o.update(member.read_pointed(o, pointed))
             fault_logp = []
             for o in each:
                 for name in NOT_FAULTS:

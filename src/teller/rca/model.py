@@ -197,19 +197,31 @@ class RootCauseModel(nn.Module):
         if pointed is None:
             pointed = batch.get("y_ptr", torch.full((size,), -1, dtype=torch.long))
             pointed = torch.where(pointed >= 0, pointed, pointer.argmax(-1))
-        chosen = trace_out[torch.arange(size), pointed.clamp(min=0)]
-        chosen = chosen * focus.any(-1, keepdim=True)  # no candidate: nothing to read
-        fault_logits = self.explain_head(torch.cat([summary, chosen], dim=-1))
-        outputs = {"step_logit": step_logit, "pointer": pointer, "fault_logits": fault_logits}
-        outputs["summary"], outputs["chosen"] = summary, chosen  # what the decoder reads
+        outputs = {"step_logit": step_logit, "pointer": pointer, "summary": summary}
+        outputs["trace_out"], outputs["has_focus"] = trace_out, focus.any(-1, keepdim=True)
+        outputs.update(self.read_pointed(outputs, pointed))
         if c.words and "y_words" in batch:  # teacher forcing: the labelled node and fault type
             rows = (batch["y_step"] > 0) & (batch["y_words"][:, 0] > 0)  # anomalous, worded
-            condition = self.condition_of(summary[rows], chosen[rows], batch["y_fault"][rows])
+            condition = self.condition_of(
+                summary[rows], outputs["chosen"][rows], batch["y_fault"][rows]
+            )
             outputs["word_rows"] = rows
             outputs["word_logits"] = self.decode_step(condition, batch["y_words"][rows, :-1])
         if "y_step" not in batch:
             return outputs, None
         return outputs, self.losses(outputs, batch)
+
+    def read_pointed(
+        self, outputs: dict[str, torch.Tensor], pointed: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The pointed token's output (`chosen`, what the decoder reads) and the fault logits
+        read from it with the summary. Separate from `forward` so an ensemble can re-read the
+        node its members agreed on without encoding the batch again."""
+        trace_out = outputs["trace_out"]
+        chosen = trace_out[torch.arange(trace_out.shape[0]), pointed.clamp(min=0)]
+        chosen = chosen * outputs["has_focus"]  # no candidate: nothing to read
+        fault_logits = self.explain_head(torch.cat([outputs["summary"], chosen], dim=-1))
+        return {"chosen": chosen, "fault_logits": fault_logits}
 
     def losses(
         self, outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]

@@ -143,7 +143,6 @@ def train(config: TrainConfig) -> TrainResult:
     started = time.perf_counter()
     if config.members < 1:
         raise TellerError(f"members must be at least 1, not {config.members}")
-    torch.set_num_threads(1)  # bit-for-bit the same weights for the same seed
     arrays, tpe, words, cases = load_dataset(config)
     config.model.vocab_size = tpe.vocab_size
     config.model.words = len(words)
@@ -180,7 +179,7 @@ def _fit_member(
     whichever process trains it."""
     config, arrays, seed = job
     torch.manual_seed(seed)
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # bit-for-bit the same weights for the same seed
     model = RootCauseModel(config.model)
     tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
     optimizer = torch.optim.AdamW(
