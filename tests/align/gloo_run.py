@@ -37,8 +37,8 @@ def worker(rank: int, world_size: int, out_dir: str) -> None:
     # the profiled gloo work sits in reference cycles; left to the interpreter's final collection,
     # freeing it wakes gloo's run-loop threads after they may no longer take the GIL, and one is
     # killed mid-unwind: "terminate called without an active exception", SIGABRT (gdb: thread
-    # pt_gloo_runloop under Py_FinalizeEx; 4 of 10 runs of tests/callchain's recorder, 0 of 30
-    # with this collection). Collect while the interpreter lives.
+    # pt_gloo_runloop under Py_FinalizeEx; CI stop 14 failed on it). Collect while the
+    # interpreter lives.
     gc.collect()
 
 
