@@ -40,6 +40,12 @@ def test_link_contention_names_either_end_of_the_link() -> None:
     assert equivalent_ranks(labels("link_contention", "H", 1, peer=2)) == {1, 2}
 
 
+def test_link_contention_names_any_rank_of_the_links_ring() -> None:
+    two_stages = {"nodes": 2, "gpus_per_node": 4, "tp": 4, "pp": 2}
+    found = equivalent_ranks(labels("link_contention", "H", 5, peer=6, topology=two_stages))
+    assert found == {4, 5, 6, 7}
+
+
 def test_a_two_rank_lab_throttle_shapes_the_only_link() -> None:
     assert equivalent_ranks(labels("net_throttle", "H", 0, tp=2)) == {0, 1}
     assert equivalent_ranks(labels("net_throttle", "H", 0, tp=4)) == {0}

@@ -15,6 +15,7 @@ import numpy as np
 
 from lab.test_sim_cases import STEPS, WINDOW, case, comm_kernel_times
 from teller.callchain.tree import CallTree
+from teller.eval.equivalent_ranks import equivalent_ranks
 from teller.ingest.schema import LAYER_CODE
 from teller.lab.labels import CaseLabels
 from teller.lab.sim.engine import EngineConfig, Scheduler, WorkloadConfig
@@ -286,6 +287,18 @@ def test_link_contention_slows_the_rings_transfers():
         )
     assert inside and outside
     assert np.median(inside) > 1.8 * np.median(outside)
+
+
+def test_a_contended_link_anywhere_in_the_ring_leaves_the_same_trace():
+    """Why the scoreboard accepts any rank of the ring for link_contention (eval.equivalent_ranks):
+    the ring all-reduce runs at its slowest link's pace, so which link it is does not show."""
+    first, _, _ = case(fault="link_contention", rank=1)  # link 1–2
+    other, _, _ = case(fault="link_contention", rank=3)  # link 3–0
+    traces = sorted(p.relative_to(first) for p in (first / "traces").rglob("*") if p.is_file())
+    assert traces
+    for path in traces:
+        assert (first / path).read_bytes() == (other / path).read_bytes(), path
+    assert equivalent_ranks(CaseLabels.read(first)) == set(range(4))
 
 
 def test_kernel_regression_swaps_one_gemm_on_one_rank_and_slows_it():

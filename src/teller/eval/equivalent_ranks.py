@@ -1,7 +1,9 @@
 """Ranks that a trace cannot tell apart from a case's labelled guilty rank.
 
-Some injected faults sit on something that several ranks share: a link between a rank pair
-(`link_contention`), a node's network on a two-node ring (`net_delay`, `bandwidth_throttle`: every
+Some injected faults sit on something that several ranks share: a link of a tensor-parallel ring
+(`link_contention`: a ring all-reduce runs at its slowest link's pace, so every rank of the ring
+waits the same whichever of its links is contended; the simulator writes byte-identical traces
+for a contended link 0–1 and 2–3 of a four-rank ring), a node's network on a two-node ring (`net_delay`, `bandwidth_throttle`: every
 cross-node link touches both nodes, so throttling node 0 or node 1 slows exactly the same links),
 the one link of a two-rank lab run (`net_throttle` shapes the guilty rank's veth both ways, and all
 traffic between the two ranks crosses it). The timeline such a fault leaves is the same whichever of
@@ -25,12 +27,23 @@ def equivalent_ranks(labels: CaseLabels) -> frozenset[int]:
         return frozenset()
     params = labels.params or {}
     if labels.fault == "link_contention" and params.get("peer") is not None:
-        return frozenset({rank, int(params["peer"])})
+        ring = _ring_of(rank, params.get("topology"))
+        return frozenset({rank, int(params["peer"])} | ring)
     if labels.fault in NODE_NETWORK_FAULTS and isinstance(params.get("topology"), dict):
         return frozenset({rank} | _same_links_ranks(rank, params["topology"]))
     if labels.fault == "net_throttle" and int(params.get("tp", 0)) == 2:
         return frozenset({0, 1})
     return frozenset({rank})
+
+
+def _ring_of(rank: int, topology: object) -> set[int]:
+    """The simulator's tensor-parallel group of `rank` (consecutive blocks of `tp` ranks), whose
+    all-reduce ring holds the contended link; empty where the labels do not give the topology."""
+    if not isinstance(topology, dict) or int(topology.get("tp", 0)) < 2:
+        return set()
+    tp = int(topology["tp"])
+    first = rank - rank % tp
+    return set(range(first, first + tp))
 
 
 def _same_links_ranks(rank: int, topology: dict) -> set[int]:
