@@ -105,3 +105,41 @@ def test_99_percent_of_request_lines_land_on_their_request_and_step(scored):
         for row, truth in lines
     )
     assert right >= 0.99 * len(lines), f"{right} of {len(lines)}"
+
+
+@pytest.mark.parametrize("fault", ["scheduler_misconfig", "kv_pressure"])
+def test_the_waiting_queue_is_the_simulators_step_by_step(fault: str) -> None:
+    """`RequestTrees.waiting`: requests arrived and not yet admitted at each step's start, from
+    the logs alone, against the simulator's own record of arrivals and admissions; a misconfigured
+    scheduler keeps requests queued where the fault-free run has drained them."""
+    from lab.test_sim_cases import WINDOW, case
+    from teller.align.align import align_tree
+
+    def queues(fault: str) -> tuple[dict[int, int], dict[int, int]]:
+        out, _, tree = case(fault=fault, rank=0)
+        waiting = align_tree(tree, sorted((out / "logs").glob("*.log"))).requests.waiting(tree)
+        truth = out / "ground_truth"
+        arrivals = [json.loads(line) for line in (truth / "requests.jsonl").open()]
+        steps = [json.loads(line) for line in (truth / "steps.jsonl").open()]
+        admitted: dict[str, int] = {}
+        for step in steps:
+            for request in step["requests"]:
+                admitted.setdefault(request["request_id"], step["step"])
+        expected = {
+            step["step"]: sum(
+                r["arrival_ns"] <= step["start_ns"]
+                and admitted.get(r["request_id"], len(steps)) > step["step"]
+                for r in arrivals
+            )
+            for step in steps
+        }
+        return waiting, expected
+
+    waiting, expected = queues(fault)
+    assert waiting == expected
+    assert max(expected.values()) > 0
+    if fault == "scheduler_misconfig":
+        late_window = range(WINDOW[1] - 5, WINDOW[1])
+        normal, _ = queues("none")
+        assert all(waiting[s] >= 5 for s in late_window)
+        assert all(normal[s] == 0 for s in late_window)

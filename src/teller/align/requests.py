@@ -119,6 +119,28 @@ class RequestTrees:
             return []
         return sorted(self.step[self.request == index].tolist())
 
+    def waiting(self, tree: CallTree) -> dict[int, int]:
+        """Step ordinal → requests that had arrived by the step's start (reference rank) and that
+        no step up to it had admitted: the queue the scheduler left waiting.
+
+        Only requests with ns-exact arrivals count (a log stamp to the second says nothing about
+        a step of milliseconds); a run without any gets no queue at all."""
+        exact = np.flatnonzero(self.requests.exact)
+        if not len(exact):
+            return {}
+        first = np.full(len(self.requests), np.iinfo(np.int64).max)
+        np.minimum.at(first, self.request, self.step)
+        steps = tree.steps
+        rows = np.flatnonzero(steps.rank == self.reference_rank)
+        arrival = self.requests.arrival_ns[exact]
+        admitted = first[exact]
+        return {
+            int(steps.index[row]): int(
+                np.count_nonzero((arrival <= steps.start_ns[row]) & (admitted > steps.index[row]))
+            )
+            for row in rows.tolist()
+        }
+
     def step_subtrees(self, key: str, tree: CallTree) -> pa.Table:
         """The request's tree: one row per (step, rank) of its steps, with the node that roots
         that rank's subtree of the step (co-batched requests share it), in step then rank order."""
