@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from teller.eval.equivalent_ranks import equivalent_ranks
+from teller.eval.equivalent_ranks import equivalent_operators, equivalent_ranks
 from teller.lab.labels import CaseLabels
 
 
@@ -54,3 +54,13 @@ def test_a_two_rank_lab_throttle_shapes_the_only_link() -> None:
 def test_other_faults_keep_their_one_rank() -> None:
     assert equivalent_ranks(labels("straggler", "H", 3, topology=topology(2, 2))) == {3}
     assert equivalent_ranks(labels("gpu_throttle", "V", 1)) == {1}
+
+
+def test_a_busy_hosts_launches_go_by_either_launch_call() -> None:
+    contended = labels("host_cpu_contention", "V", 1)
+    contended.guilty_operator = "cudaLaunchKernel"
+    assert equivalent_operators(contended) == {"cudaLaunchKernel", "cudaGraphLaunch"}
+    assert equivalent_operators(labels("gpu_throttle", "V", 1)) == {"op"}
+    none = labels("scheduler_misconfig", "V", 1)
+    none.guilty_operator = None
+    assert equivalent_operators(none) == frozenset()

@@ -162,3 +162,17 @@ def test_a_rank_the_trace_cannot_tell_from_the_guilty_one_counts() -> None:
     assert joint_prf(truths, verdicts).true_positives == 1
     ranked = [[Candidate("ar", 2.0, rank=1)], [Candidate("ar", 2.0, rank=2)]]
     assert rank_accuracy_at_1(ranked, [{0, 1}, {0, 1}]) == 0.5
+
+
+def test_an_operator_name_as_right_as_the_labelled_one_counts() -> None:
+    launches = frozenset({"cudaLaunchKernel", "cudaGraphLaunch"})
+    truths = [
+        StepTruth("s1", True, "cudaLaunchKernel", 1, equivalent_operators=launches),
+        StepTruth("s2", True, "cudaLaunchKernel", 1, equivalent_operators=launches),
+    ]
+    verdicts = [StepVerdict("s1", True, "cudaGraphLaunch", 1), StepVerdict("s2", True, "gemm", 1)]
+    assert joint_prf(truths, verdicts).true_positives == 1
+    ranked = [Candidate("gemm", 3.0), Candidate("cudaGraphLaunch", 2.0)]
+    assert position_of(ranked, launches) == 2
+    assert position_of(ranked, "cudaLaunchKernel") is None
+    assert accuracy_at_k([ranked], [launches], 2) == 1.0

@@ -212,6 +212,26 @@ def test_host_cpu_contention_stretches_launches_and_opens_gpu_bubbles():
     assert comm[3] < min(comm[:3]) / 3
 
 
+def test_host_cpu_contention_delays_the_graph_launch_where_a_step_replays_a_graph():
+    """Why either launch call is the guilty operator (eval.equivalent_ranks.equivalent_operators):
+    a decode step that replays a CUDA graph launches its kernels through one cudaGraphLaunch,
+    and that call is what the busy host stretches."""
+    _, _, tree = case(fault="host_cpu_contention", rank=3)
+    graph = named(tree, "cudaGraphLaunch")
+    steps_with_graphs = set(step_index(tree)[graph & in_window(tree)].tolist())
+    assert steps_with_graphs
+
+    def median(mask: np.ndarray) -> float:
+        return float(np.median(tree.dur[graph & mask]))
+
+    assert median(in_window(tree) & (tree.rank == 3)) > 1.6 * median(
+        in_window(tree) & (tree.rank != 3)
+    )
+    assert median(in_window(tree) & (tree.rank == 3)) > 1.6 * median(
+        outside_window(tree) & (tree.rank == 3)
+    )
+
+
 def sends(tree: CallTree) -> np.ndarray:
     """Pipeline send kernels (stage 0 ranks 0 and 1 in the 2×2, tp2 pp2 case)."""
     return named(tree, "ncclKernel_SendRecv") & np.isin(tree.rank, [0, 1]) & (tree.stream >= 0)

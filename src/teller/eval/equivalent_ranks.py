@@ -10,6 +10,12 @@ traffic between the two ranks crosses it). The timeline such a fault leaves is t
 those ranks the label names, so no method can recover the label's choice among them; scoring that
 choice would score a coin toss. Naming any of these ranks therefore counts as naming the guilty one
 (DESIGN.md §5 talks of "link contention between a rank pair"). Every other fault keeps its one rank.
+
+Operators have the same problem in one place: a case's labels name one guilty operator, and a
+contended host (`host_cpu_contention`) delays the host's kernel launches, which are
+`cudaLaunchKernel` calls in eager steps and one `cudaGraphLaunch` in a step that replays a CUDA
+graph (such a step has no `cudaLaunchKernel` for its kernels at all). Either launch call is the
+guilty operator of that case (`equivalent_operators`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,21 @@ def equivalent_ranks(labels: CaseLabels) -> frozenset[int]:
     if labels.fault == "net_throttle" and int(params.get("tp", 0)) == 2:
         return frozenset({0, 1})
     return frozenset({rank})
+
+
+#: The host calls that launch GPU work: eagerly, kernel by kernel, or a captured CUDA graph at once.
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaGraphLaunch")
+
+
+def equivalent_operators(labels: CaseLabels) -> frozenset[str]:
+    """The labelled guilty operator plus the names it goes by in steps where it does not run
+    (empty without an operator)."""
+    operator = labels.guilty_operator
+    if operator is None:
+        return frozenset()
+    if labels.fault == "host_cpu_contention" and operator in LAUNCH_CALLS:
+        return frozenset(LAUNCH_CALLS)
+    return frozenset({operator})
 
 
 def _ring_of(rank: int, topology: object) -> set[int]:

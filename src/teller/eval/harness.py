@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from teller.callchain.tree import CallTree
 from teller.eval.cases import Case, CaseLogs, Split, iterate
-from teller.eval.equivalent_ranks import equivalent_ranks
+from teller.eval.equivalent_ranks import equivalent_operators, equivalent_ranks
 from teller.eval.metrics import (
     Candidate,
     StepTruth,
@@ -62,7 +62,7 @@ def judge_explanation(
     if explanation is None:
         return ExplanationVerdict(False, False, False, 0.0)
     grounded = labels.guilty_operator is None or (
-        explanation.operator == labels.guilty_operator
+        explanation.operator in equivalent_operators(labels)
         and (labels.guilty_rank is None or explanation.rank in equivalent_ranks(labels))
     )
     return ExplanationVerdict(
@@ -90,6 +90,7 @@ class CaseOutcome:
     guilty_operator: str | None
     guilty_rank: int | None
     guilty_ranks: frozenset[int] = frozenset()  # with the ranks its trace cannot tell from it
+    guilty_operators: frozenset[str] = frozenset()  # with the names it goes by in other steps
     explains: bool = False  # the method explained its flagged steps in this case
     explained: list[ExplanationVerdict] = field(default_factory=list)  # its true-positive steps
 
@@ -172,6 +173,7 @@ def outcome(case: Case, localization: Localization) -> CaseOutcome:
         guilty_operator=labels.guilty_operator,
         guilty_rank=labels.guilty_rank,
         guilty_ranks=equivalent_ranks(labels),
+        guilty_operators=equivalent_operators(labels),
         explains=explains,
         explained=explained,
     )
@@ -188,7 +190,7 @@ def score_group(
     steps = step_prf(anomalous, flagged)
     located = [o for o in outcomes if o.guilty_operator and set(o.truth_steps) & set(o.flagged)]
     ranked = [[Candidate(op, score, rank) for op, rank, score in o.ranked] for o in located]
-    guilty = [o.guilty_operator or "" for o in located]
+    guilty = [o.guilty_operators or o.guilty_operator or "" for o in located]
     horizontal = [o for o in located if o.view == "H" and o.guilty_rank is not None]
     truths, verdicts = [], []
     for o in outcomes:
@@ -203,6 +205,7 @@ def score_group(
                     o.guilty_rank,
                     horizontal=o.view == "H",
                     equivalent_ranks=o.guilty_ranks,
+                    equivalent_operators=o.guilty_operators,
                 )
             )
             operator, rank = o.top.get(s, (None, None))

@@ -63,16 +63,18 @@ class Candidate:
 
 
 def position_of(
-    candidates: Sequence[Candidate], operator: str, rank: int | None = None
+    candidates: Sequence[Candidate], operator: str | Collection[str], rank: int | None = None
 ) -> int | None:
     """1-based pessimistic position of the first candidate matching operator (and rank, if given).
 
     Candidates are ordered by score, highest first; the position is the last slot of the match's
-    tie group. None when no candidate matches.
+    tie group. None when no candidate matches. `operator` may be a set of names that are equally
+    right (eval/equivalent_ranks.py: `equivalent_operators`).
     """
+    names = {operator} if isinstance(operator, str) else set(operator)
     ordered = sorted(candidates, key=lambda c: -c.score)
     for candidate in ordered:
-        if candidate.operator == operator and (rank is None or candidate.rank == rank):
+        if candidate.operator in names and (rank is None or candidate.rank == rank):
             ties = sum(1 for c in ordered if c.score == candidate.score)
             first_of_group = next(i for i, c in enumerate(ordered) if c.score == candidate.score)
             return first_of_group + ties
@@ -81,7 +83,7 @@ def position_of(
 
 def accuracy_at_k(
     ranked: Sequence[Sequence[Candidate]],
-    guilty: Sequence[str],
+    guilty: Sequence[str | Collection[str]],
     k: int,
     guilty_ranks: Sequence[int | None] | None = None,
 ) -> float:
@@ -96,7 +98,9 @@ def accuracy_at_k(
     return hits / len(ranked)
 
 
-def average_at_k(ranked: Sequence[Sequence[Candidate]], guilty: Sequence[str], k: int = 5) -> float:
+def average_at_k(
+    ranked: Sequence[Sequence[Candidate]], guilty: Sequence[str | Collection[str]], k: int = 5
+) -> float:
     """Avg@k = mean of AC@1..AC@k."""
     return sum(accuracy_at_k(ranked, guilty, j) for j in range(1, k + 1)) / k
 
@@ -137,6 +141,8 @@ class StepTruth:
     horizontal: bool = False
     #: ranks as right as `rank`: a fault on a link or node they share (eval/equivalent_ranks.py)
     equivalent_ranks: frozenset[int] = frozenset()
+    #: operator names as right as `operator` (eval/equivalent_ranks.py: `equivalent_operators`)
+    equivalent_operators: frozenset[str] = frozenset()
 
 
 def joint_prf(truths: Sequence[StepTruth], verdicts: Sequence[StepVerdict]) -> PRF:
@@ -149,7 +155,10 @@ def joint_prf(truths: Sequence[StepTruth], verdicts: Sequence[StepVerdict]) -> P
         verdict = said.get(truth.key)
         if not (truth.anomalous and verdict and verdict.flagged):
             continue
-        if verdict.operator != truth.operator:
+        if (
+            verdict.operator != truth.operator
+            and verdict.operator not in truth.equivalent_operators
+        ):
             continue
         right_ranks = {truth.rank} | truth.equivalent_ranks
         if truth.horizontal and verdict.rank not in right_ranks:
