@@ -23,7 +23,7 @@ def tiny(cases: list[Path], out: Path, cache: Path, seed: int = 0) -> TrainConfi
         out=str(out),
         model=ModelConfig(d_model=32, n_layers=1, n_heads=2),
         tpe_vocab=128,
-        epochs=12,
+        epochs=16,
         batch_size=16,
         seed=seed,
         cache_dir=str(cache),
@@ -214,7 +214,7 @@ def test_steps_carry_their_batch_against_the_runs_usual_one():
         step[3] = np.log1p(tokens) / 8.0
         step[5] = 1.0  # decode
         return StepRecord(
-            "c", iteration, step, [], [], np.zeros(0), np.zeros((0, 4)), [], False, 0, 0
+            "c", iteration, step, [], [], np.zeros(0), np.zeros((0, 4)), [], None, False, 0, 0
         )
 
     records = [decode(i, 63) for i in range(5)] + [decode(5, 15)]
@@ -268,3 +268,41 @@ def test_training_renames_ranks_but_keeps_which_tokens_share_one():
     again = relabel_ranks(ranks, torch.Generator().manual_seed(0))
     assert torch.equal(renamed, again)
     assert not torch.equal(renamed, ranks)
+
+
+def test_a_contended_links_window_stands_out_in_the_transfer_features():
+    """Features 38–41: the step's transfer time against the run's fit (log ratio, z) and the
+    neighbours' z. A link at half its bandwidth adds microseconds to steps of milliseconds; every
+    window step's transfer z still clears every other step's."""
+    from lab.test_sim_cases import WINDOW, case
+
+    out, _, _ = case(fault="link_contention", rank=1)
+    records = read_case_records(out, use_logs=False)
+    inside = [r for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
+    outside = [r for r in records if not WINDOW[0] <= r.iteration < WINDOW[1]]
+    assert min(r.step_float[39] for r in inside) > max(r.step_float[39] for r in outside)
+    assert min(r.step_float[38] for r in inside) > 0.1
+    middle = next(r for r in inside if r.iteration == WINDOW[0] + 5)
+    assert middle.step_float[40] > 0.5 and middle.step_float[41] > 0.5
+
+
+def test_the_request_queue_travels_in_the_log_modality():
+    """A step's queue (requests waiting, batch against the run's largest) is one more log token
+    in its own template slot after the hashed ones; without logs there is none, and dropping a
+    step's logs in training drops it too."""
+    import numpy as np
+
+    from lab.test_sim_cases import case
+    from teller.rca.dataset import encode, train_vocab
+
+    out, _, _ = case(fault="scheduler_misconfig", rank=0)
+    with_logs = read_case_records(out)
+    without = read_case_records(out, use_logs=False)
+    assert all(r.queue is not None for r in with_logs)
+    assert all(r.queue is None for r in without)
+    assert max(r.queue[0] for r in with_logs) > np.log1p(5) / 4
+    tpe = train_vocab(with_logs, 64)
+    log_vocab = 64
+    arrays = encode(with_logs, tpe, raw=False, log_vocab=log_vocab)
+    assert ((arrays["log_template"] == log_vocab + 1).sum(axis=1) == 1).all()
+    assert ((encode(without, tpe, raw=False, log_vocab=log_vocab)["log_template"]) == 0).all()

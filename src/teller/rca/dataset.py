@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from teller.callchain.tree import CallTree
+from teller.eval.equivalent_ranks import equivalent_operators
 from teller.ingest.schema import LAYER_CODE
 from teller.lab.labels import CaseLabels
 from teller.localize.features import kernel_sequences
 from teller.localize.localizer import NumericLocalizer, OperatorCandidate, StepScore, keep_top
+from teller.localize.transfer import transfer_residuals
 from teller.rca.model import (
     CANDIDATE_KINDS,
     FAULT_NAMES,
@@ -77,6 +79,7 @@ class StepRecord:
     log_template: np.ndarray  # int, hashed template buckets (0 = none)
     log_float: np.ndarray  # (lines, LOG_FLOATS)
     log_lines: list[str]
+    queue: np.ndarray | None  # (LOG_FLOATS,) the request queue at the step, from the logs
     localizer_anomalous: bool
     expected_ns: int
     dur_ns: int
@@ -100,8 +103,9 @@ def case_records(
     ).score(tree)
     work = _work_features(tree)
     slowdown = _kernel_slowdown_shape(tree)
+    transfers = transfer_residuals(tree)
     forwards = _forward_nodes(tree)
-    logs = _aligned_logs(tree, log_paths)
+    logs, queues = _aligned_logs(tree, log_paths)
     strict = NumericLocalizer()
     records = []
     truth = set(labels.steps) if labels is not None and labels.is_fault else set()
@@ -127,6 +131,11 @@ def case_records(
         step_float[14] = float(shift_ns > 0)
         step_float[15] = np.log1p(shift_ns / 1e5) / 4.0
         step_float[32:36] = slowdown.get(score.iteration, 0.0)
+        # the step's collectives' transfer time against the run's fit for its batch (a slower or
+        # longer link: microseconds in a step of milliseconds, but steady)
+        log_ratio, transfer_z = transfers.get(score.iteration, (0.0, 0.0))
+        step_float[38] = np.clip(log_ratio, -1.0, 3.0)
+        step_float[39] = np.clip(transfer_z / 10.0, -2.0, 5.0)
         candidates = localization.candidates.get(score.iteration, [])
         forward = _forward_candidate(tree, forwards, score, candidates)
         if forward is not None:
@@ -144,6 +153,7 @@ def case_records(
             log_template=templates,
             log_float=floats,
             log_lines=lines,
+            queue=queues.get(score.iteration),
             localizer_anomalous=bool(step_float[7]),
             expected_ns=score.expected_ns,
             dur_ns=score.dur_ns,
@@ -172,7 +182,7 @@ _WORK_PEAKS = [9, 11, 13, 8]
 
 def _add_context(records: list[StepRecord]) -> None:
     """Features 16–31: the previous and next steps' features and the whole run's shape; 36–37:
-    the step's batch against the run's usual one.
+    the step's batch against the run's usual one; 40–41: the previous and next steps' transfer z.
 
     Why: a fault lasts a window of steps, so a borderline step between two slow ones is more likely
     part of it (the slice's time order, T); and fault types differ in how a run degrades rather
@@ -204,8 +214,10 @@ def _add_context(records: list[StepRecord]) -> None:
         record.step_float[36:38] = batch[i]
         if i > 0:
             record.step_float[16:20] = table[i - 1, _NEIGHBOUR_FEATURES]
+            record.step_float[40] = records[i - 1].step_float[39]
         if i + 1 < len(records):
             record.step_float[20:24] = table[i + 1, _NEIGHBOUR_FEATURES]
+            record.step_float[41] = records[i + 1].step_float[39]
         record.step_float[24:32] = run
 
 
@@ -260,9 +272,10 @@ def _target(candidates: list[OperatorCandidate], labels: CaseLabels) -> int:
     """The candidate the labels blame: same operator and rank, else same operator, else (for
     faults without an operator) the first candidate on the guilty rank."""
     op, rank = labels.guilty_operator, labels.guilty_rank
+    names = equivalent_operators(labels)  # a launch delayed by a busy host: either launch call
     rules = []
     if op is not None:
-        rules += [lambda c: c.operator == op and c.rank == rank, lambda c: c.operator == op]
+        rules += [lambda c: c.operator in names and c.rank == rank, lambda c: c.operator in names]
     elif rank is not None:
         rules.append(lambda c: c.rank == rank)
     for rule in rules:
@@ -348,14 +361,16 @@ def _kernel_slowdown_shape(tree: CallTree) -> dict[int, np.ndarray]:
 
 def _aligned_logs(
     tree: CallTree, log_paths: Sequence[Path]
-) -> dict[int, tuple[np.ndarray, np.ndarray, list[str]]]:
+) -> tuple[dict[int, tuple[np.ndarray, np.ndarray, list[str]]], dict[int, np.ndarray]]:
     """Per iteration: the hashed templates, numeric fields and raw text of its aligned log lines
-    (warnings and errors first, then in file order; at most MAX_LOG_LINES)."""
+    (warnings and errors first, then in file order; at most MAX_LOG_LINES); and the request
+    queue the logs' arrivals and the steps' admissions leave (`_queue_floats`)."""
     if not log_paths:
-        return {}
+        return {}, {}
     from teller.align.align import align_tree
 
     result = align_tree(tree, list(log_paths))
+    queues = _queue_floats(tree, result.requests.waiting(tree))
     table = result.logs.table
     step = result.alignment.step
     templates = table.column("template_id").to_pylist()
@@ -376,6 +391,39 @@ def _aligned_logs(
             floats[j, -1] = levels[i] in ("WARNING", "ERROR")
         buckets = np.array([log_bucket(templates[i] or 0, 64) for i in rows], dtype=np.int64)
         out[s] = (buckets, floats, [raw[i] for i in rows])
+    return out, queues
+
+
+def _queue_floats(tree: CallTree, waiting: dict[int, int]) -> dict[int, np.ndarray]:
+    """Per iteration: log1p(requests waiting) / 4, and the step's requests and tokens against the
+    run's largest batch (log ratios; 0 where the steps do not state their batch).
+
+    Why: a scheduler capped too low leaves requests queued while batches run below what the
+    engine ran before, and steps get shorter, not longer; no step time or operator shows it. The
+    queue comes from the logs (arrivals), so it travels in the log modality and is absent with
+    them."""
+    steps = tree.steps
+    if not waiting or not len(steps):
+        return {}
+    rows = np.flatnonzero(steps.rank == steps.rank.min())
+    requests = np.maximum(steps.context_requests[rows], 0) + np.maximum(
+        steps.generation_requests[rows], 0
+    )
+    tokens = np.maximum(steps.context_tokens[rows], 0) + np.maximum(
+        steps.generation_tokens[rows], 0
+    )
+    out = {}
+    for k, row in enumerate(rows.tolist()):
+        iteration = int(steps.index[row])
+        if iteration not in waiting:
+            continue
+        values = np.zeros(LOG_FLOATS, dtype=np.float32)
+        values[0] = np.log1p(waiting[iteration]) / 4.0
+        if requests.max() > 0:
+            values[1] = np.clip(safe_log_ratio(requests[k], requests.max()), -4, 0)
+        if tokens.max() > 0:
+            values[2] = np.clip(safe_log_ratio(tokens[k], tokens.max()), -8, 0) / 2.0
+        out[iteration] = values
     return out
 
 
@@ -464,6 +512,10 @@ def encode(
         lines = min(len(record.log_template), MAX_LOG_LINES)
         arrays["log_template"][b, :lines] = (record.log_template[:lines] - 1) % log_vocab + 1
         arrays["log_float"][b, :lines] = record.log_float[:lines]
+        if record.queue is not None:  # its own template slot, after the hashed buckets
+            slot = min(lines, MAX_LOG_LINES - 1)
+            arrays["log_template"][b, slot] = log_vocab + 1
+            arrays["log_float"][b, slot] = record.queue
         t = 0
         for c, (candidate, path) in enumerate(zip(record.candidates, record.paths, strict=True)):
             tokens = path_tokens(tpe, path, raw)[-PATH_TOKENS:]

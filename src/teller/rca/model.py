@@ -51,7 +51,7 @@ CANDIDATE_KINDS = ("context", "compute", "arrival", "transfer")
 ROLE_PAD, ROLE_CONTEXT, ROLE_FOCUS = 0, 1, 2
 TOKEN_FLOATS = 6
 LOG_FLOATS = 4
-STEP_FLOATS = 38
+STEP_FLOATS = 42
 MAX_RANKS = 64
 BOS_ID, EOS_ID = SPECIALS.index(BOS), SPECIALS.index(EOS)
 
@@ -125,7 +125,8 @@ class RootCauseModel(nn.Module):
         self.cand_kind = nn.Embedding(len(CANDIDATE_KINDS), d)
         self.role = nn.Embedding(3, d)
         self.token_in = nn.Linear(TOKEN_FLOATS, d)
-        self.template = nn.Embedding(config.log_vocab + 1, d, padding_idx=0)
+        # hashed templates 1..log_vocab, then the request queue's own slot (dataset._queue_floats)
+        self.template = nn.Embedding(config.log_vocab + 2, d, padding_idx=0)
         self.log_in = nn.Linear(LOG_FLOATS, d)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(d)

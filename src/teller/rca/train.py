@@ -42,7 +42,7 @@ from teller.tpe.tokenizer import TPE
 
 # 2: the explanation decoder (words.json); 3: candidates on every step; 4: ensembles ("members"),
 # and substituted or new kernels always among a step's candidates
-FORMAT = "teller.rca/4"
+FORMAT = "teller.rca/5"
 
 
 @dataclass
