@@ -37,12 +37,9 @@ def transfer_residuals(tree: CallTree) -> dict[int, tuple[float, float]]:
     if arrivals is None:
         return {}
     iteration_of, _, _, _, own_ns, _, is_last = arrivals
-    totals = np.bincount(
-        np.searchsorted(np.unique(iteration_of), iteration_of[is_last]),
-        weights=own_ns[is_last],
-        minlength=len(np.unique(iteration_of)),
-    )
-    transfer = dict(zip(np.unique(iteration_of).tolist(), totals.tolist(), strict=True))
+    seen, row = np.unique(iteration_of[is_last], return_inverse=True)
+    totals = np.bincount(row, weights=own_ns[is_last], minlength=len(seen))
+    transfer = dict(zip(seen.tolist(), totals.tolist(), strict=True))
     rows = _iteration_rows(tree, with_iteration=True)
     iterations = np.array([r[4] for r in rows])
     kinds = np.array([r[0] for r in rows], dtype=object)
