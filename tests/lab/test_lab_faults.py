@@ -132,9 +132,18 @@ def test_baseline_case_is_complete_and_its_ranks_are_alike(baseline):
     assert "Engine 000: Iteration(0):" in log and "(Worker_TP0 pid=" in log
     assert "(Worker_TP1 pid=" in (case.case_dir / "logs" / "rank1.log").read_text()
     assert len(case.tree.comm) and case.tree.comm.num_instances > 100
-    # no fault: neither rank waits for the other much more than the reverse
-    ratio = case.mean_us("gloo:all_reduce", PEER) / case.mean_us("gloo:all_reduce", GUILTY)
-    assert 0.5 < ratio < 2.0
+    # no fault: neither rank waits for the other much more than the reverse. Medians over the
+    # whole run: on a shared 2-core machine a few scheduler stalls moved the window's mean ratio
+    # to 2.13 in one fresh-clone run (2026-12-01; whole-run median 1.43 in that same recording)
+    waits = [
+        np.median(
+            np.concatenate(
+                [case.op_durations_ns("gloo:all_reduce", rank, inside) for inside in (True, False)]
+            )
+        )
+        for rank in (PEER, GUILTY)
+    ]
+    assert 0.5 < waits[0] / waits[1] < 2.0
 
 
 def test_straggler_inflates_the_peers_allreduce_and_slows_the_guilty_rank(lab_root, baseline):
