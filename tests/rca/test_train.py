@@ -125,6 +125,8 @@ def test_explanations_name_only_the_pointed_operator_and_rank(trained, two_cases
 def test_flagged_steps_of_a_run_share_one_pooled_fault_type(trained, two_cases):
     _, _, root = trained
     model = LoadedModel.load(root / "a")
+    assert model.pointer_kinds  # what training showed (test_pointer_kinds_…)
+    model.pointer_kinds = {}  # the pointer given the fault type would follow the pooled type
     for case in two_cases:
         records = read_case_records(case)
         pooled = model.diagnose_records(records)
@@ -306,3 +308,71 @@ def test_the_request_queue_travels_in_the_log_modality():
     arrays = encode(with_logs, tpe, raw=False, log_vocab=log_vocab)
     assert ((arrays["log_template"] == log_vocab + 1).sum(axis=1) == 1).all()
     assert ((encode(without, tpe, raw=False, log_vocab=log_vocab)["log_template"]) == 0).all()
+
+
+def test_requests_held_back_mark_a_capped_scheduler_and_nothing_else():
+    """Queue float 3: requests waiting that the step had room for (by the run's largest batch)
+    while its tokens stayed under 80% of the run's largest step. A capped scheduler's window has
+    them in every step; the same workload without a fault, whose queue drains at full batches,
+    has none."""
+    from lab.test_sim_cases import WINDOW, case
+
+    out, _, _ = case(fault="scheduler_misconfig", rank=0)
+    records = read_case_records(out)
+    inside = [r.queue[3] for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
+    assert min(inside) > 0.3
+    baseline, _, _ = case(fault="none", rank=0)
+    assert max(r.queue[3] for r in read_case_records(baseline)) == 0.0
+
+
+def test_a_contended_links_guilty_collective_is_a_candidate_of_every_window_step():
+    """The step's transfer is a candidate of its own (the collective of the rank that spent
+    longest in collectives it reached last): a contended link adds microseconds per collective,
+    below the localizer's noise floor, and without it the pointer had no right answer in half of
+    the link-fault training steps."""
+    from lab.test_sim_cases import WINDOW, case
+
+    out, _, _ = case(fault="link_contention", rank=1)
+    labels = CaseLabels.read(out)
+    records = read_case_records(out, use_logs=False)
+    inside = [r for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
+    assert inside and all(r.target >= 0 for r in inside)
+    for record in inside:
+        guilty = record.candidates[record.target]
+        assert guilty.operator == labels.guilty_operator
+        assert guilty.observed_ns > guilty.normal_ns  # slower than the run's fit for its batch
+    transfers = [c for r in records for c in r.candidates if c.kind == "transfer"]
+    assert len({c.node for c in transfers}) == len(transfers)  # never the same node twice
+
+
+def test_pointer_kinds_are_what_training_showed_and_condition_the_pointer(trained):
+    """`pointer_kinds`: per fault type, the candidate kinds its guilty node had in training (5% or
+    more of its steps). At inference a flagged step's pointer is read given the pooled fault type:
+    other kinds get no weight; a step with no allowed candidate keeps its distribution."""
+    import numpy as np
+
+    from teller.rca.model import CANDIDATE_KINDS, FAULT_NAMES
+    from teller.rca.train import pointer_kinds
+
+    link, gpu = FAULT_NAMES.index("link_contention"), FAULT_NAMES.index("gpu_throttle")
+    transfer, compute = CANDIDATE_KINDS.index("transfer"), CANDIDATE_KINDS.index("compute")
+    arrival = CANDIDATE_KINDS.index("arrival")
+    n = 41  # 20 link steps at transfer, 1 at compute (under 5%), 20 gpu steps at compute
+    arrays = {
+        "y_step": np.r_[np.ones(n), np.zeros(3)].astype(np.float32),
+        "y_fault": np.r_[[link] * 21, [gpu] * 20, [0] * 3],
+        "y_ptr": np.r_[[0] * 20, [1] * 21, [-1] * 3],
+        "tok_ckind": np.tile([transfer, compute, arrival], (n + 3, 1)),
+    }
+    assert pointer_kinds(arrays) == {"link_contention": ["transfer"], "gpu_throttle": ["compute"]}
+
+    model = LoadedModel.load(trained[0].out)
+    model.pointer_kinds = {"link_contention": ["transfer", "arrival"]}
+    pointer = np.array([[0.2, 0.7, 0.1], [0.2, 0.7, 0.1], [0.0, 1.0, 0.0]])
+    focus = {"focus_candidate": np.array([[0, 1, 2]] * 3), "tok_ckind": arrays["tok_ckind"][:3]}
+    focus["tok_ckind"] = np.array([[transfer, compute, arrival]] * 2 + [[compute] * 3])
+    faults = np.array([link, gpu, link])
+    given = model._given_fault(pointer, focus, faults, np.array([True, True, True]))
+    assert np.allclose(given[0], [2 / 3, 0.0, 1 / 3])  # link: the compute candidate is out
+    assert np.allclose(given[1], pointer[1])  # no table entry for gpu_throttle here
+    assert np.allclose(given[2], pointer[2])  # nothing allowed: left as it was

@@ -15,6 +15,8 @@ centred on the kind's usual ratio, and that ratio's z, both read from the faster
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from teller.callchain.tree import CallTree
@@ -30,10 +32,14 @@ _Z10, _Z30 = -1.2816, -0.5244
 MIN_STEPS = 4
 
 
-def transfer_residuals(tree: CallTree) -> dict[int, tuple[float, float]]:
+def transfer_residuals(
+    tree: CallTree, arrivals: tuple[np.ndarray, ...] | Literal["read"] | None = "read"
+) -> dict[int, tuple[float, float]]:
     """iteration → (log of transfer time over the fit, its robust z); steps without collectives
-    (one rank, or a kind too rare to fit) are absent."""
-    arrivals = _arrivals(tree)
+    (one rank, or a kind too rare to fit) are absent. `arrivals`: the tree's `_arrivals` table
+    where the caller already has it (it is the slow part)."""
+    if isinstance(arrivals, str):
+        arrivals = _arrivals(tree)
     if arrivals is None:
         return {}
     iteration_of, _, _, _, own_ns, _, is_last = arrivals

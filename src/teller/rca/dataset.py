@@ -26,7 +26,13 @@ from teller.eval.equivalent_ranks import equivalent_operators
 from teller.ingest.schema import LAYER_CODE
 from teller.lab.labels import CaseLabels
 from teller.localize.features import kernel_sequences
-from teller.localize.localizer import NumericLocalizer, OperatorCandidate, StepScore, keep_top
+from teller.localize.localizer import (
+    NumericLocalizer,
+    OperatorCandidate,
+    StepScore,
+    _arrivals,
+    keep_top,
+)
 from teller.localize.transfer import transfer_residuals
 from teller.rca.model import (
     CANDIDATE_KINDS,
@@ -103,7 +109,9 @@ def case_records(
     ).score(tree)
     work = _work_features(tree)
     slowdown = _kernel_slowdown_shape(tree)
-    transfers = transfer_residuals(tree)
+    arrivals = _arrivals(tree)
+    transfers = transfer_residuals(tree, arrivals)
+    collectives = _last_arrivals(arrivals)
     forwards = _forward_nodes(tree)
     logs, queues = _aligned_logs(tree, log_paths)
     strict = NumericLocalizer()
@@ -137,9 +145,13 @@ def case_records(
         step_float[38] = np.clip(log_ratio, -1.0, 3.0)
         step_float[39] = np.clip(transfer_z / 10.0, -2.0, 5.0)
         candidates = localization.candidates.get(score.iteration, [])
-        forward = _forward_candidate(tree, forwards, score, candidates)
-        if forward is not None:
-            candidates = [*keep_top(candidates, MAX_CANDIDATES - 1), forward]
+        extras = [
+            _collective_candidate(tree, collectives, transfers, score, candidates),
+            _forward_candidate(tree, forwards, score, candidates),
+        ]
+        extras = [c for c in extras if c is not None]
+        if extras:
+            candidates = [*keep_top(candidates, MAX_CANDIDATES - len(extras)), *extras]
         templates, floats, lines = logs.get(
             score.iteration,
             (np.zeros(0, np.int64), np.zeros((0, LOG_FLOATS), np.float32), []),
@@ -233,6 +245,64 @@ def _forward_nodes(tree: CallTree) -> dict[int, dict[int, int]]:
     for i in rows.tolist():
         out.setdefault(int(tree.steps.index[tree.step[i]]), {}).setdefault(int(tree.rank[i]), i)
     return out
+
+
+def _last_arrivals(arrivals: tuple[np.ndarray, ...] | None) -> dict[int, tuple[int, int, int]]:
+    """iteration → (rank, node, own ns): the rank whose collectives, where it arrived last, took
+    longest in all (their time is transfer alone), and the longest of those collectives."""
+    if arrivals is None:
+        return {}
+    iteration_of, rank, _, _, own_ns, node, is_last = arrivals
+    rows = np.flatnonzero(is_last)
+    out: dict[int, tuple[int, int, int]] = {}
+    totals: dict[tuple[int, int], float] = {}
+    longest: dict[tuple[int, int], int] = {}
+    for i in rows.tolist():
+        key = (int(iteration_of[i]), int(rank[i]))
+        totals[key] = totals.get(key, 0.0) + float(own_ns[i])
+        if key not in longest or own_ns[i] > own_ns[longest[key]]:
+            longest[key] = i
+    for (iteration, r), total in totals.items():
+        if iteration not in out or total > out[iteration][2]:
+            out[iteration] = (r, int(node[longest[(iteration, r)]]), int(total))
+    return out
+
+
+def _collective_candidate(
+    tree: CallTree,
+    collectives: dict[int, tuple[int, int, int]],
+    transfers: dict[int, tuple[float, float]],
+    score: StepScore,
+    candidates: list[OperatorCandidate],
+) -> OperatorCandidate | None:
+    """The step's transfer as one more candidate: the collective of the rank that spent longest
+    in collectives it arrived last at, measured against the run's transfer fit for the batch.
+
+    Why: a contended or throttled link adds microseconds per collective on every rank alike, so
+    no collective's excess over its nearest normal steps clears the localizer's noise floor, and
+    in half of the link-fault training steps (39 of 80) no candidate was the guilty collective:
+    the pointer had nothing right to point at. The step's transfer residual (features 38–39)
+    says how far off the transfer is; this gives that number a node. Skipped when the localizer
+    already proposes that node."""
+    found = collectives.get(score.iteration)
+    if found is None:
+        return None
+    rank, node, observed = found
+    if any(c.node == node for c in candidates):
+        return None
+    log_ratio, z = transfers.get(score.iteration, (0.0, 0.0))
+    return OperatorCandidate(
+        iteration=score.iteration,
+        rank=rank,
+        operator=tree.names[tree.name[node]],
+        score=0.0,
+        observed_ns=observed,
+        normal_ns=int(observed / np.exp(log_ratio)),
+        z=z,
+        node=node,
+        reference="the step's transfer time vs the run's fit for its batch",
+        kind="transfer",
+    )
 
 
 def _forward_candidate(
@@ -394,14 +464,22 @@ def _aligned_logs(
     return out, queues
 
 
+#: Share of the run's largest step (in tokens) under which a step still had token budget left.
+TOKEN_ROOM = 0.8
+
+
 def _queue_floats(tree: CallTree, waiting: dict[int, int]) -> dict[int, np.ndarray]:
-    """Per iteration: log1p(requests waiting) / 4, and the step's requests and tokens against the
-    run's largest batch (log ratios; 0 where the steps do not state their batch).
+    """Per iteration: log1p(requests waiting) / 4, the step's requests and tokens against the
+    run's largest batch (log ratios; 0 where the steps do not state their batch), and
+    log1p(requests held back) / 4: waiting requests the step had room for, by the run's own
+    largest batch, while its tokens stayed under `TOKEN_ROOM` of the run's largest.
 
     Why: a scheduler capped too low leaves requests queued while batches run below what the
     engine ran before, and steps get shorter, not longer; no step time or operator shows it. The
     queue comes from the logs (arrivals), so it travels in the log modality and is absent with
-    them."""
+    them. Held back: a run that starts with a queue admits at its token budget (full batches of
+    prefill while requests wait, nothing held back); a saturated run has no room; a capped
+    scheduler leaves room and budget unused while requests wait, which is the fault itself."""
     steps = tree.steps
     if not waiting or not len(steps):
         return {}
@@ -423,6 +501,9 @@ def _queue_floats(tree: CallTree, waiting: dict[int, int]) -> dict[int, np.ndarr
             values[1] = np.clip(safe_log_ratio(requests[k], requests.max()), -4, 0)
         if tokens.max() > 0:
             values[2] = np.clip(safe_log_ratio(tokens[k], tokens.max()), -8, 0) / 2.0
+        if tokens[k] < TOKEN_ROOM * tokens.max():
+            room = max(int(requests.max() - requests[k]), 0)
+            values[3] = np.log1p(min(waiting[iteration], room)) / 4.0
         out[iteration] = values
     return out
 

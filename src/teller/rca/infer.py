@@ -34,7 +34,7 @@ from teller.localize.localizer import (
     unfinished_step,
 )
 from teller.rca.dataset import StepRecord, case_records, encode
-from teller.rca.model import FAULT_NAMES, ModelConfig, RootCauseModel
+from teller.rca.model import CANDIDATE_KINDS, FAULT_NAMES, ModelConfig, RootCauseModel
 from teller.rca.train import FORMAT
 from teller.rca.words import (
     BOS,
@@ -134,6 +134,8 @@ class LoadedModel:
     path: Path
     words: WordVocab
     members: list[RootCauseModel] = field(default_factory=list)  # all of them, `model` first
+    #: fault type → candidate kinds its guilty node may have (`teller.rca.train.pointer_kinds`)
+    pointer_kinds: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -169,7 +171,12 @@ class LoadedModel:
             raise TraceError(path / "model.safetensors", f"unusable weights: {error}") from None
         tpe = TPE.load(path / "tpe.json")
         words = WordVocab.load(path / "words.json")
-        return cls(members[0], tpe, bool(meta["raw_nodes"]), path, words, members)
+        kinds = meta.get("pointer_kinds", {})
+        if not isinstance(kinds, dict) or any(
+            f not in FAULT_NAMES or not set(v) <= set(CANDIDATE_KINDS) for f, v in kinds.items()
+        ):
+            raise TraceError(path / "config.json", f"pointer_kinds is not fault → kinds: {kinds!r}")
+        return cls(members[0], tpe, bool(meta["raw_nodes"]), path, words, members, kinds)
 
     def diagnose_records(
         self, records: Sequence[StepRecord], pool_faults: bool = True
@@ -214,6 +221,9 @@ class LoadedModel:
         if pool_faults and flagged.any():
             weights = probability[flagged, None]
             faults[flagged] = int((weights * fault_logp[flagged]).sum(axis=0).argmax())
+        if flagged.any() and self.pointer_kinds:
+            pointer = self._given_fault(pointer, arrays, faults, flagged)
+            outputs.update(self.model.read_pointed(outputs, torch.from_numpy(pointer.argmax(-1))))
         sentences = np.zeros((len(records), 1), np.int64)
         if flagged.any():  # the decoder writes for the flagged steps, given their fault type
             rows = torch.from_numpy(np.flatnonzero(flagged))
@@ -257,6 +267,29 @@ class LoadedModel:
                 )
             )
         return out
+
+    def _given_fault(
+        self,
+        pointer: np.ndarray,
+        arrays: dict[str, np.ndarray],
+        faults: np.ndarray,
+        flagged: np.ndarray,
+    ) -> np.ndarray:
+        """The flagged steps' pointer distributions given their fault type: candidates of a kind
+        the type's guilty node never had in training get no weight, the rest are renormalised.
+        A step with no candidate of an allowed kind keeps its distribution as it was."""
+        pointer = pointer.copy()
+        for b in np.flatnonzero(flagged).tolist():
+            kinds = self.pointer_kinds.get(FAULT_NAMES[int(faults[b])])
+            if not kinds:
+                continue
+            allowed = (arrays["focus_candidate"][b] >= 0) & np.isin(
+                arrays["tok_ckind"][b], [CANDIDATE_KINDS.index(k) for k in kinds]
+            )
+            weight = float(pointer[b, allowed].sum())
+            if weight > 0:
+                pointer[b] = np.where(allowed, pointer[b], 0.0) / weight
+        return pointer
 
     def diagnose(
         self, tree: CallTree, log_paths: Sequence[Path] = (), case_id: str = ""

@@ -36,13 +36,14 @@ from tqdm import tqdm
 
 from teller.errors import TellerError
 from teller.rca.dataset import encode, read_case_records, train_vocab
-from teller.rca.model import FAULT_NAMES, MAX_RANKS, ModelConfig, RootCauseModel
+from teller.rca.model import CANDIDATE_KINDS, FAULT_NAMES, MAX_RANKS, ModelConfig, RootCauseModel
 from teller.rca.words import WordVocab
 from teller.tpe.tokenizer import TPE
 
 # 2: the explanation decoder (words.json); 3: candidates on every step; 4: ensembles ("members"),
-# and substituted or new kernels always among a step's candidates
-FORMAT = "teller.rca/5"
+# and substituted or new kernels always among a step's candidates; 5: transfer features and the
+# queue token; 6: the step's transfer as a candidate, and the pointer's kinds per fault type
+FORMAT = "teller.rca/6"
 
 
 @dataclass
@@ -158,7 +159,7 @@ def train(config: TrainConfig) -> TrainResult:
     else:
         fitted = [_fit_member((config, arrays, s)) for s in seeds]
     models = [model for model, _ in fitted]
-    save(models, tpe, words, config, Path(config.out))
+    save(models, tpe, words, config, Path(config.out), pointer_kinds(arrays))
     return TrainResult(
         out=Path(config.out),
         cases=cases,
@@ -213,6 +214,33 @@ def _fit_member(
     return model, losses
 
 
+#: Least share of a fault type's pointed training steps a candidate kind needs to stay allowed.
+MIN_KIND_SHARE = 0.05
+
+
+def pointer_kinds(arrays: dict[str, np.ndarray]) -> dict[str, list[str]]:
+    """fault type → the candidate kinds its guilty node had in training (each in at least
+    `MIN_KIND_SHARE` of the type's steps with a guilty candidate).
+
+    Why: inference reads the pointer given the fault type the run's flagged steps agree on
+    (`LoadedModel.diagnose_records`). A contended link is a collective's transfer or arrival,
+    never a matmul; the pointer alone, on a step whose transfer grew by microseconds, can settle
+    on the step's largest compute and name an operator the explanation's own fault type rules
+    out. The table is what the training cases showed, not a rule written by hand."""
+    pointed = (arrays["y_step"] > 0) & (arrays["y_ptr"] >= 0)
+    rows = np.flatnonzero(pointed)
+    kinds = arrays["tok_ckind"][rows, arrays["y_ptr"][rows]]
+    faults = arrays["y_fault"][rows]
+    out: dict[str, list[str]] = {}
+    for f in np.unique(faults).tolist():
+        counts = np.bincount(kinds[faults == f], minlength=len(CANDIDATE_KINDS))
+        share = counts / counts.sum()
+        out[FAULT_NAMES[f]] = [
+            k for k, v in zip(CANDIDATE_KINDS, share, strict=True) if v >= MIN_KIND_SHARE
+        ]
+    return out
+
+
 def relabel_ranks(tok_rank: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Each example's ranks renamed by its own random permutation of 0..MAX_RANKS-1.
 
@@ -225,7 +253,12 @@ def relabel_ranks(tok_rank: torch.Tensor, generator: torch.Generator) -> torch.T
 
 
 def save(
-    models: list[RootCauseModel], tpe: TPE, words: WordVocab, config: TrainConfig, out: Path
+    models: list[RootCauseModel],
+    tpe: TPE,
+    words: WordVocab,
+    config: TrainConfig,
+    out: Path,
+    kinds: dict[str, list[str]] | None = None,
 ) -> None:
     """Write the checkpoint directory atomically (a temp dir renamed into place); one model's
     weights under their own names, an ensemble's under `member{k}.`."""
@@ -245,6 +278,7 @@ def save(
         "raw_nodes": config.raw_nodes,
         "members": len(models),
         "fault_names": list(FAULT_NAMES),
+        "pointer_kinds": kinds or {},
         "train": {k: v for k, v in asdict(config).items() if k not in ("model", "progress")},
     }
     (tmp / "config.json").write_text(json.dumps(meta, indent=2))
