@@ -291,18 +291,9 @@ def _collective_candidate(
     if any(c.node == node for c in candidates):
         return None
     log_ratio, z = transfers.get(score.iteration, (0.0, 0.0))
-    return OperatorCandidate(
-        iteration=score.iteration,
-        rank=rank,
-        operator=tree.names[tree.name[node]],
-        score=0.0,
-        observed_ns=observed,
-        normal_ns=int(observed / np.exp(log_ratio)),
-        z=z,
-        node=node,
-        reference="the step's transfer time vs the run's fit for its batch",
-        kind="transfer",
-    )
+    normal = int(observed / np.exp(log_ratio))
+    reference = "the step's transfer time vs the run's fit for its batch"
+    return _node_candidate(tree, score, rank, node, observed, normal, z, reference, "transfer")
 
 
 def _forward_candidate(
@@ -324,17 +315,33 @@ def _forward_candidate(
     node = by_rank[rank]
     observed = int(tree.dur[node])
     normal = int(observed * score.expected_ns / max(score.dur_ns, 1))
+    reference = "the step's expected time for its batch"
+    return _node_candidate(tree, score, rank, node, observed, normal, score.z, reference, "forward")
+
+
+def _node_candidate(
+    tree: CallTree,
+    score: StepScore,
+    rank: int,
+    node: int,
+    observed_ns: int,
+    normal_ns: int,
+    z: float,
+    reference: str,
+    kind: str,
+) -> OperatorCandidate:
+    """A candidate the records add beside the localizer's (ranked after them, score 0)."""
     return OperatorCandidate(
         iteration=score.iteration,
         rank=rank,
         operator=tree.names[tree.name[node]],
         score=0.0,
-        observed_ns=observed,
-        normal_ns=normal,
-        z=score.z,
+        observed_ns=observed_ns,
+        normal_ns=normal_ns,
+        z=z,
         node=node,
-        reference="the step's expected time for its batch",
-        kind="forward",
+        reference=reference,
+        kind=kind,
     )
 
 
