@@ -325,6 +325,38 @@ def test_requests_held_back_mark_a_capped_scheduler_and_nothing_else():
     assert max(r.queue[3] for r in read_case_records(baseline)) == 0.0
 
 
+def test_the_kv_cache_fill_the_engine_prints_tells_a_full_cache_from_a_capped_scheduler():
+    """Queue floats 4-5: the KV cache's fill the step's log lines state (carried to later steps)
+    and 1 where it is known. A shrunk cache fills up inside its window; a capped scheduler keeps
+    requests waiting with the cache far from full."""
+    from lab.test_sim_cases import WINDOW, case
+
+    def window_fill(fault: str) -> list[float]:
+        out, _, _ = case(fault=fault, rank=0)
+        records = read_case_records(out)
+        assert all(r.queue is not None and r.queue[5] == 1.0 for r in records)
+        return [r.queue[4] for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
+
+    assert max(window_fill("kv_pressure")) > 0.95
+    assert max(window_fill("scheduler_misconfig")) < 0.9
+
+
+def test_kv_cache_fill_is_read_from_each_engines_own_field():
+    """vLLM prints a percentage, SGLang a fraction; lines without one leave the step unknown."""
+    import numpy as np
+
+    from teller.rca.dataset import _kv_usage
+
+    fields = [
+        '{"running_reqs":7,"gpu_kv_cache_usage_pct":45.2}',
+        '{"running_req":8,"token_usage":0.91}',
+        '{"max_tokens":79}',
+        None,
+        '{"gpu_kv_cache_usage_pct":12.0}',
+    ]
+    assert _kv_usage(np.array([3, 4, 5, 6, -1]), fields) == {3: 0.452, 4: 0.91}
+
+
 def test_a_contended_links_guilty_collective_is_a_candidate_of_every_window_step():
     """The step's transfer is a candidate of its own (the collective of the rank that spent
     longest in collectives it reached last): a contended link adds microseconds per collective,

@@ -447,11 +447,11 @@ def _aligned_logs(
     from teller.align.align import align_tree
 
     result = align_tree(tree, list(log_paths))
-    queues = _queue_floats(tree, result.requests.waiting(tree))
     table = result.logs.table
     step = result.alignment.step
     templates = table.column("template_id").to_pylist()
     fields = table.column("fields").to_pylist()
+    queues = _queue_floats(tree, result.requests.waiting(tree), _kv_usage(step, fields))
     levels = table.column("level").to_pylist()
     raw = table.column("raw").to_pylist()
     by_step: dict[int, list[int]] = {}
@@ -475,11 +475,46 @@ def _aligned_logs(
 TOKEN_ROOM = 0.8
 
 
-def _queue_floats(tree: CallTree, waiting: dict[int, int]) -> dict[int, np.ndarray]:
+#: Log fields that state the KV cache's fill, and the scale that makes them a fraction: vLLM's
+#: `GPU KV cache usage: 45.2%`, SGLang's `token usage: 0.45`, TensorRT-LLM's KV cache stats.
+KV_USAGE_FIELDS = {
+    "gpu_kv_cache_usage_pct": 0.01,
+    "kv_cache_usage_pct": 0.01,
+    "token_usage": 1.0,
+    "kv_cache_usage": 1.0,
+}
+
+
+def _kv_usage(step: np.ndarray, fields: list[str | None]) -> dict[int, float]:
+    """Step ordinal → the KV cache's fill (0-1) the step's aligned log lines state (the last
+    one, where several do).
+
+    Why: a full cache (preemptions) and a scheduler capped too low both leave requests waiting
+    while batches shrink; only the cache's fill tells them apart, and the engine prints it."""
+    usage: dict[int, float] = {}
+    for s, text in zip(step.tolist(), fields, strict=True):
+        if s < 0 or not text or "usage" not in text:
+            continue
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        for key, scale in KV_USAGE_FIELDS.items():
+            value = data.get(key)
+            if isinstance(value, int | float):
+                usage[int(s)] = float(np.clip(value * scale, 0.0, 1.0))
+                break
+    return usage
+
+
+def _queue_floats(
+    tree: CallTree, waiting: dict[int, int], kv_usage: dict[int, float] | None = None
+) -> dict[int, np.ndarray]:
     """Per iteration: log1p(requests waiting) / 4, the step's requests and tokens against the
     run's largest batch (log ratios; 0 where the steps do not state their batch), and
     log1p(requests held back) / 4: waiting requests the step had room for, by the run's own
-    largest batch, while its tokens stayed under `TOKEN_ROOM` of the run's largest.
+    largest batch, while its tokens stayed under `TOKEN_ROOM` of the run's largest; then the KV
+    cache's fill (0-1, the last the logs stated at or before the step) and 1 where it is known.
 
     Why: a scheduler capped too low leaves requests queued while batches run below what the
     engine ran before, and steps get shorter, not longer; no step time or operator shows it. The
@@ -488,7 +523,8 @@ def _queue_floats(tree: CallTree, waiting: dict[int, int]) -> dict[int, np.ndarr
     prefill while requests wait, nothing held back); a saturated run has no room; a capped
     scheduler leaves room and budget unused while requests wait, which is the fault itself."""
     steps = tree.steps
-    if not waiting or not len(steps):
+    kv_usage = kv_usage or {}
+    if not (waiting or kv_usage) or not len(steps):
         return {}
     rows = np.flatnonzero(steps.rank == steps.rank.min())
     requests = np.maximum(steps.context_requests[rows], 0) + np.maximum(
@@ -498,19 +534,24 @@ def _queue_floats(tree: CallTree, waiting: dict[int, int]) -> dict[int, np.ndarr
         steps.generation_tokens[rows], 0
     )
     out = {}
-    for k, row in enumerate(rows.tolist()):
-        iteration = int(steps.index[row])
-        if iteration not in waiting:
+    fill = None
+    for k in np.argsort(steps.index[rows], kind="stable").tolist():
+        iteration = int(steps.index[rows[k]])
+        fill = kv_usage.get(iteration, fill)
+        if iteration not in waiting and fill is None:
             continue
         values = np.zeros(LOG_FLOATS, dtype=np.float32)
-        values[0] = np.log1p(waiting[iteration]) / 4.0
-        if requests.max() > 0:
-            values[1] = np.clip(safe_log_ratio(requests[k], requests.max()), -4, 0)
-        if tokens.max() > 0:
-            values[2] = np.clip(safe_log_ratio(tokens[k], tokens.max()), -8, 0) / 2.0
-        if tokens[k] < TOKEN_ROOM * tokens.max():
-            room = max(int(requests.max() - requests[k]), 0)
-            values[3] = np.log1p(min(waiting[iteration], room)) / 4.0
+        if iteration in waiting:
+            values[0] = np.log1p(waiting[iteration]) / 4.0
+            if requests.max() > 0:
+                values[1] = np.clip(safe_log_ratio(requests[k], requests.max()), -4, 0)
+            if tokens.max() > 0:
+                values[2] = np.clip(safe_log_ratio(tokens[k], tokens.max()), -8, 0) / 2.0
+            if tokens[k] < TOKEN_ROOM * tokens.max():
+                room = max(int(requests.max() - requests[k]), 0)
+                values[3] = np.log1p(min(waiting[iteration], room)) / 4.0
+        if fill is not None:
+            values[4], values[5] = fill, 1.0
         out[iteration] = values
     return out
 

@@ -50,7 +50,7 @@ CANDIDATE_KINDS = ("context", "compute", "arrival", "transfer")
 #: Token roles: padding, ancestor context, a candidate's own (focus) token.
 ROLE_PAD, ROLE_CONTEXT, ROLE_FOCUS = 0, 1, 2
 TOKEN_FLOATS = 6
-LOG_FLOATS = 4
+LOG_FLOATS = 6
 STEP_FLOATS = 42
 MAX_RANKS = 64
 BOS_ID, EOS_ID = SPECIALS.index(BOS), SPECIALS.index(EOS)

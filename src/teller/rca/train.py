@@ -43,7 +43,7 @@ from teller.tpe.tokenizer import TPE
 # 2: the explanation decoder (words.json); 3: candidates on every step; 4: ensembles ("members"),
 # and substituted or new kernels always among a step's candidates; 5: transfer features and the
 # queue token; 6: the step's transfer as a candidate, and the pointer's kinds per fault type
-FORMAT = "teller.rca/6"
+FORMAT = "teller.rca/7"
 
 
 @dataclass
