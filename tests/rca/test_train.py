@@ -182,6 +182,24 @@ def test_a_power_capped_gpu_slows_all_its_kernels_alike():
         assert abs(median) < 0.1 and share < 0.5
 
 
+def test_a_co_tenant_scatters_the_kernels_it_slows_a_power_cap_does_not():
+    """Step float 42: the slowest rank's kernel ratios' scatter against the run's usual. A co-tenant
+    slows each kernel by its own factor; a power cap slows them all alike, so its scatter stays
+    near the run's."""
+    from .conftest import small_case
+
+    def scatter(fault: str) -> tuple[list[float], list[float]]:
+        records = read_case_records(small_case(fault, rank=1, seed=3), use_logs=False)
+        inside = [r.step_float[42] for r in records if 10 <= r.iteration < 20]
+        outside = [r.step_float[42] for r in records if r.iteration < 8]
+        return inside, outside
+
+    contended, before = scatter("gpu_contention")
+    capped, _ = scatter("gpu_throttle")
+    assert min(contended) > 0.6 and max(capped) < 0.4, (contended, capped)
+    assert max(abs(v) for v in before) < 0.5
+
+
 def test_a_shrunken_kv_cache_blames_the_forward_the_localizer_cannot_name():
     """kv_pressure slows the whole forward (recomputed prefills), so its guilty node is the
     model's outermost module scope; every step offers it as its last candidate."""

@@ -138,7 +138,8 @@ def case_records(
         shift_ns = localization.shifted.get(score.iteration, 0.0)
         step_float[14] = float(shift_ns > 0)
         step_float[15] = np.log1p(shift_ns / 1e5) / 4.0
-        step_float[32:36] = slowdown.get(score.iteration, 0.0)
+        step_float[32:36] = slowdown.get(score.iteration, np.zeros(5))[:4]
+        step_float[42] = slowdown.get(score.iteration, np.zeros(5))[4]
         # the step's collectives' transfer time against the run's fit for its batch (a slower or
         # longer link: microseconds in a step of milliseconds, but steady)
         log_ratio, transfer_z = transfers.get(score.iteration, (0.0, 0.0))
@@ -408,14 +409,20 @@ def _against_same_kind(logs: np.ndarray, kinds: np.ndarray) -> np.ndarray:
 def _kernel_slowdown_shape(tree: CallTree) -> dict[int, np.ndarray]:
     """Per iteration, how the slowest rank's compute kernels are slower than its peers' same
     kernels: median, spread and 90th percentile of the per-kernel log ratios against the median
-    rank (with two ranks, half their difference), and the share of kernels more than 10% slower.
+    rank (with two ranks, half their difference), the share of kernels more than 10% slower, and
+    the ratios' scatter against the run's (log of the step's median absolute deviation over the
+    run's median of it, /2).
 
     Why: the ranks of a tensor-parallel group launch the same kernels in the same order, so kernel
     i of one rank compares with kernel i of the others. A power cap slows every kernel by about
     the same factor (small spread); a co-tenant slows some kernels a lot and others not at all
     (large spread); one regressed operator slows few kernels. Step totals cannot tell these
-    apart. Steps whose ranks launched different kernel counts get zeros."""
-    out = {}
+    apart. The raw spread carries the run's own kernel jitter, so a cap's and a co-tenant's
+    overlap; against the run's ordinary steps a co-tenant's scatter stands ~10× out and a cap's
+    ~1.4× (sim-eval-v4's four of each). Steps whose ranks launched different kernel counts get
+    zeros."""
+    shapes: dict[int, np.ndarray] = {}
+    scatter: dict[int, float] = {}
     for iteration, sequences in kernel_sequences(tree).items():
         counts = {len(rows) for _, rows in sequences}
         if len(sequences) < 2 or len(counts) != 1 or 0 in counts:
@@ -424,16 +431,22 @@ def _kernel_slowdown_shape(tree: CallTree) -> dict[int, np.ndarray]:
         logs = np.log(np.maximum(durations, 1.0))
         ratios = logs - np.median(logs, axis=0, keepdims=True)
         slowest = ratios[int(ratios.mean(axis=1).argmax())]
-        out[iteration] = np.array(
+        shapes[iteration] = np.array(
             [
                 np.clip(np.median(slowest), -3, 3),
                 np.clip(slowest.std(), 0, 3),
                 np.clip(np.percentile(slowest, 90), -3, 3),
                 (slowest > 0.1).mean(),
+                0.0,
             ],
             dtype=np.float32,
         )
-    return out
+        scatter[iteration] = float(np.median(np.abs(slowest - np.median(slowest))))
+    if scatter:
+        usual = max(float(np.median(list(scatter.values()))), 1e-3)
+        for iteration, value in scatter.items():
+            shapes[iteration][4] = np.clip(np.log(max(value, 1e-6) / usual), -2, 4) / 2
+    return shapes
 
 
 def _aligned_logs(
