@@ -360,7 +360,8 @@ def test_the_kv_cache_fill_the_engine_prints_tells_a_full_cache_from_a_capped_sc
 
 
 def test_kv_cache_fill_is_read_from_each_engines_own_field():
-    """vLLM prints a percentage, SGLang a fraction; lines without one leave the step unknown."""
+    """vLLM prints a percentage, SGLang a fraction, TensorRT-LLM free and total blocks (its
+    iteration JSON, normalised); lines without one leave the step unknown."""
     import numpy as np
 
     from teller.rca.dataset import _kv_usage
@@ -371,8 +372,10 @@ def test_kv_cache_fill_is_read_from_each_engines_own_field():
         '{"max_tokens":79}',
         None,
         '{"gpu_kv_cache_usage_pct":12.0}',
+        '{"context_requests":8,"free_kv_cache_blocks":612,"max_kv_cache_blocks":2448}',
     ]
-    assert _kv_usage(np.array([3, 4, 5, 6, -1]), fields) == {3: 0.452, 4: 0.91}
+    usage = _kv_usage(np.array([3, 4, 5, 6, -1, 7]), fields)
+    assert usage == {3: 0.452, 4: 0.91, 7: 0.75}
 
 
 def test_a_contended_links_guilty_collective_is_a_candidate_of_every_window_step():

@@ -138,8 +138,8 @@ def case_records(
         shift_ns = localization.shifted.get(score.iteration, 0.0)
         step_float[14] = float(shift_ns > 0)
         step_float[15] = np.log1p(shift_ns / 1e5) / 4.0
-        step_float[32:36] = slowdown.get(score.iteration, np.zeros(5))[:4]
-        step_float[42] = slowdown.get(score.iteration, np.zeros(5))[4]
+        shape = slowdown.get(score.iteration, np.zeros(5, np.float32))
+        step_float[32:36], step_float[42] = shape[:4], shape[4]
         # the step's collectives' transfer time against the run's fit for its batch (a slower or
         # longer link: microseconds in a step of milliseconds, but steady)
         log_ratio, transfer_z = transfers.get(score.iteration, (0.0, 0.0))
@@ -489,13 +489,15 @@ TOKEN_ROOM = 0.8
 
 
 #: Log fields that state the KV cache's fill, and the scale that makes them a fraction: vLLM's
-#: `GPU KV cache usage: 45.2%`, SGLang's `token usage: 0.45`, TensorRT-LLM's KV cache stats.
+#: `GPU KV cache usage: 45.2%` and SGLang's `token usage: 0.45`. TensorRT-LLM's iteration JSON
+#: states free and total blocks instead (`Free KV cache blocks`, `Max KV cache blocks`).
 KV_USAGE_FIELDS = {
     "gpu_kv_cache_usage_pct": 0.01,
     "kv_cache_usage_pct": 0.01,
     "token_usage": 1.0,
     "kv_cache_usage": 1.0,
 }
+KV_BLOCK_FIELDS = ("free_kv_cache_blocks", "max_kv_cache_blocks")
 
 
 def _kv_usage(step: np.ndarray, fields: list[str | None]) -> dict[int, float]:
@@ -506,17 +508,25 @@ def _kv_usage(step: np.ndarray, fields: list[str | None]) -> dict[int, float]:
     while batches shrink; only the cache's fill tells them apart, and the engine prints it."""
     usage: dict[int, float] = {}
     for s, text in zip(step.tolist(), fields, strict=True):
-        if s < 0 or not text or "usage" not in text:
+        if s < 0 or not text or ("usage" not in text and "kv_cache_blocks" not in text):
             continue
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
             continue
-        for key, scale in KV_USAGE_FIELDS.items():
-            value = data.get(key)
-            if isinstance(value, int | float):
-                usage[int(s)] = float(np.clip(value * scale, 0.0, 1.0))
-                break
+        fill = next(
+            (
+                data[key] * scale
+                for key, scale in KV_USAGE_FIELDS.items()
+                if isinstance(data.get(key), int | float)
+            ),
+            None,
+        )
+        free, total = (data.get(key) for key in KV_BLOCK_FIELDS)
+        if fill is None and isinstance(free, int | float) and isinstance(total, int | float):
+            fill = 1.0 - free / total if total > 0 else None
+        if fill is not None:
+            usage[int(s)] = float(np.clip(fill, 0.0, 1.0))
     return usage
 
 

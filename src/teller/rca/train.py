@@ -43,6 +43,7 @@ from teller.tpe.tokenizer import TPE
 # 2: the explanation decoder (words.json); 3: candidates on every step; 4: ensembles ("members"),
 # and substituted or new kernels always among a step's candidates; 5: transfer features and the
 # queue token; 6: the step's transfer as a candidate, and the pointer's kinds per fault type
+# 7: the KV cache's fill in the queue token, and the kernel scatter against the run's usual
 FORMAT = "teller.rca/7"
 
 
