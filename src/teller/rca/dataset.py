@@ -514,24 +514,19 @@ def _kv_usage(step: np.ndarray, fields: list[str | None]) -> dict[int, float]:
             data = json.loads(text)
         except json.JSONDecodeError:
             continue
-        fill = next(
-            (
-                data[key] * scale
-                for key, scale in KV_USAGE_FIELDS.items()
-                if isinstance(data.get(key), int | float)
-            ),
-            None,
-        )
         free, total = (data.get(key) for key in KV_BLOCK_FIELDS)
-        if fill is None and isinstance(free, int | float) and isinstance(total, int | float):
-            fill = 1.0 - free / total if total > 0 else None
-        if fill is not None:
-            usage[int(s)] = float(np.clip(fill, 0.0, 1.0))
+        for key, scale in KV_USAGE_FIELDS.items():
+            if isinstance(data.get(key), int | float):
+                usage[int(s)] = float(np.clip(data[key] * scale, 0.0, 1.0))
+                break
+        else:
+            if isinstance(free, int | float) and isinstance(total, int | float) and total > 0:
+                usage[int(s)] = float(np.clip(1.0 - free / total, 0.0, 1.0))
     return usage
 
 
 def _queue_floats(
-    tree: CallTree, waiting: dict[int, int], kv_usage: dict[int, float] | None = None
+    tree: CallTree, waiting: dict[int, int], kv_usage: dict[int, float]
 ) -> dict[int, np.ndarray]:
     """Per iteration: log1p(requests waiting) / 4, the step's requests and tokens against the
     run's largest batch (log ratios; 0 where the steps do not state their batch), and
@@ -546,7 +541,6 @@ def _queue_floats(
     prefill while requests wait, nothing held back); a saturated run has no room; a capped
     scheduler leaves room and budget unused while requests wait, which is the fault itself."""
     steps = tree.steps
-    kv_usage = kv_usage or {}
     if not (waiting or kv_usage) or not len(steps):
         return {}
     rows = np.flatnonzero(steps.rank == steps.rank.min())
@@ -556,6 +550,7 @@ def _queue_floats(
     tokens = np.maximum(steps.context_tokens[rows], 0) + np.maximum(
         steps.generation_tokens[rows], 0
     )
+    most_requests, most_tokens = requests.max(), tokens.max()
     out = {}
     fill = None
     for k in np.argsort(steps.index[rows], kind="stable").tolist():
@@ -566,12 +561,12 @@ def _queue_floats(
         values = np.zeros(LOG_FLOATS, dtype=np.float32)
         if iteration in waiting:
             values[0] = np.log1p(waiting[iteration]) / 4.0
-            if requests.max() > 0:
-                values[1] = np.clip(safe_log_ratio(requests[k], requests.max()), -4, 0)
-            if tokens.max() > 0:
-                values[2] = np.clip(safe_log_ratio(tokens[k], tokens.max()), -8, 0) / 2.0
-            if tokens[k] < TOKEN_ROOM * tokens.max():
-                room = max(int(requests.max() - requests[k]), 0)
+            if most_requests > 0:
+                values[1] = np.clip(safe_log_ratio(requests[k], most_requests), -4, 0)
+            if most_tokens > 0:
+                values[2] = np.clip(safe_log_ratio(tokens[k], most_tokens), -8, 0) / 2.0
+            if tokens[k] < TOKEN_ROOM * most_tokens:
+                room = max(int(most_requests - requests[k]), 0)
                 values[3] = np.log1p(min(waiting[iteration], room)) / 4.0
         if fill is not None:
             values[4], values[5] = fill, 1.0
