@@ -48,6 +48,7 @@ DEFAULTS = {
     "kv_blocks": 4096,
     "output_median": 128,
     "rate": 100.0,
+    "initial": 48,
     "variant": "",
     "intensity": 1.0,
     "graphs": True,
@@ -66,7 +67,11 @@ def case(**options) -> tuple[Path, EventTable, CallTree]:
             layers=o["layers"],
             python_frames=o["python"],
             engine=EngineConfig(kv_blocks=o["kv_blocks"], cuda_graphs=o["graphs"]),
-            workload=WorkloadConfig(output_median=o["output_median"], rate_per_s=o["rate"]),
+            workload=WorkloadConfig(
+                output_median=o["output_median"],
+                rate_per_s=o["rate"],
+                initial_requests=o["initial"],
+            ),
             fault=FaultSpec(
                 o["fault"],
                 rank=o["rank"],

@@ -375,6 +375,50 @@ def test_scheduler_misconfig_shrinks_batches_inside_the_window():
     assert tokens[~w].max() > 2048 // 4
 
 
+def test_scheduler_misconfig_labels_only_the_steps_its_limits_held_work_back():
+    """A smaller budget changes nothing in a step whose work fits under it: the labelled steps
+    are the window's steps where, by the ground truth, a request that had arrived still waited
+    for its first chunk or the step ran a full (shrunk) token budget; every other window step
+    is left out."""
+    out, _, _ = case(fault="scheduler_misconfig", rank=0, initial=4, rate=300.0, output_median=16)
+    truth = out / "ground_truth"
+    steps = [json.loads(line) for line in (truth / "steps.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if s.get("replica", 0) == 0]
+    arrival = {}
+    for line in (truth / "requests.jsonl").read_text().splitlines():
+        request = json.loads(line)
+        arrival[request["request_id"]] = request["arrival_ns"]
+    first_step: dict[str, int] = {}
+    for s in steps:
+        for r in s["requests"]:
+            if r["phase"] == "prefill":
+                first_step.setdefault(r["request_id"], s["step"])
+    budget = 2048 // 4  # intensity 1: limits shrink by 1/(1 + 3)
+    held = set()
+    for s in steps[WINDOW[0] : WINDOW[1]]:
+        waiting = any(
+            t <= s["start_ns"] and first_step.get(r, STEPS) > s["step"] for r, t in arrival.items()
+        )
+        if waiting or sum(r["tokens"] for r in s["requests"]) >= budget:
+            held.add(s["step"])
+    labels = CaseLabels.read(out)
+    assert set(labels.steps) == held
+    assert 0 < len(held) < WINDOW[1] - WINDOW[0], sorted(held)
+
+
+def test_a_scheduler_plan_is_held_back_by_its_limits_not_by_a_full_cache():
+    def plan(engine: EngineConfig, requests: int):
+        workload = WorkloadConfig(initial_requests=requests, prompt_sigma=0.0, rate_per_s=1e-3)
+        return Scheduler(engine, workload, np.random.default_rng(0), 0, 0).plan(0, 0)
+
+    assert not plan(EngineConfig(), 2).held_back  # two 512-token prompts fit a 2048 budget
+    assert plan(EngineConfig(max_num_batched_tokens=256), 1).held_back  # a prompt cut in chunks
+    assert plan(EngineConfig(max_num_seqs=2), 4).held_back  # two wait for a seat
+    # a cache too small for a third prompt leaves it waiting with budget and seats to spare
+    full = plan(EngineConfig(kv_blocks=80), 4)
+    assert len(full.prefill) == 2 and not full.held_back
+
+
 def test_collective_hang_leaves_peers_in_the_collective_until_the_watchdog():
     out, _, tree = case(fault="collective_hang", rank=1)
     comm = tree.comm

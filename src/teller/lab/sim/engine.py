@@ -87,6 +87,9 @@ class StepPlan:
     preempted: list[Request] = field(default_factory=list)
     resumed: list[Request] = field(default_factory=list)
     graph: bool = False
+    #: the token budget or the batch size stopped the plan with work still to run (a request
+    #: waiting, a prompt cut into a chunk, a decode left out); a full KV cache does not count
+    held_back: bool = False
 
     @property
     def context_tokens(self) -> int:
@@ -199,6 +202,7 @@ class Scheduler:
         budget = e.max_num_batched_tokens
         plan = StepPlan(index=index, start_ns=now_ns, prefill=[], decode=[])
         decoding = [r for r in self.running if not r.prefilling]
+        starved = False
         for request in decoding:
             if request not in self.running:
                 continue  # preempted to make room earlier in this loop
@@ -213,8 +217,11 @@ class Scheduler:
             if request in self.running and budget > 0:
                 plan.decode.append((request, context))
                 budget -= 1
+            elif request in self.running:
+                starved = True  # the budget ran out before this request's next token
         for request in [r for r in self.running if r.prefilling]:
             if budget <= 0:
+                starved = True  # a started prompt gets no chunk this step
                 break
             chunk = min(request.target - request.computed, budget)
             if chunk <= 0 or not self._take(
@@ -238,6 +245,10 @@ class Scheduler:
             budget -= chunk
         plan.graph = (
             e.cuda_graphs and not plan.prefill and 0 < len(plan.decode) <= e.max_graph_batch
+        )
+        cut = any(computed + chunk < request.target for request, chunk, computed in plan.prefill)
+        plan.held_back = (budget <= 0 and (bool(self.waiting) or cut or starved)) or (
+            bool(self.waiting) and len(self.running) >= e.max_num_seqs
         )
         return plan
 

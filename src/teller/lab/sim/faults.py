@@ -27,7 +27,9 @@ shows, chosen per fault:
 |                     |      | graph_fallback: decode on the rank loses its CUDA    | cudaLaunchKernel          |
 |                     |      | graphs and launches every kernel eagerly (no new     |                           |
 |                     |      | kernel, so no JIT warning)                           |                           |
-| scheduler_misconfig | V    | token budget and batch size shrink by 1/(1 + 3x)     | none (a config, no op)    |
+| scheduler_misconfig | V    | token budget and batch size shrink by 1/(1 + 3x);    | none (a config, no op)    |
+|                     |      | labelled: only the window's steps whose limits held  |                           |
+|                     |      | work back (StepPlan.held_back)                       |                           |
 | collective_hang     | H    | at the window's first step the rank never reaches    | the NCCL all-reduce kernel|
 |                     |      | its next all-reduce; peers time out (watchdog log)   |                           |
 | workload_shift      | -    | prompts arriving in the window are (1 + 4x)× longer  | none (not a fault)        |

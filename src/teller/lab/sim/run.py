@@ -100,6 +100,8 @@ class ReplicaResult:
     hung_ranks: list[int]
     #: steps in which kernel_regression changed what the guilty rank ran (empty for other faults)
     regressed_steps: list[int] = field(default_factory=list)
+    #: steps the token budget or batch size held prompt tokens back (see StepPlan.held_back)
+    held_steps: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -322,6 +324,7 @@ def _loop(
     now = config.start_unix_ns
     first_ns = now
     hung: list[int] = []
+    held: list[int] = []
     finished = 0
     for step in range(config.steps):
         _apply_scheduler_faults(config, scheduler, step)
@@ -329,6 +332,8 @@ def _loop(
             shrink = 1 - 1 / (1 + 4 * spec.intensity)
             scheduler.reserve(int(config.engine.kv_blocks * shrink) if spec.active(step) else 0)
         plan = scheduler.plan(step, now)
+        if plan.held_back:
+            held.append(step)
         for request in scheduler.arrived:
             truth.arrived(request)
             log.arrived(request)
@@ -379,6 +384,7 @@ def _loop(
         scheduler.preemptions_total,
         hung,
         sorted(set(model.regressed_steps)),
+        held,
     )
 
 
@@ -489,6 +495,9 @@ def make_labels(config: SimConfig, case_id: str, results: list[ReplicaResult]) -
     if spec.fault == "kernel_regression":  # only the steps whose kernels it changed are anomalous
         changed = set(result.regressed_steps)
         steps = [s for s in steps if s in changed]
+    elif spec.fault == "scheduler_misconfig":  # only the steps the smaller limits held work back
+        held = set(result.held_steps)
+        steps = [s for s in steps if s in held]
     op = guilty_operator(config) if is_fault else None
     return CaseLabels(
         case_id=case_id,
