@@ -160,8 +160,20 @@ def test_screenshot_is_a_painted_png(report: Path, tmp_path: Path):
 
 
 @pytest.fixture(scope="module")
-def hostile_case(contention_case: Path, guilty: str, tmp_path_factory) -> Path:
+def localizer_guilty(contention_case: Path) -> str:
+    """The operator the localizer's worst finding names on the contention case.
+
+    The hostile case is diagnosed by the localizer: it measures operators by their durations, so
+    renaming one cannot move its verdict. The model reads names, and a name it never saw moved
+    its pointer to another operator (a retrained checkpoint did). The report escapes the same
+    way for both verdicts."""
+    return Analysis(contention_case, method="localizer").diagnose().findings[0].operator
+
+
+@pytest.fixture(scope="module")
+def hostile_case(contention_case: Path, localizer_guilty: str, tmp_path_factory) -> Path:
     """The contention case with the guilty operator and the step log lines carrying markup."""
+    guilty = localizer_guilty
     case = tmp_path_factory.mktemp("hostile") / "case"
     shutil.copytree(contention_case, case)
     for trace in sorted((case / "traces").glob("*.json.gz")):
@@ -181,8 +193,9 @@ def hostile_case(contention_case: Path, guilty: str, tmp_path_factory) -> Path:
     return case
 
 
-def test_hostile_strings_render_escaped(hostile_case: Path, guilty: str, tmp_path: Path):
-    analysis = Analysis(hostile_case)
+def test_hostile_strings_render_escaped(hostile_case: Path, localizer_guilty: str, tmp_path: Path):
+    guilty = localizer_guilty
+    analysis = Analysis(hostile_case, method="localizer")
     worst = analysis.diagnose().findings[0]
     assert worst.operator == guilty + HOSTILE  # the markup really reached the verdict
     assert any(HOSTILE in line.text for line in worst.log_lines)
