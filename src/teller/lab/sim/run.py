@@ -98,10 +98,10 @@ class ReplicaResult:
     requests_finished: int
     preemptions: int
     hung_ranks: list[int]
-    #: steps in which kernel_regression changed what the guilty rank ran (empty for other faults)
-    regressed_steps: list[int] = field(default_factory=list)
-    #: steps the token budget or batch size held prompt tokens back (see StepPlan.held_back)
-    held_steps: list[int] = field(default_factory=list)
+    #: the steps the fault changed, for faults whose window does not act on every step:
+    #: kernel_regression's steps where the guilty rank ran another kernel, scheduler_misconfig's
+    #: steps whose limits held work back (StepPlan.held_back); None: every window step
+    acted_steps: list[int] | None = None
 
 
 @dataclass
@@ -383,9 +383,16 @@ def _loop(
         finished,
         scheduler.preemptions_total,
         hung,
-        sorted(set(model.regressed_steps)),
-        held,
+        _acted_steps(spec.fault, model.regressed_steps, held),
     )
+
+
+def _acted_steps(fault: str, regressed: list[int], held: list[int]) -> list[int] | None:
+    if fault == "kernel_regression":
+        return sorted(set(regressed))
+    if fault == "scheduler_misconfig":
+        return held
+    return None
 
 
 def _apply_scheduler_faults(config: SimConfig, scheduler: Scheduler, step: int) -> None:
@@ -492,12 +499,9 @@ def make_labels(config: SimConfig, case_id: str, results: list[ReplicaResult]) -
     window = None
     if steps:
         window = (result.step_start_ns[steps[0]], result.step_end_ns[steps[-1]])
-    if spec.fault == "kernel_regression":  # only the steps whose kernels it changed are anomalous
-        changed = set(result.regressed_steps)
-        steps = [s for s in steps if s in changed]
-    elif spec.fault == "scheduler_misconfig":  # only the steps the smaller limits held work back
-        held = set(result.held_steps)
-        steps = [s for s in steps if s in held]
+    if result.acted_steps is not None:  # only the window's steps the fault changed are anomalous
+        acted = set(result.acted_steps)
+        steps = [s for s in steps if s in acted]
     op = guilty_operator(config) if is_fault else None
     return CaseLabels(
         case_id=case_id,
