@@ -18,8 +18,8 @@ import pytest
 
 import teller.rca
 from teller.cli import main
-from teller.lab.labels import CaseLabels
 from teller.lab.run import CaseSpec, run_case
+from teller.labels import CaseLabels
 
 #: The shipped model (teller.rca.infer.DEFAULT_MODEL, without importing torch to find it).
 DEFAULT_MODEL = Path(teller.rca.__file__).parent / "default_model" / "model"

@@ -16,7 +16,7 @@ localizer's measurements as its evidence; `method="localizer"` skips the model (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,11 +28,21 @@ from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
 from teller.ingest.schema import EventTable
-from teller.rca.diagnose import METHODS
+from teller.layout import CaseDir
+from teller.localize import Localization, NumericLocalizer
+from teller.rca.diagnose import (
+    METHODS,
+    ModelUnavailable,
+    RunInputs,
+    diagnose,
+    run_model,
+    unavailable_note,
+)
 from teller.rca.verdict import Verdict
 
 if TYPE_CHECKING:
     from teller.align.align import AlignResult
+    from teller.report.diff import RunDiff
 
 PathLike = str | Path
 
@@ -58,23 +68,19 @@ class Analysis:
             shown = ", ".join(map(str, self.paths))
             raise TellerError(f"{shown}: no trace files found (*.json, *.json.gz, *.sqlite)")
         self.log_files = (
-            [Path(p) for p in logs] if logs is not None else self._found("logs", "*.log")
+            [Path(p) for p in logs] if logs is not None else self._found(CaseDir.log_files)
         )
         self.otlp_files = (
-            [Path(p) for p in otlp] if otlp is not None else self._found("otlp", "*.json")
+            [Path(p) for p in otlp] if otlp is not None else self._found(CaseDir.otlp_files)
         )
         self.step_regex = step_regex
         self.progress = progress
         self.method = method
         self.model_dir = Path(model_dir) if model_dir is not None else None
 
-    def _found(self, folder: str, pattern: str) -> list[Path]:
-        """Logs and spans beside the traces, in the layout `teller collect` and the lab write."""
-        found: list[Path] = []
-        for path in self.paths:
-            if path.is_dir() and (path / folder).is_dir():
-                found.extend(sorted((path / folder).glob(pattern)))
-        return found
+    def _found(self, files_of: Callable[[CaseDir], list[Path]]) -> list[Path]:
+        """Logs or spans beside the traces, in the case layout (`teller.layout`)."""
+        return [f for path in self.paths if path.is_dir() for f in files_of(CaseDir(path))]
 
     # -- the stages, computed once each ---------------------------------------------------------
     @cached_property
@@ -133,12 +139,32 @@ class Analysis:
             raise TellerError("no logs or spans: request trees need one of them")
         return self.alignment.requests.to_arrow()
 
+    @cached_property
+    def localization(self) -> Localization:
+        """The numeric localizer's steps and candidates (the model's evidence, or the verdict)."""
+        return NumericLocalizer().score(self.tree)
+
+    @property
+    def inputs(self) -> RunInputs:
+        return RunInputs(
+            trace_files=self.trace_files,
+            log_files=self.log_files,
+            otlp_files=self.otlp_files,
+            ranks=self.event_table.ranks,
+            warnings=self.event_table.warnings,
+        )
+
     # -- the verdict ---------------------------------------------------------------------------
     @cached_property
     def verdict(self) -> Verdict:
-        from teller.rca.diagnose import diagnose
-
-        return diagnose(self, self.method, self.model_dir)
+        model, notes = None, []
+        if self.method == "model":
+            case_id = self.paths[0].name if len(self.paths) == 1 else ""
+            try:
+                model = run_model(self.tree, self.log_files, self.model_dir, case_id)
+            except ModelUnavailable as error:
+                notes.append(unavailable_note(error))
+        return diagnose(self.tree, self.localization, self.alignment, self.inputs, model, notes)
 
     def diagnose(self) -> Verdict:
         """Slow steps, the guilty operator and rank for each, the explanation and the evidence.
@@ -147,8 +173,19 @@ class Analysis:
         be loaded the localizer's verdict comes back instead, saying so in `warnings`."""
         return self.verdict
 
+    def diff(self, other: Analysis) -> RunDiff:
+        """Run `other` compared against this one (the reference): step kinds and operators."""
+        from teller.report.diff import compare
+
+        return compare(
+            self.tree,
+            other.tree,
+            [str(p) for p in self.trace_files],
+            [str(p) for p in other.trace_files],
+        )
+
     def report(self, path: PathLike, format: str | None = None) -> Path:
         """Write the verdict as HTML (default for .html), JSON (.json) or text."""
         from teller.report import write_report
 
-        return write_report(self, Path(path), format)
+        return write_report(self.diagnose(), self.tree, Path(path), format)

@@ -155,15 +155,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         model_dir=args.model,
     )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
-    text = render(analysis, fmt)
+    verdict, tree = analysis.diagnose(), analysis.tree
+    text = render(verdict, tree, fmt)
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
-        print(f"annotated trace written to {write_perfetto(analysis, Path(args.perfetto))}")
+        print(f"annotated trace written to {write_perfetto(verdict, tree, Path(args.perfetto))}")
     if args.out:
         path = write_atomic(Path(args.out), text)
         if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
-            print(render(analysis, "terminal"), end="")
+            print(render(verdict, tree, "terminal"), end="")
         print(f"report written to {path}")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -248,10 +249,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
     import json
 
     from teller.analysis import Analysis
-    from teller.report.diff import compare, render_diff_terminal
+    from teller.report.diff import render_diff_terminal
 
-    runs = [Analysis(p, step_regex=args.step_regex, progress=not args.quiet) for p in args.runs]
-    diff = compare(*runs)
+    a, b = (Analysis(p, step_regex=args.step_regex, progress=not args.quiet) for p in args.runs)
+    diff = a.diff(b)
     if args.format == "json":
         print(json.dumps(diff.to_json(), indent=2))
     else:

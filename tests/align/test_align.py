@@ -12,7 +12,7 @@ import pytest
 from teller.align.align import align_run
 from teller.cli import main
 from teller.ingest.logs import request_key
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
 
 CASE = Path(__file__).parent / "data" / "lab_none_tp2"
 TRACES = CASE / "traces"

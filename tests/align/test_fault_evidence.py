@@ -14,7 +14,7 @@ import numpy as np
 
 from teller.align.align import align_run
 from teller.cli import main
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
 
 
 def test_preemption_warnings_land_on_the_labelled_steps(tmp_path: Path) -> None:

@@ -12,8 +12,9 @@ from teller.cli import main
 from teller.eval.cases import find_cases, split_cases
 from teller.eval.harness import ExplanationVerdict, evaluate, judge_explanation
 from teller.eval.methods import METHODS
+from teller.eval.model_method import RootCauseMethod
 from teller.eval.scoreboard import render_markdown
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
 from teller.localize.localizer import Localization, NumericLocalizer, StepExplanation
 
 
@@ -198,7 +199,7 @@ def test_root_cause_method_explains_every_flagged_step(
     monkeypatch.setattr(infer, "threshold", lambda config: 0.0)  # flag every step
     case = next(c for c in find_cases([cases]) if c.case_id == "cpu0")
     tree = case.tree()
-    method = infer.RootCauseMethod().fit([])
+    method = RootCauseMethod().fit([])
     localization = method.score(tree, logs=case.logs(tree))
     flagged = {s.iteration for s in localization.anomalous_steps()}
     assert flagged and set(localization.explanations) == flagged

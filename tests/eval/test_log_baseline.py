@@ -20,7 +20,7 @@ from teller.eval.cases import Case, CaseLogs, Split, find_cases
 from teller.eval.harness import evaluate
 from teller.eval.log_baseline import LogOnlyBaseline
 from teller.eval.methods import METHODS
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
 from teller.localize.localizer import Localization
 
 #: Where the builders' steps sit on the trace clock: step k spans FIRST_STEP_NS + k·STEP_PERIOD_NS

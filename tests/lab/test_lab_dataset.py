@@ -7,7 +7,7 @@ import os
 
 from teller.lab.dataset import build_dataset, plan_cases
 from teller.lab.faults.catalog import LAB_FAULTS
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
 
 
 def test_plan_mixes_faults_ranks_tp_and_is_fixed_by_its_seed():

@@ -20,9 +20,9 @@ import pytest
 from teller.callchain.tree import CallTree, build_tree
 from teller.ingest import read_run
 from teller.ingest.schema import EventTable
-from teller.lab.labels import CaseLabels
 from teller.lab.netns import is_root
 from teller.lab.run import CaseSpec, run_case
+from teller.labels import CaseLabels
 
 GUILTY, PEER = 1, 0
 WINDOW_S = (1.5, 3.5)

@@ -23,10 +23,10 @@ from teller.cli import main
 from teller.ingest import read_run, read_trace
 from teller.ingest.logs import request_key
 from teller.ingest.schema import LAYER_CODE, EventTable
-from teller.lab.labels import CaseLabels
 from teller.lab.sim import EngineConfig, FaultSpec, SimConfig, Topology, WorkloadConfig, simulate
 from teller.lab.sim.calibration import load
 from teller.lab.sim.replica import ReplicaModel
+from teller.labels import CaseLabels
 
 _ROOT = Path(tempfile.mkdtemp(prefix="teller-sim-tests-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)  # the session's cases go with it

@@ -15,12 +15,11 @@ import numpy as np
 
 from lab.test_sim_cases import STEPS, WINDOW, case, comm_kernel_times
 from teller.callchain.tree import CallTree
-from teller.eval.equivalent_ranks import equivalent_ranks
 from teller.ingest.schema import LAYER_CODE
-from teller.lab.labels import CaseLabels
 from teller.lab.sim.engine import EngineConfig, Scheduler, WorkloadConfig
 from teller.lab.sim.faults import NET_DELAY_UNIT_NS, STRAGGLER_UNIT_NS
 from teller.lab.sim.topology import NETWORK_LATENCY_NS, NVLINK_LATENCY_NS
+from teller.labels import CaseLabels, equivalent_ranks
 
 
 def step_index(tree: CallTree) -> np.ndarray:

@@ -121,7 +121,7 @@ def test_a_swapped_kernel_is_a_candidate_on_every_step_that_runs_it(graphs: bool
     the reference of the others (with CUDA graphs, 8 eager steps in a row; eagerly, all 20 of the
     window), and idle gaps elsewhere in the step outscore it."""
     from lab.test_sim_cases import case
-    from teller.lab.labels import CaseLabels
+    from teller.labels import CaseLabels
     from teller.localize.localizer import FRESH
 
     out, _, tree = case(fault="kernel_regression", rank=0, graphs=graphs, seed=2)

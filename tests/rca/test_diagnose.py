@@ -13,7 +13,7 @@ import pytest
 from teller.analysis import Analysis
 from teller.cli import main
 from teller.errors import TellerError
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
 from teller.rca.diagnose import MODEL_UNAVAILABLE, by_incident
 from teller.rca.infer import DEFAULT_MODEL, diagnose_path
 from teller.rca.verdict import Finding

@@ -13,7 +13,7 @@ import pytest
 from teller.callchain.tree import build_tree
 from teller.cli import main
 from teller.ingest import find_trace_files, read_run
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
 from teller.localize.localizer import NumericLocalizer
 
 from .conftest import small_case

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from teller.errors import TraceError
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
 from teller.rca.dataset import read_case_records
 from teller.rca.infer import LoadedModel
 from teller.rca.model import STEP_FLOATS, ModelConfig

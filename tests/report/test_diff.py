@@ -12,14 +12,14 @@ import pytest
 from conftest import real_trace
 from teller.analysis import Analysis
 from teller.cli import main
-from teller.lab.labels import CaseLabels
-from teller.report.diff import _iterations, _kind_diff, compare, render_diff_terminal
+from teller.labels import CaseLabels
+from teller.report.diff import _iterations, _kind_diff, render_diff_terminal
 
 VLLM = "tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz"
 
 
 def test_kernel_regression_names_the_swapped_kernel(baseline_analysis, kernel_regression_case):
-    diff = compare(baseline_analysis, Analysis(kernel_regression_case))
+    diff = baseline_analysis.diff(Analysis(kernel_regression_case))
     guilty = CaseLabels.read(kernel_regression_case / "labels.json").guilty_operator
     assert diff.explaining[0] == guilty
     top = diff.operators.slice(0, 1).to_pylist()[0]
@@ -53,11 +53,11 @@ def test_contention_regresses_and_fails_ci(baseline_case, contention_case, capsy
 
 def test_threshold_and_direction(baseline_analysis, contention_analysis):
     """CI fails only beyond the threshold, and only for B slower than A."""
-    diff = compare(baseline_analysis, contention_analysis)
+    diff = baseline_analysis.diff(contention_analysis)
     mixed = next(k for k in diff.kinds if k.kind == "mixed")
     assert mixed in diff.regressions(mixed.change_pct - 1)
     assert mixed not in diff.regressions(mixed.change_pct + 1)
-    assert compare(contention_analysis, baseline_analysis).regressions(5.0) == []
+    assert contention_analysis.diff(baseline_analysis).regressions(5.0) == []
     assert "mixed: median" in render_diff_terminal(diff)
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from teller.analysis import Analysis
-from teller.report import write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -92,7 +91,7 @@ class Dom(HTMLParser):
 
 @pytest.fixture(scope="module")
 def report(contention_analysis, tmp_path_factory) -> Path:
-    return write_report(contention_analysis, tmp_path_factory.mktemp("html") / "report.html")
+    return contention_analysis.report(tmp_path_factory.mktemp("html") / "report.html")
 
 
 def test_detector_sees_a_console_error(tmp_path: Path):
@@ -199,7 +198,7 @@ def test_hostile_strings_render_escaped(hostile_case: Path, localizer_guilty: st
     worst = analysis.diagnose().findings[0]
     assert worst.operator == guilty + HOSTILE  # the markup really reached the verdict
     assert any(HOSTILE in line.text for line in worst.log_lines)
-    report = write_report(analysis, tmp_path / "hostile.html")
+    report = analysis.report(tmp_path / "hostile.html")
     assert "<script>" not in report.read_text()
     dumped, stderr = chromium(report, tmp_path, "--dump-dom")
     assert console_errors(stderr) == []

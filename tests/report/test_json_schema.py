@@ -49,7 +49,9 @@ def test_schema_names_the_version_the_code_writes():
 
 
 def test_simulated_fault_case_validates(validator, contention_analysis):
-    document = _strict_json(render(contention_analysis, "json"))
+    document = _strict_json(
+        render(contention_analysis.diagnose(), contention_analysis.tree, "json")
+    )
     assert _errors(validator, document) == []
     finding = document["findings"][0]  # every nested object is exercised
     assert finding["candidates"] and finding["evidence"] and finding["log_lines"]
@@ -76,7 +78,7 @@ def test_real_vllm_trace_validates(validator, tmp_path: Path):
     ids=["missing-field", "bad-enum", "wrong-type", "unknown-field", "other-version"],
 )
 def test_schema_rejects_damaged_documents(validator, contention_analysis, damage):
-    document = json.loads(render(contention_analysis, "json"))
+    document = json.loads(render(contention_analysis.diagnose(), contention_analysis.tree, "json"))
     damaged = copy.deepcopy(document)
     damage(damaged)
     assert _errors(validator, damaged)

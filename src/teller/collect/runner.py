@@ -31,6 +31,7 @@ from teller.collect.manifest import (
     write_manifest,
 )
 from teller.errors import TellerError
+from teller.layout import CaseDir
 
 INJECT_DIR = Path(__file__).resolve().parent / "inject"
 BACKENDS = ("torch", "nsys")
@@ -71,10 +72,11 @@ def collect(
     _check_arguments(command, out_dir, steps, backend)
     child_env = _child_env(out_dir, steps, env, backend)
     _check_step_regex(child_env.get(agent.ENV_STEP_REGEX))
-    for sub in ("traces", "logs", "procs"):
-        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+    case = CaseDir(out_dir)
+    for folder in (case.traces, case.logs, out_dir / "procs"):
+        folder.mkdir(parents=True, exist_ok=True)
     argv = nsys_command(command, out_dir) if backend == "nsys" else command
-    launcher_log = out_dir / "logs" / "launcher.log"
+    launcher_log = case.logs / "launcher.log"
     _status(f"collecting into {out_dir}: {' '.join(command)}")
     start_wall_ns = time.time_ns()
     try:
@@ -114,7 +116,7 @@ def collect(
     exit_code = returncode if returncode >= 0 else 128 - returncode
     if backend == "nsys":
         notes.extend(_export_nsys(out_dir))
-    manifest_path = out_dir / "manifest.json"
+    manifest_path = case.manifest
     records = read_process_records(out_dir / "procs", out_dir)
     manifest = Manifest(
         command=command,
@@ -133,8 +135,8 @@ def collect(
         + _lost_traces(records, backend),
     )
     write_manifest(manifest, manifest_path)
-    traces = sorted(p for p in (out_dir / "traces").iterdir() if not p.name.startswith("."))
-    logs = sorted((out_dir / "logs").glob("*.log"))
+    traces = sorted(p for p in case.traces.iterdir() if not p.name.startswith("."))
+    logs = case.log_files()
     _status(f"exit {exit_code}; {len(traces)} trace(s), {len(logs)} log(s); {manifest_path}")
     return CollectResult(exit_code, out_dir, traces, logs, manifest_path)
 
@@ -174,7 +176,7 @@ def _check_arguments(
         first, last = steps
         if first < 0 or last < first:
             raise CollectError(f"steps {first}:{last}: need 0 <= A <= B")
-    if (out_dir / "manifest.json").exists() or any((out_dir / "traces").glob("*")):
+    if CaseDir(out_dir).manifest.exists() or any(CaseDir(out_dir).traces.glob("*")):
         raise CollectError(f"{out_dir}: already holds a collection; choose a new --out folder")
 
 

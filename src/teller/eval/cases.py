@@ -1,6 +1,6 @@
 """Labelled cases on disk: find them, load each once, split them by case (never by step).
 
-A case is a directory with `labels.json` (teller.lab.labels) and its traces, as written by
+A case is a directory with `labels.json` (teller.labels) and its traces, as written by
 `teller lab run`, `teller lab dataset` and `teller lab sim`, and usually its service logs in
 `logs/`. Methods that read logs get them as `CaseLogs`: aligned once to the case's tree and
 shared by every such method, so no method pays for (or differs in) the alignment.
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels
+from teller.layout import CaseDir, labelled_case_dirs
 
 if TYPE_CHECKING:
     from teller.align.align import AlignResult
@@ -34,13 +35,10 @@ class Case:
         return self.path.name
 
     def tree(self) -> CallTree:
-        traces = self.path / "traces"
-        files = find_trace_files([traces if traces.is_dir() else self.path])
-        return build_tree(read_run(files))
+        return build_tree(read_run(find_trace_files([CaseDir(self.path).trace_root()])))
 
     def log_files(self) -> list[Path]:
-        logs = self.path / "logs"
-        return sorted(logs.glob("*.log")) if logs.is_dir() else []
+        return CaseDir(self.path).log_files()
 
     def logs(self, tree: CallTree) -> CaseLogs:
         """The case's logs aligned to `tree` (the tree `tree()` returned for this case)."""
@@ -70,13 +68,7 @@ def align_case_logs(tree: CallTree, paths: list[Path]) -> CaseLogs:
 
 def find_cases(roots: list[Path]) -> list[Case]:
     """Every directory holding a labels.json under the given roots, sorted by path."""
-    cases = []
-    for root in roots:
-        if (root / "labels.json").is_file():
-            cases.append(Case(root, CaseLabels.read(root)))
-            continue
-        for labels in sorted(root.rglob("labels.json")):
-            cases.append(Case(labels.parent, CaseLabels.read(labels.parent)))
+    cases = [Case(path, CaseLabels.read(path)) for path in labelled_case_dirs(roots)]
     if not cases:
         raise TellerError(f"{', '.join(map(str, roots))}: no labelled cases (labels.json) found")
     return cases

@@ -24,7 +24,6 @@ from tqdm import tqdm
 
 from teller.callchain.tree import CallTree
 from teller.eval.cases import Case, CaseLogs, Split, iterate
-from teller.eval.equivalent_ranks import equivalent_operators, equivalent_ranks
 from teller.eval.metrics import (
     Candidate,
     StepTruth,
@@ -38,10 +37,9 @@ from teller.eval.metrics import (
     rouge_l,
     step_prf,
 )
-from teller.lab.labels import CaseLabels
+from teller.faults import FAULT_FREE
+from teller.labels import CaseLabels, equivalent_operators, equivalent_ranks
 from teller.localize.localizer import Localization, StepExplanation
-
-FAULT_FREE = ("none", "workload_shift")
 
 
 @dataclass

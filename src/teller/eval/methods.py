@@ -13,7 +13,8 @@ def _model(variant: str, pool_faults: bool = True) -> Callable[[], object]:
     """A shipped model variant; torch is imported only when a model row is actually run."""
 
     def make() -> object:
-        from teller.rca.infer import RootCauseMethod, variant_dir
+        from teller.eval.model_method import RootCauseMethod
+        from teller.rca.infer import variant_dir
 
         return RootCauseMethod(variant_dir(variant), pool_faults=pool_faults)
 

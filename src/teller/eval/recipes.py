@@ -1,7 +1,7 @@
 """Evaluation-set recipes: small committed spec files that rebuild the same cases from seeds.
 
 Generated cases are never committed; a recipe is. `build(spec, out)` runs each entry through the
-same commands a user would (`teller lab sim …`, `teller lab run …`), skips cases already built
+same commands a user would (`teller lab sim …`, `teller lab run …`, through the library functions behind them), skips cases already built
 (resumable), records failures without stopping, and writes `index.jsonl`.
 
 Spec (JSON): ``{"name": str, "description": str, "cases": [{"id": str, "kind": "sim"|"lab",
@@ -11,6 +11,7 @@ Spec (JSON): ``{"name": str, "description": str, "cases": [{"id": str, "kind": "
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import dataclass
@@ -53,10 +54,38 @@ def command_line(case: dict, out: Path) -> list[str]:
     return argv
 
 
+def build_case(case: dict, out: Path) -> None:
+    """One case of a recipe, by the library function its command runs; TellerError when the
+    case cannot be built."""
+    if case["kind"] == "sim":
+        from teller.lab.sim.cli import add_arguments, run_from_args
+
+        parser = argparse.ArgumentParser(prog="teller lab sim", exit_on_error=False)
+        add_arguments(parser)
+        try:
+            args = parser.parse_args(command_line(case, out)[len(COMMANDS["sim"]) :])
+        except (argparse.ArgumentError, SystemExit) as error:
+            raise TellerError(f"case {case['id']}: bad simulator arguments: {error}") from None
+        run_from_args(args, progress=False)
+        return
+    from teller.lab.run import CaseSpec, parse_window, run_case
+
+    args = dict(case.get("args", {}))
+    spec = CaseSpec()
+    renamed = {"duration": "duration_s", "rate": "rate_per_s"}
+    for key, value in args.items():
+        field_name = renamed.get(key, key)
+        if key == "window":
+            spec.window_s = parse_window(value)
+        elif hasattr(spec, field_name):
+            setattr(spec, field_name, type(getattr(spec, field_name))(value))
+        else:
+            raise TellerError(f"case {case['id']}: unknown lab option {key!r}")
+    run_case(spec, out / case["id"])
+
+
 def build(spec: Path, out: Path, progress: bool = True) -> tuple[int, int, int]:
     """Build every case of the recipe under `out`; returns (built, skipped, failed)."""
-    from teller.cli import main
-
     recipe = Recipe.read(spec)
     out.mkdir(parents=True, exist_ok=True)
     built = skipped = failed = 0
@@ -66,12 +95,13 @@ def build(spec: Path, out: Path, progress: bool = True) -> tuple[int, int, int]:
                 skipped += 1
                 continue
             started = time.monotonic()
-            status = main(["-q", *command_line(case, out)])
-            record = {
-                "id": case["id"],
-                "status": status,
-                "seconds": round(time.monotonic() - started, 1),
-            }
+            record: dict = {"id": case["id"], "status": 0}
+            try:
+                build_case(case, out)
+            except TellerError as error:
+                record.update(status=2, error=str(error))
+            record["seconds"] = round(time.monotonic() - started, 1)
+            status = record["status"]
             index.write(json.dumps(record) + "\n")
             index.flush()
             if status == 0:

@@ -21,8 +21,8 @@ import numpy as np
 from teller.errors import TellerError
 from teller.lab import netns
 from teller.lab.faults.catalog import LAB_FAULTS
-from teller.lab.labels import CaseLabels
 from teller.lab.run import CaseSpec, run_case
+from teller.labels import CaseLabels
 
 #: Intensity range drawn per fault: strong enough to show, mild enough to be realistic.
 INTENSITY_RANGE: dict[str, tuple[float, float]] = {

@@ -2,7 +2,7 @@
 
 A case directory holds what `teller.collect` writes (traces/rank{R}.pt.trace.json.gz, logs/,
 manifest.json), the engine's own ground truth (ground_truth/steps.jsonl, requests.jsonl), the run
-configuration (run/serve.json, t0_ns, pids) and labels.json (`teller.lab.labels.CaseLabels`).
+configuration (run/serve.json, t0_ns, pids) and labels.json (`teller.labels.CaseLabels`).
 
 The fault window `A:B` is in **seconds after serve start** (t0: the moment rank 0 finishes warm-up,
 before the first request arrives); OS faults are applied and reverted by a thread here at those
@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from teller.errors import TellerError
+from teller.faults import FAULTS
 from teller.lab import netns
 from teller.lab.cgroups import RankCgroup, cgroup_version, rank_cgroups
 from teller.lab.faults.catalog import LAB_FAULTS, explanation, os_fault
 from teller.lab.faults.os_fault import RankTarget
-from teller.lab.labels import FAULTS, CaseLabels
 from teller.lab.netns import LabNetwork
 from teller.lab.serve.config import InProcessFault, ServeConfig
+from teller.labels import CaseLabels
 
 #: How long to wait for the ranks to load the model and warm up before giving up on the fault.
 STARTUP_TIMEOUT_S = 300.0

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from teller.callchain.tree import CallTree
-from teller.eval.equivalent_ranks import equivalent_operators
 from teller.ingest.schema import LAYER_CODE
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels, equivalent_operators
+from teller.layout import CaseDir
 from teller.localize.features import kernel_sequences
 from teller.localize.localizer import (
     NumericLocalizer,
@@ -699,8 +699,11 @@ def encode(
 
 def read_case_records(case_dir: Path, use_logs: bool = True) -> list[StepRecord]:
     """Records of one labelled case directory (labels.json, traces/, logs/)."""
-    from teller.eval.cases import Case
+    from teller.callchain.tree import build_tree
+    from teller.ingest import find_trace_files, read_run
 
-    case = Case(case_dir, CaseLabels.read(case_dir))
+    case = CaseDir(Path(case_dir))
+    labels = CaseLabels.read(case.root)
+    tree = build_tree(read_run(find_trace_files([case.trace_root()])))
     logs = case.log_files() if use_logs else []
-    return case_records(case.tree(), case.case_id, case.labels, logs)
+    return case_records(tree, case.root.name, labels, logs)

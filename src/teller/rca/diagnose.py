@@ -16,18 +16,20 @@ is never mistaken for a verdict with logs.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from teller.callchain.render import format_ns, short_name
+from teller.callchain.tree import CallTree
 from teller.errors import TellerError
+from teller.faults import view_of
 from teller.ingest.schema import LAYERS
-from teller.lab.labels import FAULTS
 from teller.localize.localizer import (
     Localization,
-    NumericLocalizer,
     OperatorCandidate,
     StepScore,
     hang_explanation,
@@ -35,7 +37,7 @@ from teller.localize.localizer import (
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
-    from teller.analysis import Analysis
+    from teller.align.align import AlignResult
     from teller.rca.infer import StepDiagnosis
 
 #: Findings listed in the summary; the rest are in the JSON and the HTML report.
@@ -52,52 +54,72 @@ class ModelUnavailable(Exception):
     """The model could not be imported, loaded or run; the reason is the message."""
 
 
-def diagnose(analysis: Analysis, method: str = "model", model_dir: Path | None = None) -> Verdict:
-    """The run's verdict by `method` ("model" or "localizer"); see the module docstring."""
-    if method not in METHODS:
-        raise TellerError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
-    tree = analysis.tree
-    localization = NumericLocalizer().score(tree)
-    notes: list[str] = []
-    if method == "model":
-        try:
-            model_name, diagnoses = _run_model(analysis, model_dir)
-        except ModelUnavailable as error:
-            notes.append(
-                f"{MODEL_UNAVAILABLE} ({error}); the verdict is the numeric localizer's alone"
-            )
-            method = "localizer"
-    if method == "model":
+@dataclass
+class RunInputs:
+    """What a verdict was drawn from: its header lists the files, its notes say what was missing."""
+
+    trace_files: list[Path]
+    log_files: list[Path]
+    otlp_files: list[Path]
+    ranks: list[int]
+    warnings: list[str] = field(default_factory=list)  # the readers' and the tree's
+
+
+@dataclass
+class ModelOutcome:
+    """The root-cause model's diagnosis of every step, with the checkpoint's name."""
+
+    name: str
+    diagnoses: list[StepDiagnosis]
+
+
+def diagnose(
+    tree: CallTree,
+    localization: Localization,
+    alignment: AlignResult | None,
+    inputs: RunInputs,
+    model: ModelOutcome | None = None,
+    notes: Sequence[str] = (),
+) -> Verdict:
+    """The run's verdict: the model's where `model` is given, else the localizer's alone.
+
+    Every argument is a stage's output, computed once by whoever runs the pipeline (the
+    `Analysis` facade, the evaluation harness); `notes` are warnings the caller adds (the model
+    that could not be loaded)."""
+    if model is not None:
         # a hang's unfinished step has no step record for the model: the localizer's finding
         unfinished = [s for s in localization.anomalous_steps() if s.kind == "unfinished"]
         findings = by_incident(
-            _findings(analysis, localization, unfinished)
-            + _model_findings(analysis, localization, diagnoses)
+            _findings(tree, localization, unfinished)
+            + _model_findings(tree, localization, model.diagnoses)
         )
-        flagged = {d.iteration for d in diagnoses if d.anomalous}
-        produced_by = f"model:{model_name}"
+        flagged = {d.iteration for d in model.diagnoses if d.anomalous}
+        produced_by = f"model:{model.name}"
     else:
-        findings = by_incident(_findings(analysis, localization))
+        findings = by_incident(_findings(tree, localization))
         flagged = {s.iteration for s in localization.anomalous_steps()}
         produced_by = "localizer"
-    _attach_logs(analysis, findings)
+    _attach_logs(alignment, findings)
     return Verdict(
-        inputs=[str(p) for p in analysis.trace_files],
-        ranks=analysis.event_table.ranks,
+        inputs=[str(p) for p in inputs.trace_files],
+        ranks=inputs.ranks,
         method=produced_by,
         summary=_summary(tree, localization, findings),
         findings=findings,
-        steps=_step_rows(analysis, localization, flagged),
-        missing=_missing(analysis),
-        warnings=notes
-        + analysis.event_table.warnings
-        + tree.warnings
-        + (analysis.alignment.warnings if analysis.alignment else []),
+        steps=_step_rows(tree, localization, flagged),
+        missing=_missing(inputs),
+        warnings=[*notes, *inputs.warnings, *tree.warnings]
+        + (alignment.warnings if alignment else []),
     )
 
 
-def _run_model(analysis: Analysis, model_dir: Path | None) -> tuple[str, list[StepDiagnosis]]:
-    """(the model's name, its diagnosis of every step); `ModelUnavailable` when it cannot run.
+def run_model(
+    tree: CallTree,
+    log_files: Sequence[Path],
+    model_dir: Path | None = None,
+    case_id: str = "",
+) -> ModelOutcome:
+    """The model's diagnosis of every step; `ModelUnavailable` when it cannot run.
 
     torch is imported here and only here, so commands that never diagnose (`teller info`) and
     installs without torch keep working."""
@@ -110,20 +132,23 @@ def _run_model(analysis: Analysis, model_dir: Path | None) -> tuple[str, list[St
     except (OSError, RuntimeError, TellerError) as error:
         raise ModelUnavailable(str(error)) from None
     name = "default" if model.path.resolve() == DEFAULT_MODEL.resolve() else model.path.name
-    case_id = analysis.paths[0].name if len(analysis.paths) == 1 else ""
     try:
-        return name, model.diagnose(analysis.tree, analysis.log_files, case_id=case_id)
+        return ModelOutcome(name, model.diagnose(tree, log_files, case_id=case_id))
     except RuntimeError as error:  # torch's own failures: a checkpoint that does not fit
         raise ModelUnavailable(f"{model.path}: {error}") from None
 
 
+def unavailable_note(error: ModelUnavailable) -> str:
+    """The warning a verdict carries when the model was asked for but could not run."""
+    return f"{MODEL_UNAVAILABLE} ({error}); the verdict is the numeric localizer's alone"
+
+
 def _model_findings(
-    analysis: Analysis, localization: Localization, diagnoses: list[StepDiagnosis]
+    tree: CallTree, localization: Localization, diagnoses: list[StepDiagnosis]
 ) -> list[Finding]:
     """One finding per step the model flags, most probable first: the step and the fault are the
     model's, the operator and rank are its pointer's pick among the localizer's candidates, and
     the numbers (step z-score, each candidate's observed time against normal) are the localizer's."""
-    tree = analysis.tree
     name_of_step = {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
     score_of = {s.iteration: s for s in localization.steps}
     flagged = [d for d in diagnoses if d.anomalous]
@@ -151,7 +176,7 @@ def _model_findings(
                 operator=top.operator if top else None,
                 operator_node=top.node if top else None,
                 fault_type=d.fault,
-                view="H" if FAULTS.get(d.fault) == "H" else "V",
+                view=view_of(d.fault),
                 explanation=f"{head} {d.explanation}",
                 candidates=[_candidate(c, probability) for c, probability in d.candidates],
                 evidence=[_evidence(c) for c, _ in d.candidates[:3]],
@@ -188,10 +213,10 @@ def _rounded_z(z: float) -> float:
     return 1e9 if z > 0 else -1e9 if z < 0 else 0.0
 
 
-def _step_rows(analysis: Analysis, localization: Localization, flagged: set[int]) -> list[StepRow]:
+def _step_rows(tree: CallTree, localization: Localization, flagged: set[int]) -> list[StepRow]:
     """Every (rank, step) with the localizer's expectation and z-score, marked anomalous when the
     verdict's method flagged the iteration."""
-    steps = analysis.tree.steps
+    steps = tree.steps
     by_iteration = {s.iteration: s for s in localization.steps}
     rows = []
     for k in range(len(steps)):
@@ -213,10 +238,9 @@ def _step_rows(analysis: Analysis, localization: Localization, flagged: set[int]
 
 
 def _findings(
-    analysis: Analysis, localization: Localization, steps: list[StepScore] | None = None
+    tree: CallTree, localization: Localization, steps: list[StepScore] | None = None
 ) -> list[Finding]:
     """One finding per anomalous step of the localizer (or per step of `steps`), worst first."""
-    tree = analysis.tree
     name_of_step = {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
     findings = []
     chosen = localization.anomalous_steps() if steps is None else steps
@@ -252,9 +276,8 @@ LOG_LINES_PER_FINDING = 8
 _SEVERITY = {"CRITICAL": 0, "ERROR": 1, "WARNING": 2, "INFO": 3, "DEBUG": 4, "": 5}
 
 
-def _attach_logs(analysis: Analysis, findings: list[Finding]) -> None:
+def _attach_logs(aligned: AlignResult | None, findings: list[Finding]) -> None:
     """Each finding gets the log lines aligned to its step and the requests batched in it."""
-    aligned = analysis.alignment
     if aligned is None or not findings:
         return
     table = aligned.logs.table
@@ -283,7 +306,7 @@ def _attach_logs(analysis: Analysis, findings: list[Finding]) -> None:
         finding.requests = sorted({memberships.requests.key[i] for i in in_step.tolist()})
 
 
-def _fault_type(tree, top: OperatorCandidate | None) -> tuple[str | None, str]:
+def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | None, str]:
     """The taxonomy entry (DESIGN.md §4) the top candidate's pattern points to."""
     if top is None:
         return None, "V"
@@ -334,7 +357,7 @@ def _explain(step: StepScore, top: OperatorCandidate | None, fault_type: str | N
     )
 
 
-def _summary(tree, localization: Localization, findings: list[Finding]) -> str:
+def _summary(tree: CallTree, localization: Localization, findings: list[Finding]) -> str:
     total = len(localization.steps)
     if not total:
         return "No engine steps found: pass --step-regex naming the engine's step annotation."
@@ -426,16 +449,16 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(ranges)
 
 
-def _missing(analysis: Analysis) -> list[str]:
+def _missing(inputs: RunInputs) -> list[str]:
     missing = []
-    if not analysis.log_files:
+    if not inputs.log_files:
         missing.append(
             "no engine logs: log evidence (preemptions, watchdog timeouts, JIT warnings) and "
             "request ids are unavailable; verdicts rest on the traces alone"
         )
-    if not analysis.otlp_files:
+    if not inputs.otlp_files:
         missing.append("no OpenTelemetry spans: per-request TTFT and queueing are unavailable")
-    if len(analysis.event_table.ranks) < 2:
+    if len(inputs.ranks) < 2:
         missing.append(
             "one rank only: cross-rank (horizontal) faults such as stragglers cannot be told apart"
         )

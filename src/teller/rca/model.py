@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from teller.faults import FAULTS
 from teller.ingest.schema import LAYERS
-from teller.lab.labels import FAULTS
 from teller.rca.words import BOS, EOS, MAX_WORDS, SPECIALS
 
 #: Fault types the explanation head chooses between, in a fixed order (saved with the model).

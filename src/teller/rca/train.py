@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from teller.errors import TellerError
+from teller.layout import labelled_case_dirs
 from teller.rca.dataset import encode, read_case_records, train_vocab
 from teller.rca.model import CANDIDATE_KINDS, FAULT_NAMES, MAX_RANKS, ModelConfig, RootCauseModel
 from teller.rca.words import WordVocab
@@ -80,12 +81,7 @@ class TrainResult:
 
 
 def find_case_dirs(roots: list[str]) -> list[Path]:
-    dirs = []
-    for root in map(Path, roots):
-        if (root / "labels.json").is_file():
-            dirs.append(root)
-        else:
-            dirs.extend(sorted(p.parent for p in root.rglob("labels.json")))
+    dirs = labelled_case_dirs(map(Path, roots))
     if not dirs:
         raise TellerError(f"{', '.join(roots)}: no labelled cases (labels.json) found")
     return dirs

@@ -11,7 +11,8 @@ from teller.atomic import write_text_atomic
 from teller.report.terminal import render_terminal
 
 if TYPE_CHECKING:
-    from teller.analysis import Analysis
+    from teller.callchain.tree import CallTree
+    from teller.rca.verdict import Verdict
 
 FORMATS = ("terminal", "json", "html")
 
@@ -22,14 +23,14 @@ def format_for(path: Path, requested: str | None) -> str:
     return {".json": "json", ".html": "html", ".htm": "html"}.get(path.suffix.lower(), "terminal")
 
 
-def render(analysis: Analysis, format: str) -> str:
-    verdict = analysis.diagnose()
+def render(verdict: Verdict, tree: CallTree, format: str) -> str:
+    """The verdict as text in `format`; the HTML report also draws the tree around it."""
     if format == "json":
         return json.dumps(verdict.to_json(), indent=2)
     if format == "html":
         from teller.report.html import render_html
 
-        return render_html(analysis, verdict)
+        return render_html(verdict, tree)
     return render_terminal(verdict)
 
 
@@ -38,5 +39,5 @@ def write_atomic(path: Path, text: str) -> Path:
     return write_text_atomic(path, text)
 
 
-def write_report(analysis: Analysis, path: Path, format: str | None = None) -> Path:
-    return write_atomic(path, render(analysis, format_for(path, format)))
+def write_report(verdict: Verdict, tree: CallTree, path: Path, format: str | None = None) -> Path:
+    return write_atomic(path, render(verdict, tree, format_for(path, format)))

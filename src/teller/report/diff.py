@@ -20,7 +20,6 @@ from teller.callchain.render import format_ns, short_name
 from teller.ingest.schema import LAYER_CODE, LAYERS
 
 if TYPE_CHECKING:
-    from teller.analysis import Analysis
     from teller.callchain.tree import CallTree
 
 DIFF_SCHEMA_VERSION = "teller.diff/1"
@@ -89,23 +88,23 @@ class RunDiff:
         return document
 
 
-def compare(a: Analysis, b: Analysis) -> RunDiff:
-    """Compare run B against run A (A is the reference)."""
-    a_iter, b_iter = _iterations(a.tree), _iterations(b.tree)
+def compare(a: CallTree, b: CallTree, a_inputs: list[str], b_inputs: list[str]) -> RunDiff:
+    """Compare run B's tree against run A's (A is the reference); the inputs name their files."""
+    a_iter, b_iter = _iterations(a), _iterations(b)
     kinds = [_kind_diff(kind, a_iter, b_iter) for kind in _kinds(a_iter, b_iter)]
     a_step_ns = float(a_iter["dur_ns"].mean()) if len(a_iter["dur_ns"]) else float("nan")
     b_step_ns = float(b_iter["dur_ns"].mean()) if len(b_iter["dur_ns"]) else float("nan")
     step_change_ns = b_step_ns - a_step_ns
     if not abs(step_change_ns) > STEP_CHANGE_FLOOR * a_step_ns:
         step_change_ns = float("nan")  # unchanged (or unknown): shares of it would be noise
-    operators = operator_table(a.tree, b.tree, step_change_ns)
+    operators = operator_table(a, b, step_change_ns)
     explaining = _explaining(operators)
     notes = []
     if not len(a_iter["dur_ns"]) or not len(b_iter["dur_ns"]):
         notes.append("a run has no step annotations: operators are compared over the whole run")
     diff = RunDiff(
-        a_inputs=[str(p) for p in a.trace_files],
-        b_inputs=[str(p) for p in b.trace_files],
+        a_inputs=a_inputs,
+        b_inputs=b_inputs,
         kinds=kinds,
         operators=operators,
         a_step_ns=a_step_ns,

@@ -18,7 +18,7 @@ from teller.ingest.schema import LAYERS
 from teller.rca.verdict import Finding, Verdict
 
 if TYPE_CHECKING:
-    from teller.analysis import Analysis
+    from teller.callchain.tree import CallTree
 
 #: Children shown per tree node, and levels below the step, before the rest is summarised.
 TREE_CHILDREN = 30
@@ -51,7 +51,7 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def render_html(analysis: Analysis, verdict: Verdict) -> str:
+def render_html(verdict: Verdict, tree: CallTree) -> str:
     worst = verdict.findings[0] if verdict.findings else None
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
@@ -71,9 +71,9 @@ def render_html(analysis: Analysis, verdict: Verdict) -> str:
     parts.append(_findings_table(verdict.findings))
     if worst is not None:
         parts.append(f"<h2>Call-chain tree of step {worst.step} (suspect path highlighted)</h2>")
-        parts.append(_tree_section(analysis, worst))
+        parts.append(_tree_section(tree, worst))
         parts.append(f"<h2>Collectives of step {worst.step}: arrival per rank</h2>")
-        parts.append(_collectives(analysis, worst))
+        parts.append(_collectives(tree, worst))
         parts.append("<h2>Aligned log lines</h2>")
         parts.append(_log_lines(worst))
     if verdict.warnings:
@@ -141,8 +141,7 @@ def _findings_table(findings: list[Finding]) -> str:
     return "".join(rows)
 
 
-def _tree_section(analysis: Analysis, finding: Finding) -> str:
-    tree = analysis.tree
+def _tree_section(tree: CallTree, finding: Finding) -> str:
     steps = tree.steps
     rank = finding.rank if finding.rank is not None else int(steps.rank[0])
     match = [
@@ -208,8 +207,7 @@ def _tree_html(tree, node: int, level: int, path: set[int], suspect, finding: Fi
     )
 
 
-def _collectives(analysis: Analysis, finding: Finding) -> str:
-    tree = analysis.tree
+def _collectives(tree: CallTree, finding: Finding) -> str:
     comm = tree.comm
     if not len(comm):
         return "<p>No collectives in this run.</p>"

@@ -18,7 +18,8 @@ from teller.ingest.schema import LAYERS, TREE_LAYERS
 from teller.report import write_atomic
 
 if TYPE_CHECKING:
-    from teller.analysis import Analysis
+    from teller.callchain.tree import CallTree
+    from teller.rca.verdict import Verdict
 
 VERDICT_PID = -1  # the verdict track's process id (sorts first)
 #: Layer → the Kineto category that reads back as that layer (teller's own reader, HTA, TraceLens).
@@ -35,9 +36,7 @@ LAYER_CATEGORY = {
 }
 
 
-def write_perfetto(analysis: Analysis, path: Path) -> Path:
-    tree = analysis.tree
-    verdict = analysis.diagnose()
+def write_perfetto(verdict: Verdict, tree: CallTree, path: Path) -> Path:
     origin = int(tree.start.min()) if len(tree) else 0
 
     def us(ns: int) -> float:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from teller.lab.labels import FAULTS
+from teller.faults import FAULTS
 
 SIM_FAULTS: tuple[str, ...] = (
     "none",

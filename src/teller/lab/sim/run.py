@@ -8,7 +8,7 @@ Output layout matches the real lab's:
     CASE/ground_truth/steps.jsonl           the engine's own record, as the real lab writes it
     CASE/ground_truth/requests.jsonl        (plus `replica`), and lines.jsonl: who printed each
     CASE/ground_truth/lines.jsonl           log line, about which step and request (logs.py)
-    CASE/labels.json                        teller.lab.labels.CaseLabels, source "sim"
+    CASE/labels.json                        teller.labels.CaseLabels, source "sim"
     CASE/manifest.json                      configuration, files, event counts, calibration inputs
 
 Everything is written under a temporary sibling directory and renamed into place at the end, so a
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from teller.errors import TellerError
-from teller.lab.labels import FAULTS, CaseLabels
+from teller.faults import FAULTS
 from teller.lab.sim.calibration import load
 from teller.lab.sim.engine import EngineConfig, Scheduler, WorkloadConfig
 from teller.lab.sim.faults import WATCHDOG_TIMEOUT_NS, FaultModel, FaultSpec
@@ -48,6 +48,7 @@ from teller.lab.sim.logs import (
 )
 from teller.lab.sim.replica import LayerTemplate, ReplicaModel
 from teller.lab.sim.topology import Topology
+from teller.labels import CaseLabels
 
 MANIFEST_SCHEMA = "teller.sim.manifest/1"
 START_UNIX_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z: a fixed clock keeps bytes stable

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from teller.eval.equivalent_ranks import equivalent_operators, equivalent_ranks
-from teller.lab.labels import CaseLabels
+from teller.labels import CaseLabels, equivalent_operators, equivalent_ranks
 
 
 def labels(fault: str, view: str, rank: int, **params) -> CaseLabels:

@@ -1,0 +1,43 @@
+"""The fault vocabulary: every fault type teller knows, with the view it shows in.
+
+The lab, the simulator, the root-cause model and the scoreboard all speak it: a model's fault head
+has one output per name here, and a labelled case names one of them (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+#: Fault name → view: "V" (one rank's own stack), "H" (across ranks), "-" (no fault / control).
+FAULTS: dict[str, str] = {
+    # no fault and the negative control
+    "none": "-",
+    "workload_shift": "-",
+    # real lab (DESIGN.md §4)
+    "cpu_contention": "V",
+    "straggler": "H",
+    "net_throttle": "H",
+    "slow_operator": "V",
+    "scheduler_misconfig": "V",
+    "host_stall": "V",
+    "memory_pressure": "V",
+    # simulator-only (GPU-cluster faults)
+    "gpu_throttle": "V",
+    "gpu_contention": "V",
+    "kv_pressure": "V",
+    "host_cpu_contention": "V",
+    "net_delay": "H",
+    "bandwidth_throttle": "H",
+    "link_contention": "H",
+    "kernel_regression": "V",
+    "collective_hang": "H",
+}
+
+
+#: The names that are not faults: no fault, and the negative control (a burst of long prompts
+#: that slows steps without anything being wrong). A method must not flag them.
+FAULT_FREE = ("none", "workload_shift")
+
+
+def view_of(fault: str) -> str:
+    """ "H" for faults seen across ranks, "V" for those in one rank's stack (the default for a
+    name teller does not know, such as a verdict without a fault type)."""
+    return "H" if FAULTS.get(fault) == "H" else "V"
