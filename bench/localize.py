@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from teller.eval.cases import Case
-from teller.lab.labels import CaseLabels
 from teller.lab.sim import FaultSpec, SimConfig, Topology, simulate
+from teller.labels import CaseLabels
 from teller.localize.localizer import NumericLocalizer
 
 #: (name, topology, steps, layers, fault): a one-node TP4 straggler and a two-node delayed link.
