@@ -69,7 +69,7 @@ def position_of(
 
     Candidates are ordered by score, highest first; the position is the last slot of the match's
     tie group. None when no candidate matches. `operator` may be a set of names that are equally
-    right (eval/equivalent_ranks.py: `equivalent_operators`).
+    right (teller/labels.py: `equivalent_operators`).
     """
     names = {operator} if isinstance(operator, str) else set(operator)
     ordered = sorted(candidates, key=lambda c: -c.score)
@@ -109,7 +109,7 @@ def rank_accuracy_at_1(
     ranked: Sequence[Sequence[Candidate]], guilty_ranks: Sequence[int | Collection[int]]
 ) -> float:
     """Share of cases whose top-1 candidate names the guilty rank (ties pessimistic); a case's
-    guilty rank may be a set of ranks its trace cannot tell apart (eval/equivalent_ranks.py)."""
+    guilty rank may be a set of ranks its trace cannot tell apart (teller/labels.py)."""
     if not ranked:
         return 0.0
     hits = 0
@@ -139,9 +139,9 @@ class StepTruth:
     operator: str | None = None
     rank: int | None = None
     horizontal: bool = False
-    #: ranks as right as `rank`: a fault on a link or node they share (eval/equivalent_ranks.py)
+    #: ranks as right as `rank`: a fault on a link or node they share (teller/labels.py)
     equivalent_ranks: frozenset[int] = frozenset()
-    #: operator names as right as `operator` (eval/equivalent_ranks.py: `equivalent_operators`)
+    #: operator names as right as `operator` (teller/labels.py: `equivalent_operators`)
     equivalent_operators: frozenset[str] = frozenset()
 
 
