@@ -14,6 +14,7 @@ from teller.eval.harness import ExplanationVerdict, evaluate, judge_explanation
 from teller.eval.methods import METHODS
 from teller.eval.model_method import RootCauseMethod
 from teller.eval.scoreboard import render_markdown
+from teller.faults import FAULT_FREE
 from teller.labels import CaseLabels
 from teller.localize.localizer import Localization, NumericLocalizer, StepExplanation
 
@@ -207,4 +208,4 @@ def test_root_cause_method_explains_every_flagged_step(
         candidates = localization.candidates[iteration]
         top = (candidates[0].operator, candidates[0].rank) if candidates else (None, None)
         assert (explanation.operator, explanation.rank) == top
-        assert explanation.text and explanation.fault not in infer.NOT_FAULTS
+        assert explanation.text and explanation.fault not in FAULT_FREE

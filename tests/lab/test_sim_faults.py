@@ -212,7 +212,7 @@ def test_host_cpu_contention_stretches_launches_and_opens_gpu_bubbles():
 
 
 def test_host_cpu_contention_delays_the_graph_launch_where_a_step_replays_a_graph():
-    """Why either launch call is the guilty operator (eval.equivalent_ranks.equivalent_operators):
+    """Why either launch call is the guilty operator (teller.labels.equivalent_operators):
     a decode step that replays a CUDA graph launches its kernels through one cudaGraphLaunch,
     and that call is what the busy host stretches."""
     _, _, tree = case(fault="host_cpu_contention", rank=3)
@@ -309,7 +309,7 @@ def test_link_contention_slows_the_rings_transfers():
 
 
 def test_a_contended_link_anywhere_in_the_ring_leaves_the_same_trace():
-    """Why the scoreboard accepts any rank of the ring for link_contention (eval.equivalent_ranks):
+    """Why the scoreboard accepts any rank of the ring for link_contention (teller.labels.equivalent_ranks):
     the ring all-reduce runs at its slowest link's pace, so which link it is does not show."""
     first, _, _ = case(fault="link_contention", rank=1)  # link 1–2
     other, _, _ = case(fault="link_contention", rank=3)  # link 3–0
