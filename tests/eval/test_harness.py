@@ -16,7 +16,7 @@ from teller.eval.model_method import RootCauseMethod
 from teller.eval.scoreboard import render_markdown
 from teller.faults import FAULT_FREE
 from teller.labels import CaseLabels
-from teller.localize.localizer import Localization, NumericLocalizer, StepExplanation
+from teller.localize import Localization, NumericLocalizer, StepExplanation
 
 
 def make_case(root: Path, name: str, fault: str, **faults) -> Path:

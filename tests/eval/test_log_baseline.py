@@ -21,7 +21,7 @@ from teller.eval.harness import evaluate
 from teller.eval.log_baseline import LogOnlyBaseline
 from teller.eval.methods import METHODS
 from teller.labels import CaseLabels
-from teller.localize.localizer import Localization
+from teller.localize import Localization
 
 #: Where the builders' steps sit on the trace clock: step k spans FIRST_STEP_NS + k·STEP_PERIOD_NS
 #: for STEP_DUR_NS (ns since the epoch, as `write_run` lays them out).

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from teller.callchain.tree import build_tree
 from teller.ingest import read_run
+from teller.localize import NumericLocalizer
 from teller.localize.idle import idle_gaps
-from teller.localize.localizer import NumericLocalizer
 
 STEPS = 12
 SLOW_STEPS = (6, 7)
@@ -100,19 +100,14 @@ def test_the_localizer_names_the_host_work_behind_the_idle_gpu(tmp_path: Path) -
 def test_without_normal_steps_an_operator_is_judged_against_its_other_layers(tmp_path: Path):
     """One rank and no normal step to compare with: the slow layer's add stands out against the
     same operator in the step's other layers (reference (c))."""
-    from teller.localize.features import step_nodes
-    from teller.localize.localizer import _totals_by_step
+    from teller.callchain.facts import RunFacts
+    from teller.localize.candidates import RunTables, step_candidates
 
     path = write_gpu_run(tmp_path / "rank0.json", slow_host_us=400.0, slow_layer=2)
     tree = build_tree(read_run([path]))
-    nodes = step_nodes(tree)
-    key_rows: dict[tuple, dict[int, int]] = {}
-    for i in range(len(nodes.node)):
-        key = (int(nodes.rank[i]), int(nodes.name[i]), int(nodes.ordinal[i]), bool(nodes.on_gpu[i]))
-        key_rows.setdefault(key, {})[int(nodes.iteration[i])] = i
-    candidates = NumericLocalizer()._step_candidates(
-        tree, nodes, key_rows, _totals_by_step(nodes), {}, None, set(), SLOW_STEPS[0], reference=[]
-    )
+    tables = RunTables.of(RunFacts(tree))
+    tables.gaps, tables.substituted = {}, {}  # the operator comparison alone
+    candidates = step_candidates(tables, SLOW_STEPS[0], reference=[], top_k=10, noise_floor_ns=2e3)
     top = candidates[0]
     assert (top.operator, top.rank, top.kind) == ("aten::add", 0, "compute")
     assert top.reference == "same operator in the step's other layers, same rank"

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from builders import STEPS, write_run
+from teller.callchain.facts import RunFacts
 from teller.callchain.tree import build_tree
 from teller.ingest import read_run
-from teller.localize.localizer import NumericLocalizer
+from teller.localize import NumericLocalizer
 
 
 def localize(paths: list[Path], normal: list[Path] | None = None):
@@ -68,9 +69,9 @@ def test_normal_runs_of_another_setup_are_not_the_reference(tmp_path: Path) -> N
         path.write_text(path.read_text().replace("aten::mm", "aten::bmm"))
     case = build_tree(read_run(write_run(tmp_path / "case")))
     localizer = NumericLocalizer().fit([build_tree(read_run(other))])
-    assert localizer._step_models(case) == {}
+    assert localizer.step_models(RunFacts(case)) == {}
     localizer = NumericLocalizer().fit([build_tree(read_run(other)), build_tree(read_run(same))])
-    assert set(localizer._step_models(case)) == {"prefill"}
+    assert set(localizer.step_models(RunFacts(case))) == {"prefill"}
 
 
 def test_usual_noise_in_arrivals_does_not_outrank_a_consistent_slowdown(tmp_path: Path) -> None:
@@ -106,7 +107,7 @@ def test_candidates_for_every_step_leave_the_flagged_steps_and_their_ranking_alo
 def test_the_median_of_a_short_list_is_numpys() -> None:
     import numpy as np
 
-    from teller.localize.localizer import _small_median
+    from teller.localize.candidates import _small_median
 
     rng = np.random.default_rng(0)
     for n in range(1, 12):
@@ -122,7 +123,7 @@ def test_a_swapped_kernel_is_a_candidate_on_every_step_that_runs_it(graphs: bool
     window), and idle gaps elsewhere in the step outscore it."""
     from lab.test_sim_cases import case
     from teller.labels import CaseLabels
-    from teller.localize.localizer import FRESH
+    from teller.localize import FRESH
 
     out, _, tree = case(fault="kernel_regression", rank=0, graphs=graphs, seed=2)
     labels = CaseLabels.read(out)

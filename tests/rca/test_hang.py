@@ -14,7 +14,7 @@ from teller.callchain.tree import build_tree
 from teller.cli import main
 from teller.ingest import find_trace_files, read_run
 from teller.labels import CaseLabels
-from teller.localize.localizer import NumericLocalizer
+from teller.localize import NumericLocalizer
 
 from .conftest import small_case
 

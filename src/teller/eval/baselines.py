@@ -17,25 +17,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from teller.callchain.facts import Iterations, RunFacts
 from teller.callchain.tree import CallTree
-from teller.localize.localizer import (
-    _GPU_WORK,
-    _HOST_WORK,
-    _WAITING_CALL,
-    Localization,
-    OperatorCandidate,
-    StepScore,
-    _iteration_rows,
-)
+from teller.ingest.schema import GPU_WORK_CODES, HOST_WORK_CODES
+from teller.localize import Localization, OperatorCandidate, StepScore, robust_z
 
 TOP_OPS = 10
 
 
 def top_self_time_candidates(
-    tree: CallTree, iteration: int, count: int = TOP_OPS, rank: int | None = None
+    tree: CallTree,
+    iteration: int,
+    count: int = TOP_OPS,
+    rank: int | None = None,
+    facts: RunFacts | None = None,
 ) -> list[OperatorCandidate]:
     """The operators with the most self time in the step on `rank`, or on the step's slowest rank
-    when none is given (a profiler's top-ops table)."""
+    when none is given (a profiler's top-ops table); `facts`: the tree's, where the caller has
+    them."""
     steps = tree.steps
     rows = [
         k
@@ -45,9 +44,9 @@ def top_self_time_candidates(
     if not rows:
         return []
     slowest = max(rows, key=lambda k: steps.dur_ns[k])
-    waiting = [i for i, name in enumerate(tree.names) if _WAITING_CALL.search(name)]
-    work = (tree.step == slowest) & np.isin(tree.layer, list(_GPU_WORK | _HOST_WORK))
-    work &= ~np.isin(tree.name, waiting)
+    waiting = RunFacts.of(tree, facts).waiting
+    work = (tree.step == slowest) & np.isin(tree.layer, list(GPU_WORK_CODES | HOST_WORK_CODES))
+    work &= ~np.isin(tree.name, list(waiting))
     members = np.flatnonzero(work)
     totals = np.bincount(
         tree.name[members], weights=tree.self_ns[members], minlength=len(tree.names)
@@ -74,25 +73,36 @@ def top_self_time_candidates(
 
 
 def _localization(
-    tree: CallTree, flags: np.ndarray, scores: np.ndarray, expected: np.ndarray
+    facts: RunFacts, flags: np.ndarray, scores: np.ndarray, expected: np.ndarray
 ) -> Localization:
-    rows = _iteration_rows(tree, with_iteration=True)
+    iterations = facts.iterations
     steps = [
         StepScore(
-            iteration=row[4],
-            kind=str(row[0]),
-            dur_ns=int(row[1]),
+            iteration=int(iterations.iteration[i]),
+            kind=str(iterations.kind[i]),
+            dur_ns=int(iterations.dur_ns[i]),
             expected_ns=int(expected[i]),
             z=float(scores[i]),
             anomalous=bool(flags[i]),
-            ranks=row[5],
+            ranks=list(iterations.ranks[i]),
         )
-        for i, row in enumerate(rows)
+        for i in range(len(iterations))
     ]
     candidates = {
-        s.iteration: top_self_time_candidates(tree, s.iteration) for s in steps if s.anomalous
+        s.iteration: top_self_time_candidates(facts.tree, s.iteration, facts=facts)
+        for s in steps
+        if s.anomalous
     }
     return Localization(steps=steps, candidates=candidates)
+
+
+def _kind_medians(iterations: Iterations) -> np.ndarray:
+    """Per iteration, the median step time of its kind: what the step-time baselines expect."""
+    median = np.zeros(len(iterations))
+    for kind in set(iterations.kind.tolist()):
+        same = iterations.kind == kind
+        median[same] = np.median(iterations.dur_ns[same])
+    return median
 
 
 class FixedThreshold:
@@ -104,15 +114,11 @@ class FixedThreshold:
     def fit(self, normal_trees: list[CallTree]) -> FixedThreshold:
         return self
 
-    def score(self, tree: CallTree) -> Localization:
-        rows = _iteration_rows(tree, with_iteration=True)
-        kinds = np.array([r[0] for r in rows], dtype=object)
-        dur = np.array([r[1] for r in rows], dtype=float)
-        median = np.zeros(len(rows))
-        for kind in set(kinds.tolist()):
-            median[kinds == kind] = np.median(dur[kinds == kind])
-        ratio = dur / np.maximum(median, 1.0)
-        return _localization(tree, ratio > self.ratio, ratio, median)
+    def score(self, tree: CallTree, facts: RunFacts | None = None) -> Localization:
+        facts = RunFacts.of(tree, facts)
+        median = _kind_medians(facts.iterations)
+        ratio = facts.iterations.dur_ns / np.maximum(median, 1.0)
+        return _localization(facts, ratio > self.ratio, ratio, median)
 
 
 class StepZScore:
@@ -124,54 +130,33 @@ class StepZScore:
     def fit(self, normal_trees: list[CallTree]) -> StepZScore:
         return self
 
-    def score(self, tree: CallTree) -> Localization:
-        rows = _iteration_rows(tree, with_iteration=True)
-        kinds = np.array([r[0] for r in rows], dtype=object)
-        dur = np.array([r[1] for r in rows], dtype=float)
-        z = np.zeros(len(rows))
-        median = np.zeros(len(rows))
+    def score(self, tree: CallTree, facts: RunFacts | None = None) -> Localization:
+        facts = RunFacts.of(tree, facts)
+        kinds, dur = facts.iterations.kind, facts.iterations.dur_ns
+        z = np.zeros(len(dur))
         for kind in set(kinds.tolist()):
-            mask = kinds == kind
-            centre = np.median(dur[mask])
-            spread = 1.4826 * np.median(np.abs(dur[mask] - centre))
-            z[mask] = (dur[mask] - centre) / max(spread, 0.01 * centre, 1.0)
-            median[mask] = centre
-        return _localization(tree, z > self.threshold, z, median)
+            same = kinds == kind
+            # the spread floored at 1% of the median step and at 1 ns (identical steps)
+            z[same] = robust_z(dur[same], dur[same], floor=1.0, share_of_median=0.01)
+        return _localization(facts, z > self.threshold, z, _kind_medians(facts.iterations))
 
 
-def step_feature_matrix(tree: CallTree) -> np.ndarray:
-    """Per iteration: log wall time, and the max over ranks of log GPU work, host work, comm time."""
-    rows = _iteration_rows(tree, with_iteration=True)
+def step_feature_matrix(tree: CallTree, facts: RunFacts | None = None) -> np.ndarray:
+    """Per iteration: log wall time, and the max over ranks of log GPU work, host work (the calls
+    that mostly wait included), comm time."""
+    facts = RunFacts.of(tree, facts)
     steps = tree.steps
-    count = len(steps)
-    in_step = tree.step >= 0
-    comm_layer = _layer_code("comm")
-    masks = [
-        in_step & np.isin(tree.layer, list(_GPU_WORK)) & (tree.stream >= 0),
-        in_step & np.isin(tree.layer, list(_HOST_WORK)) & (tree.stream < 0),
-        in_step & (tree.layer == comm_layer),
-    ]
-    per_step = [
-        np.bincount(
-            tree.step[m], weights=(tree.dur if k != 1 else tree.self_ns)[m], minlength=count
-        )
-        for k, m in enumerate(masks)
-    ]
-    position = {row[4]: i for i, row in enumerate(rows)}
-    features = np.zeros((len(rows), 1 + len(per_step)))
-    for i, row in enumerate(rows):
-        features[i, 0] = np.log1p(row[1])
-    for k in range(count):
+    per_step = [facts.work.gpu_ns, facts.work.host_ns, facts.work.comm_ns]
+    iterations = facts.iterations
+    position = {int(it): i for i, it in enumerate(iterations.iteration.tolist())}
+    features = np.zeros((len(iterations), 1 + len(per_step)))
+    for i in range(len(iterations)):
+        features[i, 0] = np.log1p(iterations.dur_ns[i])
+    for k in range(len(steps)):
         i = position[int(steps.index[k])]
         for j, measure in enumerate(per_step):
             features[i, 1 + j] = max(features[i, 1 + j], np.log1p(measure[k]))
     return features
-
-
-def _layer_code(name: str) -> int:
-    from teller.ingest.schema import LAYER_CODE
-
-    return LAYER_CODE[name]
 
 
 class GaussianMixtureBaseline:
@@ -198,10 +183,11 @@ class GaussianMixtureBaseline:
             self.cutoff_ = float(np.quantile(self.model_.score_samples(data), self.quantile))
         return self
 
-    def score(self, tree: CallTree) -> Localization:
+    def score(self, tree: CallTree, facts: RunFacts | None = None) -> Localization:
         from sklearn.mixture import GaussianMixture
 
-        features = step_feature_matrix(tree)
+        facts = RunFacts.of(tree, facts)
+        features = step_feature_matrix(tree, facts)
         if getattr(self, "fitted_", False):
             model, cutoff = self.model_, self.cutoff_
         else:  # no normal data: the case's own steps are the reference
@@ -216,4 +202,4 @@ class GaussianMixtureBaseline:
         likelihood = model.score_samples(features)
         flags = likelihood < cutoff
         expected = np.expm1(model.means_[model.predict(features), 0])
-        return _localization(tree, flags, cutoff - likelihood, expected)
+        return _localization(facts, flags, cutoff - likelihood, expected)

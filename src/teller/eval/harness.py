@@ -39,7 +39,7 @@ from teller.eval.metrics import (
 )
 from teller.faults import FAULT_FREE
 from teller.labels import CaseLabels, equivalent_operators, equivalent_ranks
-from teller.localize.localizer import Localization, StepExplanation
+from teller.localize import Localization, StepExplanation
 
 
 @dataclass

@@ -29,15 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from teller.callchain.facts import Iterations, RunFacts
 from teller.callchain.tree import CallTree
 from teller.eval.baselines import top_self_time_candidates
 from teller.eval.cases import CaseLogs
-from teller.localize.localizer import (
-    Localization,
-    OperatorCandidate,
-    StepScore,
-    _iteration_rows,
-)
+from teller.localize import Localization, OperatorCandidate, StepScore, median_mad
 
 #: Levels at which a line never seen in normal logs is evidence by itself.
 TELLING_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
@@ -50,7 +46,7 @@ class TemplateRate:
     """A template's usual per-step count in normal steps."""
 
     median: float
-    scale: float  # max(1.4826·MAD, √mean, MIN_COUNT_SCALE)
+    scale: float  # max(robust spread (`median_mad`), √mean, MIN_COUNT_SCALE)
 
 
 @dataclass
@@ -126,10 +122,9 @@ def template_rates(trees: Sequence[CallTree], lines: Sequence[_Lines]) -> dict[i
     _, counts = _count_matrix(trees, lines)
     rates = {}
     for template, values in counts.items():
-        median = float(np.median(values))
-        mad = 1.4826 * float(np.median(np.abs(values - median)))
-        scale = max(mad, float(np.sqrt(values.mean())), MIN_COUNT_SCALE)
-        rates[template] = TemplateRate(median, scale)
+        median, spread = median_mad(values)
+        scale = max(float(spread), float(np.sqrt(values.mean())), MIN_COUNT_SCALE)
+        rates[template] = TemplateRate(float(median), scale)
     return rates
 
 
@@ -153,17 +148,21 @@ class LogOnlyBaseline:
         self.rates_ = template_rates([t for t, _ in with_logs], [c for _, c in with_logs])
         return self
 
-    def score(self, tree: CallTree, logs: CaseLogs | None = None) -> Localization:
+    def score(
+        self, tree: CallTree, logs: CaseLogs | None = None, facts: RunFacts | None = None
+    ) -> Localization:
+        facts = RunFacts.of(tree, facts)
         lines = _Lines.of(logs)
-        rows = _iteration_rows(tree, with_iteration=True)
+        iterations = facts.iterations
         rates = getattr(self, "rates_", {}) or template_rates([tree], [lines])
         known = getattr(self, "known_templates_", set())
         counted = set(_counted_iterations(tree))
         members = lines.by_step()
         steps, candidates = [], {}
-        expected = _median_by_kind(rows)
-        for row in rows:
-            kind, dur, iteration, ranks = row[0], row[1], row[4], row[5]
+        expected = _median_by_kind(iterations)
+        for i in range(len(iterations)):
+            kind, dur = iterations.kind[i], iterations.dur_ns[i]
+            iteration, ranks = int(iterations.iteration[i]), list(iterations.ranks[i])
             rows_here = members.get(iteration, np.zeros(0, dtype=np.int64))
             z, evidence = self._step_evidence(lines, rows_here, rates, known, iteration in counted)
             flagged = len(evidence) > 0
@@ -171,7 +170,7 @@ class LogOnlyBaseline:
                 StepScore(iteration, str(kind), int(dur), int(expected[kind]), z, flagged, ranks)
             )
             if flagged:
-                candidates[iteration] = suspects(tree, iteration, lines, evidence)
+                candidates[iteration] = suspects(tree, iteration, lines, evidence, facts)
         return Localization(steps=steps, candidates=candidates)
 
     def _step_evidence(
@@ -207,16 +206,21 @@ class LogOnlyBaseline:
         return float(score), found
 
 
-def _median_by_kind(rows: list[tuple]) -> dict[str, float]:
+def _median_by_kind(iterations: Iterations) -> dict[str, float]:
     """Median step time per step kind: the 'expected' the scoreboard shows next to a step."""
-    durations: dict[str, list[float]] = {}
-    for row in rows:
-        durations.setdefault(row[0], []).append(row[1])
-    return {kind: float(np.median(values)) for kind, values in durations.items()}
+    kinds = iterations.kind
+    return {
+        kind: float(np.median(iterations.dur_ns[kinds == kind]))
+        for kind in dict.fromkeys(kinds.tolist())
+    }
 
 
 def suspects(
-    tree: CallTree, iteration: int, lines: _Lines, evidence: np.ndarray
+    tree: CallTree,
+    iteration: int,
+    lines: _Lines,
+    evidence: np.ndarray,
+    facts: RunFacts | None = None,
 ) -> list[OperatorCandidate]:
     """What the triggering lines point at, then the step's top self-time operators."""
     pointed: list[OperatorCandidate] = []
@@ -228,10 +232,12 @@ def suspects(
     ranked = ranked[ranked >= 0]
     if not pointed and len(ranked):
         rank = Counter(ranked.tolist()).most_common(1)[0][0]
-        pointed.extend(top_self_time_candidates(tree, iteration, rank=int(rank)))
+        pointed.extend(top_self_time_candidates(tree, iteration, rank=int(rank), facts=facts))
     seen = {(c.operator, c.rank) for c in pointed}
     fallback = [
-        c for c in top_self_time_candidates(tree, iteration) if (c.operator, c.rank) not in seen
+        c
+        for c in top_self_time_candidates(tree, iteration, facts=facts)
+        if (c.operator, c.rank) not in seen
     ]
     return pointed + fallback
 

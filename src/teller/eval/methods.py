@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from teller.eval.baselines import FixedThreshold, GaussianMixtureBaseline, StepZScore
 from teller.eval.log_baseline import LogOnlyBaseline
-from teller.localize.localizer import NumericLocalizer
+from teller.localize import NumericLocalizer
 
 
 def _model(variant: str, pool_faults: bool = True) -> Callable[[], object]:

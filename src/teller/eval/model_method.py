@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from teller.callchain.tree import CallTree
 from teller.eval.cases import CaseLogs
-from teller.localize.localizer import (
+from teller.localize import (
     Localization,
     OperatorCandidate,
     StepExplanation,

@@ -60,6 +60,15 @@ LAYER_CODE: dict[str, int] = {name: code for code, name in enumerate(LAYERS)}
 TREE_LAYERS: frozenset[str] = frozenset(LAYERS) - {"instant", "counter", "profiler"}
 #: Layers recorded on a GPU stream (or on the CPU for host-side collectives, see `comm`).
 GPU_ACTIVITY_LAYERS: frozenset[str] = frozenset({"kernel", "memcpy", "memset", "sync"})
+#: Layer codes of the work a rank's GPU did itself: kernels and copies. Collectives are not in it:
+#: their time is mostly waiting for the peers.
+GPU_WORK_CODES: frozenset[int] = frozenset(LAYER_CODE[n] for n in ("kernel", "memcpy", "memset"))
+#: Layer codes of the work a rank's host did itself: operators and runtime calls, by self time.
+#: Python frames are not in it: their self time holds waits the profiler does not name.
+HOST_WORK_CODES: frozenset[int] = frozenset(LAYER_CODE[n] for n in ("cpu_op", "runtime"))
+#: Layer codes whose self time is work a rank did itself (not waiting on a peer): the host's and
+#: the GPU's work and the Python frames around them.
+COMPUTE_CODES: frozenset[int] = GPU_WORK_CODES | HOST_WORK_CODES | {LAYER_CODE["python"]}
 
 _STR_DICT = pa.dictionary(pa.int32(), pa.string())
 

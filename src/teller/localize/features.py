@@ -1,105 +1,79 @@
-"""Per-step and per-node numbers the localizer (and the model) compare.
+"""The robust statistics every comparison of the localizer (and of the baselines) is made with.
 
-Two facts make comparisons possible without a model of the engine: with tensor parallelism every rank
-runs the same operator sequence in every step, and a step's operator sequence repeats from step to
-step. So a node is identified by its *key* — (name, occurrence ordinal of that name within its step
-on its rank) — and the same key names the same operator instance on a peer rank in the same step
-(horizontal reference) and in another step (temporal reference).
+A step, an operator or a rank is unusual by how far it sits from the median of its references,
+in units of their spread measured as the median absolute deviation (MAD): one slow step among
+the references moves neither, where it would move a mean and a standard deviation. Each caller
+floors the spread at what it knows to be noise in its own units, so that a few identical
+references still give finite, meaningful scores.
+
+The keyed step nodes and kernel sequences the comparisons run over are facts of the run
+(`teller.callchain.facts`); they are named here too for the modules that import them from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from teller.callchain.tree import CallTree
-from teller.ingest.schema import LAYER_CODE
+from teller.callchain.facts import StepNodes, kernel_sequences, step_nodes
+from teller.ingest.schema import COMPUTE_CODES
+
+__all__ = [
+    "COMPUTE_LAYERS",
+    "FULL_CREDIT_Z",
+    "MAD_TO_SIGMA",
+    "StepNodes",
+    "credit",
+    "kernel_sequences",
+    "median_mad",
+    "robust_z",
+    "significance",
+    "step_nodes",
+]
 
 #: Layers whose self time is work a rank did itself (not waiting on a peer).
-COMPUTE_LAYERS = frozenset(
-    LAYER_CODE[n] for n in ("python", "cpu_op", "runtime", "kernel", "memcpy", "memset")
-)
-COMM_LAYER = LAYER_CODE["comm"]
+COMPUTE_LAYERS = COMPUTE_CODES
+#: MAD × this estimates the standard deviation of normally distributed values.
+MAD_TO_SIGMA = 1.4826
+#: A candidate's excess counts in full from this robust z on; below it, in proportion (noise that
+#: happens to be large in nanoseconds does not outrank a consistent slowdown).
+FULL_CREDIT_Z = 5.0
 
 
-@dataclass
-class StepNodes:
-    """The nodes that belong to steps, with their keys, in one flat set of arrays."""
-
-    node: np.ndarray  # node index in the tree
-    step: np.ndarray  # step-table row of the node's step
-    iteration: np.ndarray  # rank-local step ordinal (the same iteration on every rank)
-    rank: np.ndarray
-    name: np.ndarray  # name id
-    ordinal: np.ndarray  # occurrence of this name within (rank, iteration), in time order
-    self_ns: np.ndarray
-    dur_ns: np.ndarray
-    layer: np.ndarray
-    on_gpu: np.ndarray
+def median_mad(reference: np.ndarray, axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The median of `reference` and its spread (MAD_TO_SIGMA · MAD), along `axis` (kept as a
+    dimension of length one) or over all values."""
+    keep = axis is not None
+    median = np.median(reference, axis=axis, keepdims=keep)
+    spread = MAD_TO_SIGMA * np.median(np.abs(reference - median), axis=axis, keepdims=keep)
+    return median, spread
 
 
-def step_nodes(tree: CallTree) -> StepNodes:
-    """Every node inside a step, keyed by (name, ordinal) within its (rank, iteration)."""
-    inside = np.flatnonzero(tree.step >= 0)
-    step = tree.step[inside]
-    iteration = tree.steps.index[step]
-    rank = tree.rank[inside]
-    name = tree.name[inside]
-    on_gpu = tree.stream[inside] >= 0
-    order = np.lexsort((tree.start[inside], name, on_gpu, iteration, rank))
-    inside, step, iteration, rank, name, on_gpu = (
-        inside[order],
-        step[order],
-        iteration[order],
-        rank[order],
-        name[order],
-        on_gpu[order],
-    )
-    ordinal = np.zeros(len(inside), dtype=np.int64)
-    if len(inside):
-        same = (
-            (rank[1:] == rank[:-1])
-            & (iteration[1:] == iteration[:-1])
-            & (name[1:] == name[:-1])
-            & (on_gpu[1:] == on_gpu[:-1])
-        )
-        run_start = np.concatenate([[0], np.flatnonzero(~same) + 1])
-        run_id = np.cumsum(np.concatenate([[1], (~same).astype(np.int64)])) - 1
-        ordinal = np.arange(len(inside)) - run_start[run_id]
-    return StepNodes(
-        node=inside,
-        step=step,
-        iteration=iteration,
-        rank=rank,
-        name=name,
-        ordinal=ordinal,
-        self_ns=tree.self_ns[inside],
-        dur_ns=tree.dur[inside],
-        layer=tree.layer[inside],
-        on_gpu=on_gpu,
-    )
+def robust_z(
+    values: np.ndarray | float,
+    reference: np.ndarray,
+    floor: float = 0.0,
+    share_of_median: float = 0.0,
+    axis: int | None = None,
+) -> np.ndarray:
+    """(values − median) / spread of `reference` (`median_mad`), the spread floored at `floor`
+    (in the values' own units) and at `share_of_median` × the median (a relative noise level)."""
+    median, spread = median_mad(reference, axis)
+    limit = np.maximum(floor, share_of_median * median) if share_of_median else floor
+    return (values - median) / np.maximum(spread, limit)
 
 
-def robust_z(values: np.ndarray, reference: np.ndarray, floor: float) -> np.ndarray:
-    """(value − median) / (1.4826·MAD), with the scale floored so identical references still
-    give finite, meaningful scores (`floor` in the values' own units)."""
-    median = np.median(reference)
-    mad = 1.4826 * np.median(np.abs(reference - median))
-    return (values - median) / max(mad, floor)
+def significance(
+    observed: float, usual: list[float], noise_floor_ns: float, scale: float = 0.0
+) -> float:
+    """Robust z of a step's total against its totals in the reference steps (`usual`), the spread
+    floored at `scale`, at 5% of the usual value and at `noise_floor_ns` (few or identical
+    references); against no references, the observed total in units of the floor."""
+    if not usual:
+        return observed / max(scale, noise_floor_ns)
+    floor = max(scale, noise_floor_ns)
+    return float(robust_z(observed, np.asarray(usual), floor=floor, share_of_median=0.05))
 
 
-def kernel_sequences(tree: CallTree) -> dict[int, list[tuple[int, np.ndarray]]]:
-    """iteration → [(step row, its kernel rows in launch order)], one entry per rank's step.
-
-    The ranks of a tensor-parallel group launch the same kernels in the same order, so kernel i
-    of one rank's sequence compares with kernel i of the others' (slowdown shapes, substituted
-    kernels). Kernels on a stream only; a step without kernels gets an empty sequence."""
-    in_step = (tree.step >= 0) & (tree.layer == LAYER_CODE["kernel"]) & (tree.stream >= 0)
-    rows = np.flatnonzero(in_step)
-    rows = rows[np.lexsort((tree.start[rows], tree.step[rows]))]
-    bounds = np.searchsorted(tree.step[rows], np.arange(len(tree.steps) + 1))
-    out: dict[int, list[tuple[int, np.ndarray]]] = {}
-    for k in range(len(tree.steps)):
-        out.setdefault(int(tree.steps.index[k]), []).append((k, rows[bounds[k] : bounds[k + 1]]))
-    return out
+def credit(z: float) -> float:
+    """Share of an excess that counts: all of it from FULL_CREDIT_Z on, in proportion below."""
+    return min(1.0, max(z, 0.0) / FULL_CREDIT_Z)

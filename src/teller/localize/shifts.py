@@ -28,12 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from teller.callchain.tree import CallTree
-from teller.ingest.schema import LAYER_CODE
+from teller.ingest.schema import GPU_WORK_CODES, HOST_WORK_CODES
+from teller.localize.features import MAD_TO_SIGMA
 
 #: Steps in the rolling median: a shift must hold for most of this many consecutive steps.
 WINDOW = 5
 #: Layers whose nodes can be shifted operators (Python frames contain everything; skip them).
-SHIFT_LAYERS = frozenset(LAYER_CODE[n] for n in ("cpu_op", "runtime", "kernel", "memcpy", "memset"))
+SHIFT_LAYERS = HOST_WORK_CODES | GPU_WORK_CODES
 #: Added to both sides of every time ratio: ratios of microsecond operators are noise.
 RATIO_FLOOR_NS = 20_000.0
 #: Smallest spread of a (rank, operator) log-ratio series.
@@ -112,7 +113,7 @@ def operator_shifts(
             # spread from step-to-step differences: a level shift lasting many steps (the fault)
             # adds two outliers there, where it would inflate the spread around the median
             spread = max(
-                1.4826 * float(np.median(np.abs(np.diff(series)))) / np.sqrt(2), MIN_SPREAD
+                MAD_TO_SIGMA * float(np.median(np.abs(np.diff(series)))) / np.sqrt(2), MIN_SPREAD
             )
             lift = _rolling_median(series, WINDOW) - usual
             # the rank's own time must have grown, by most of the ratio's rise: an operator its

@@ -1,7 +1,7 @@
 """How long each step's collectives spent moving data, against what the step's batch predicts.
 
 A collective's duration on most ranks is mostly waiting for the last rank to arrive; the last
-arriver's own time is the transfer alone (`_arrivals`). Summed over a step's collectives it is a
+arriver's own time is the transfer alone (`RunFacts.arrivals`). Summed over a step's collectives it is a
 clean measure of the links: it grows with the bytes moved (the batch's tokens) and with nothing
 else, so a slower or longer link shows in it even when the step as a whole barely moves (a
 contended NVLink adds microseconds to a step of milliseconds).
@@ -15,12 +15,11 @@ centred on the kind's usual ratio, and that ratio's z, both read from the faster
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
+from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
-from teller.localize.localizer import _arrivals, _design, _fit_step_model, _iteration_rows
+from teller.localize.step_model import design, fit_step_model
 
 #: Share of a kind's steps the fit keeps (the faster ones): link faults only ever slow transfers.
 FIT_KEEP = 0.6
@@ -33,32 +32,31 @@ MIN_STEPS = 4
 
 
 def transfer_residuals(
-    tree: CallTree, arrivals: tuple[np.ndarray, ...] | Literal["read"] | None = "read"
+    tree: CallTree, facts: RunFacts | None = None
 ) -> dict[int, tuple[float, float]]:
     """iteration → (log of transfer time over the fit, its robust z); steps without collectives
-    (one rank, or a kind too rare to fit) are absent. `arrivals`: the tree's `_arrivals` table
-    where the caller already has it (it is the slow part)."""
-    if isinstance(arrivals, str):
-        arrivals = _arrivals(tree)
+    (one rank, or a kind too rare to fit) are absent. `facts`: the tree's `RunFacts` where the
+    caller has them (their arrivals are the slow part)."""
+    facts = RunFacts.of(tree, facts)
+    arrivals = facts.arrivals
     if arrivals is None:
         return {}
-    iteration_of, _, _, _, own_ns, _, is_last = arrivals
-    seen, row = np.unique(iteration_of[is_last], return_inverse=True)
-    totals = np.bincount(row, weights=own_ns[is_last], minlength=len(seen))
+    last = arrivals.is_last
+    seen, row = np.unique(arrivals.iteration[last], return_inverse=True)
+    totals = np.bincount(row, weights=arrivals.own_ns[last], minlength=len(seen))
     transfer = dict(zip(seen.tolist(), totals.tolist(), strict=True))
-    rows = _iteration_rows(tree, with_iteration=True)
-    iterations = np.array([r[4] for r in rows])
-    kinds = np.array([r[0] for r in rows], dtype=object)
-    ctx = np.array([r[2] for r in rows], dtype=float)
-    gen = np.array([r[3] for r in rows], dtype=float)
+    iterations = facts.iterations.iteration
+    kinds = facts.iterations.kind
+    ctx = facts.iterations.context_tokens
+    gen = facts.iterations.generation_tokens
     measured = np.array([transfer.get(int(it), 0.0) for it in iterations])
     out: dict[int, tuple[float, float]] = {}
     for kind in set(kinds.tolist()):
         mask = (kinds == kind) & (measured > 0)
         if mask.sum() < MIN_STEPS:
             continue
-        fit = _fit_step_model(measured[mask], ctx[mask], gen[mask], keep=FIT_KEEP)
-        predicted = np.maximum(_design(ctx[mask], gen[mask]) @ fit.coef, 1.0)
+        fit = fit_step_model(measured[mask], ctx[mask], gen[mask], keep=FIT_KEEP)
+        predicted = np.maximum(design(ctx[mask], gen[mask]) @ fit.coef, 1.0)
         log_ratio = np.log(measured[mask] / predicted)
         # centre and spread from the faster part only (normal quantiles 10% and 30%): link faults
         # only ever slow transfers, so the fast part is normal even when a fault covers most steps

@@ -21,19 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
+from teller.callchain.facts import Arrivals, RunFacts, kernel_sequences
 from teller.callchain.tree import CallTree
-from teller.ingest.schema import LAYER_CODE
 from teller.labels import CaseLabels, equivalent_operators
 from teller.layout import CaseDir
-from teller.localize.features import kernel_sequences
-from teller.localize.localizer import (
+from teller.localize import (
     NumericLocalizer,
     OperatorCandidate,
     StepScore,
-    _arrivals,
     keep_top,
+    transfer_residuals,
 )
-from teller.localize.transfer import transfer_residuals
 from teller.rca.model import (
     CANDIDATE_KINDS,
     FAULT_NAMES,
@@ -62,9 +60,6 @@ MAX_LOG_LINES = 8
 PROPOSE_Z = 3.0
 PROPOSE_RATIO = 1.03
 STEP_KINDS = ("prefill", "decode", "mixed")
-_GPU = np.array([LAYER_CODE[n] for n in ("kernel", "memcpy", "memset")])
-_HOST = np.array([LAYER_CODE[n] for n in ("cpu_op", "runtime")])
-_COMM = LAYER_CODE["comm"]
 
 #: Localizer candidate kinds the model reads as one of its own: an idle-GPU candidate is host
 #: work that delayed the GPU, i.e. compute on the host; a persistent shift is compute that regressed.
@@ -102,16 +97,18 @@ def case_records(
     case_id: str,
     labels: CaseLabels | None = None,
     log_paths: Sequence[Path] = (),
+    facts: RunFacts | None = None,
 ) -> list[StepRecord]:
-    """One record per iteration of the tree."""
+    """One record per iteration of the tree; `facts`: the tree's `RunFacts` where the caller has
+    them (computed here otherwise)."""
+    facts = RunFacts.of(tree, facts)
     localization = NumericLocalizer(
         step_z=PROPOSE_Z, min_ratio=PROPOSE_RATIO, top_k=MAX_CANDIDATES, candidate_z=-np.inf
-    ).score(tree)
-    work = _work_features(tree)
+    ).score(tree, facts)
+    work = _work_features(tree, facts)
     slowdown = _kernel_slowdown_shape(tree)
-    arrivals = _arrivals(tree)
-    transfers = transfer_residuals(tree, arrivals)
-    collectives = _last_arrivals(arrivals)
+    transfers = transfer_residuals(tree, facts)
+    collectives = _last_arrivals(facts.arrivals)
     forwards = _forward_nodes(tree)
     logs, queues = _aligned_logs(tree, log_paths)
     strict = NumericLocalizer()
@@ -248,13 +245,18 @@ def _forward_nodes(tree: CallTree) -> dict[int, dict[int, int]]:
     return out
 
 
-def _last_arrivals(arrivals: tuple[np.ndarray, ...] | None) -> dict[int, tuple[int, int, int]]:
+def _last_arrivals(arrivals: Arrivals | None) -> dict[int, tuple[int, int, int]]:
     """iteration → (rank, node, own ns): the rank whose collectives, where it arrived last, took
     longest in all (their time is transfer alone), and the longest of those collectives."""
     if arrivals is None:
         return {}
-    iteration_of, rank, _, _, own_ns, node, is_last = arrivals
-    rows = np.flatnonzero(is_last)
+    iteration_of, rank, own_ns, node = (
+        arrivals.iteration,
+        arrivals.rank,
+        arrivals.own_ns,
+        arrivals.node,
+    )
+    rows = np.flatnonzero(arrivals.is_last)
     out: dict[int, tuple[int, int, int]] = {}
     totals: dict[tuple[int, int], float] = {}
     longest: dict[tuple[int, int], int] = {}
@@ -363,7 +365,7 @@ def _target(candidates: list[OperatorCandidate], labels: CaseLabels) -> int:
     return -1
 
 
-def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
+def _work_features(tree: CallTree, facts: RunFacts) -> dict[int, np.ndarray]:
     """Per iteration, for GPU, host and comm work: the largest rank's share against the median
     rank (imbalance) and against its own median over the case's steps of the same kind
     (temporal), as log ratios.
@@ -372,15 +374,9 @@ def _work_features(tree: CallTree) -> dict[int, np.ndarray]:
     the whole run's median a decode step's comm looks small even when every message of it waits
     an extra network hop (a delayed or contended link)."""
     steps = tree.steps
-    in_step = tree.step >= 0
-    gpu = in_step & np.isin(tree.layer, _GPU) & (tree.stream >= 0)
-    host = in_step & np.isin(tree.layer, _HOST) & (tree.stream < 0)
-    comm = in_step & (tree.layer == _COMM)
-    measures = [
-        np.bincount(tree.step[gpu], weights=tree.dur[gpu], minlength=len(steps)),
-        np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=len(steps)),
-        np.bincount(tree.step[comm], weights=tree.dur[comm], minlength=len(steps)),
-    ]
+    # host work with the calls that mostly wait left in (`host_ns`), unlike the localizer's: the
+    # shipped model's weights were learned on this measure
+    measures = [facts.work.gpu_ns, facts.work.host_ns, facts.work.comm_ns]
     iterations, row = np.unique(steps.index, return_inverse=True)
     ranks, column = np.unique(steps.rank, return_inverse=True)
     kind_of = np.zeros(len(iterations), dtype=object)

@@ -28,7 +28,7 @@ from teller.callchain.tree import CallTree
 from teller.errors import TellerError
 from teller.faults import view_of
 from teller.ingest.schema import LAYERS
-from teller.localize.localizer import (
+from teller.localize import (
     Localization,
     OperatorCandidate,
     StepScore,

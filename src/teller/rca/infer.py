@@ -24,7 +24,7 @@ from teller.callchain.render import format_ns
 from teller.callchain.tree import CallTree
 from teller.errors import TraceError
 from teller.faults import FAULT_FREE
-from teller.localize.localizer import (
+from teller.localize import (
     OperatorCandidate,
 )
 from teller.rca.dataset import StepRecord, case_records, encode

@@ -1,0 +1,330 @@
+"""The facts of one run that several stages read, computed from its call tree once.
+
+The localizer, the root-cause model's features and the baselines all compare the same things:
+each rank's work per step, its arrival at each collective, each iteration's batch. `RunFacts`
+computes each of them on first use and keeps it, so a run's facts are computed once however many
+methods read them: pass one `RunFacts` to every stage that takes it.
+
+Two facts make comparisons possible without a model of the engine: with tensor parallelism every
+rank runs the same operator sequence in every step, and a step's operator sequence repeats from
+step to step. So a node is identified by its *key* (name, occurrence ordinal of that name within
+its step on its rank), and the same key names the same operator instance on a peer rank in the same
+step (horizontal reference) and in another step (temporal reference): `StepNodes`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from teller.callchain.tree import CallTree
+from teller.ingest.schema import COMPUTE_CODES, GPU_WORK_CODES, HOST_WORK_CODES, LAYER_CODE
+
+#: Calls whose time is mostly waiting for the GPU or a peer, not host work.
+WAITING_CALL = re.compile(
+    r"""
+    ynchronize      # cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize
+    | Query         # cudaStreamQuery, cudaEventQuery: polling for the GPU
+    | WaitEvent     # cudaStreamWaitEvent
+    | Memcpy        # cudaMemcpy and its variants: blocking copies
+    | wait_tensor   # functional collectives waiting for their result
+    | c10d::wait    # a process group's Work.wait()
+    """,
+    re.IGNORECASE | re.VERBOSE,
+)
+
+
+def waiting_names(tree: CallTree) -> frozenset[int]:
+    """Name ids of the calls that mostly wait (`WAITING_CALL`)."""
+    return frozenset(i for i, name in enumerate(tree.names) if WAITING_CALL.search(name))
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """One row per (collective instance, rank) inside a step: when each rank reached the
+    collective against its peers (an instance only one rank ran is never late nor last). Arrival
+    is read on the GPU where collectives run there: host-side enqueue times say nothing about
+    arrival on the GPU."""
+
+    iteration: np.ndarray  # the step's iteration
+    rank: np.ndarray  # int64
+    name: np.ndarray  # int64 name id of the collective
+    late_ns: np.ndarray  # float: arrival after the median of the others' arrivals, ≥ 0
+    own_ns: np.ndarray  # float: the collective's own duration on this rank
+    node: np.ndarray  # this rank's root node of the collective
+    is_last: np.ndarray  # bool: the last rank to arrive (its own time has no waiting in it)
+
+    def __len__(self) -> int:
+        return len(self.iteration)
+
+
+def arrivals_of(tree: CallTree) -> Arrivals | None:
+    """The run's `Arrivals` (None without collectives)."""
+    comm = tree.comm
+    if not len(comm):
+        return None
+    use = np.ones(len(comm), dtype=bool)
+    on_gpu = tree.stream[comm.node] >= 0
+    if on_gpu.any():
+        use &= on_gpu
+    step = tree.step[comm.node]
+    use &= step >= 0
+    rows = np.flatnonzero(use)
+    late = np.zeros(len(comm), dtype=np.int64)
+    last = np.zeros(len(comm), dtype=bool)
+    order = np.argsort(comm.instance[rows], kind="stable")
+    rows = rows[order]
+    boundaries = np.flatnonzero(np.diff(comm.instance[rows])) + 1
+    for group in np.split(rows, boundaries):
+        if len(group) < 2:
+            continue
+        starts = comm.start_ns[group]
+        last[group[np.argmax(starts)]] = True
+        for k, row in enumerate(group.tolist()):
+            others = np.delete(starts, k)
+            late[row] = max(0, int(starts[k] - np.median(others)))
+    kept = np.flatnonzero(use)
+    return Arrivals(
+        iteration=tree.steps.index[step[kept]],
+        rank=comm.rank[kept].astype(np.int64),
+        name=tree.name[comm.node[kept]].astype(np.int64),
+        late_ns=late[kept].astype(float),
+        own_ns=(comm.end_ns[kept] - comm.start_ns[kept]).astype(float),
+        node=comm.node[kept],
+        is_last=last[kept],
+    )
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """Per step-table row (one rank's step): the work that rank did in it, in ns."""
+
+    gpu_ns: np.ndarray  # kernels and copies on its streams, inclusive time
+    host_ns: np.ndarray  # self time of its operators and runtime calls on the CPU
+    #: the same, less the calls that mostly wait (`WAITING_CALL`): the localizer's host work
+    host_without_waits_ns: np.ndarray
+    comm_ns: np.ndarray  # its collectives' time, waiting for the peers included
+
+
+def step_work(tree: CallTree, waiting: frozenset[int]) -> StepWork:
+    """Each rank's `StepWork` per step; `waiting`: the name ids `host_without_waits_ns` leaves out."""
+    count = len(tree.steps)
+    in_step = tree.step >= 0
+    gpu = in_step & np.isin(tree.layer, list(GPU_WORK_CODES)) & (tree.stream >= 0)
+    host = in_step & np.isin(tree.layer, list(HOST_WORK_CODES)) & (tree.stream < 0)
+    working = host & ~np.isin(tree.name, list(waiting))
+    comm = in_step & (tree.layer == LAYER_CODE["comm"])
+    return StepWork(
+        gpu_ns=np.bincount(tree.step[gpu], weights=tree.dur[gpu], minlength=count),
+        host_ns=np.bincount(tree.step[host], weights=tree.self_ns[host], minlength=count),
+        host_without_waits_ns=np.bincount(
+            tree.step[working], weights=tree.self_ns[working], minlength=count
+        ),
+        comm_ns=np.bincount(tree.step[comm], weights=tree.dur[comm], minlength=count),
+    )
+
+
+@dataclass(frozen=True)
+class Iterations:
+    """One row per iteration (the same step on every rank), in iteration order: what a method
+    compares steps by."""
+
+    iteration: np.ndarray  # int64
+    kind: np.ndarray  # object: the step kind (prefill, decode, mixed, ...), the first rank's
+    dur_ns: np.ndarray  # float: the slowest rank's duration
+    context_tokens: np.ndarray  # float, the first rank's, ≥ 0
+    generation_tokens: np.ndarray  # float, the first rank's, ≥ 0
+    ranks: list[list[int]]  # the ranks that ran it, ascending
+
+    def __len__(self) -> int:
+        return len(self.iteration)
+
+
+def iterations_of(tree: CallTree) -> Iterations:
+    """The run's `Iterations`."""
+    steps = tree.steps
+    by_iteration: dict[int, list[int]] = {}
+    for k in range(len(steps)):
+        by_iteration.setdefault(int(steps.index[k]), []).append(k)
+    ordered = sorted(by_iteration.items())
+    firsts = [members[0] for _, members in ordered]
+    return Iterations(
+        iteration=np.array([iteration for iteration, _ in ordered], dtype=np.int64),
+        kind=np.array([steps.kind[k] for k in firsts], dtype=object),
+        dur_ns=np.array(
+            [float(max(int(steps.dur_ns[k]) for k in members)) for _, members in ordered],
+            dtype=float,
+        ),
+        context_tokens=np.array(
+            [float(max(steps.context_tokens[k], 0)) for k in firsts], dtype=float
+        ),
+        generation_tokens=np.array(
+            [float(max(steps.generation_tokens[k], 0)) for k in firsts], dtype=float
+        ),
+        ranks=[sorted(int(steps.rank[k]) for k in members) for _, members in ordered],
+    )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A run's setup fingerprint: its rank count and the names of the operators and kernels that
+    ran in its steps (the model, engine and kernels chosen)."""
+
+    ranks: int
+    names: frozenset[str]
+
+
+def setup_of(tree: CallTree) -> Setup:
+    """The run's `Setup`."""
+    work = (tree.step >= 0) & np.isin(tree.layer, list(COMPUTE_CODES))
+    names = frozenset(tree.names[n] for n in np.unique(tree.name[work]).tolist())
+    return Setup(ranks=len(np.unique(tree.steps.rank)), names=names)
+
+
+@dataclass
+class StepNodes:
+    """The nodes that belong to steps, with their keys, in one flat set of arrays."""
+
+    node: np.ndarray  # node index in the tree
+    step: np.ndarray  # step-table row of the node's step
+    iteration: np.ndarray  # rank-local step ordinal (the same iteration on every rank)
+    rank: np.ndarray
+    name: np.ndarray  # name id
+    ordinal: np.ndarray  # occurrence of this name within (rank, iteration), in time order
+    self_ns: np.ndarray
+    dur_ns: np.ndarray
+    layer: np.ndarray
+    on_gpu: np.ndarray
+
+
+def step_nodes(tree: CallTree) -> StepNodes:
+    """Every node inside a step, keyed by (name, ordinal) within its (rank, iteration)."""
+    inside = np.flatnonzero(tree.step >= 0)
+    order = np.lexsort(
+        (
+            tree.start[inside],
+            tree.name[inside],
+            tree.stream[inside] >= 0,
+            tree.steps.index[tree.step[inside]],
+            tree.rank[inside],
+        )
+    )
+    inside = inside[order]
+    iteration = tree.steps.index[tree.step[inside]]
+    rank, name, on_gpu = tree.rank[inside], tree.name[inside], tree.stream[inside] >= 0
+    return StepNodes(
+        node=inside,
+        step=tree.step[inside],
+        iteration=iteration,
+        rank=rank,
+        name=name,
+        ordinal=_ordinals(rank, iteration, name, on_gpu),
+        self_ns=tree.self_ns[inside],
+        dur_ns=tree.dur[inside],
+        layer=tree.layer[inside],
+        on_gpu=on_gpu,
+    )
+
+
+def _ordinals(*keys: np.ndarray) -> np.ndarray:
+    """Position of each row within its run of equal keys (rows sorted by the keys)."""
+    count = len(keys[0])
+    if not count:
+        return np.zeros(0, dtype=np.int64)
+    same = np.ones(count - 1, dtype=bool)
+    for key in keys:
+        same &= key[1:] == key[:-1]
+    run_start = np.concatenate([[0], np.flatnonzero(~same) + 1])
+    run_id = np.cumsum(np.concatenate([[1], (~same).astype(np.int64)])) - 1
+    return np.arange(count) - run_start[run_id]
+
+
+def compute_totals(nodes: StepNodes) -> dict[tuple[int, int, int], float]:
+    """(rank, name, iteration) → total self time of the compute nodes of that name there."""
+    compute = np.isin(nodes.layer, list(COMPUTE_CODES))
+    keys = np.stack([nodes.rank[compute], nodes.name[compute], nodes.iteration[compute]], axis=1)
+    if not len(keys):
+        return {}
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    sums = np.bincount(inverse.ravel(), weights=nodes.self_ns[compute].astype(float))
+    return {tuple(int(v) for v in unique[k]): float(sums[k]) for k in range(len(unique))}
+
+
+def kernel_sequences(tree: CallTree) -> dict[int, list[tuple[int, np.ndarray]]]:
+    """iteration → [(step row, its kernel rows in launch order)], one entry per rank's step.
+
+    The ranks of a tensor-parallel group launch the same kernels in the same order, so kernel i
+    of one rank's sequence compares with kernel i of the others' (slowdown shapes, substituted
+    kernels). Kernels on a stream only; a step without kernels gets an empty sequence."""
+    in_step = (tree.step >= 0) & (tree.layer == LAYER_CODE["kernel"]) & (tree.stream >= 0)
+    rows = np.flatnonzero(in_step)
+    rows = rows[np.lexsort((tree.start[rows], tree.step[rows]))]
+    bounds = np.searchsorted(tree.step[rows], np.arange(len(tree.steps) + 1))
+    out: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for k in range(len(tree.steps)):
+        out.setdefault(int(tree.steps.index[k]), []).append((k, rows[bounds[k] : bounds[k + 1]]))
+    return out
+
+
+class RunFacts:
+    """The facts of one run (`tree`), each computed on first use and kept."""
+
+    def __init__(self, tree: CallTree) -> None:
+        self.tree = tree
+
+    @classmethod
+    def of(cls, tree: CallTree, known: RunFacts | None = None) -> RunFacts:
+        """`known` where the caller already has the tree's facts, else new ones."""
+        if known is None:
+            return cls(tree)
+        if known.tree is not tree:
+            raise ValueError("these facts belong to another run's tree")
+        return known
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        """The ranks that ran steps, ascending."""
+        return np.unique(self.tree.steps.rank).tolist()
+
+    @cached_property
+    def waiting(self) -> frozenset[int]:
+        """Name ids of the calls that mostly wait (`WAITING_CALL`)."""
+        return waiting_names(self.tree)
+
+    @cached_property
+    def arrivals(self) -> Arrivals | None:
+        """When each rank reached each collective (`arrivals_of`); None without collectives."""
+        return arrivals_of(self.tree)
+
+    @cached_property
+    def work(self) -> StepWork:
+        """Each rank's GPU, host and comm work per step (`step_work`)."""
+        return step_work(self.tree, self.waiting)
+
+    @cached_property
+    def iterations(self) -> Iterations:
+        """One row per iteration: kind, slowest rank's time, batch, ranks (`iterations_of`)."""
+        return iterations_of(self.tree)
+
+    @cached_property
+    def setup(self) -> Setup:
+        """The run's setup fingerprint (`setup_of`)."""
+        return setup_of(self.tree)
+
+    @cached_property
+    def step_nodes(self) -> StepNodes:
+        """Every node inside a step, keyed (`step_nodes`)."""
+        return step_nodes(self.tree)
+
+    @cached_property
+    def compute_totals(self) -> dict[tuple[int, int, int], float]:
+        """(rank, name, iteration) → total self time of the compute nodes of that name there."""
+        return compute_totals(self.step_nodes)
+
+    @cached_property
+    def kernel_sequences(self) -> dict[int, list[tuple[int, np.ndarray]]]:
+        """Each rank's kernels per step, in launch order (`kernel_sequences`)."""
+        return kernel_sequences(self.tree)

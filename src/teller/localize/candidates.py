@@ -1,0 +1,392 @@
+"""Which (rank, operator) explains a slow step: the per-step operator search.
+
+In a proposed step, every node's self time is compared with the same operator instance (same
+name and occurrence ordinal) (a) in the nearest-composition normal steps of the same rank, else
+(b) on the peer ranks in the same step, else (c) with the same operator in the step's other
+repeated layers on the same rank (a single-rank run without normal steps). Excess self time is
+summed per (rank, operator name); repeated layers add up, and self time (not inclusive time)
+credits the deepest operator that actually slowed. Operators the usual work never runs (a
+swapped-in kernel, a fallback path) count with their whole time; host work that kept the GPU
+idle (`teller.localize.idle`) and late arrivals at collectives (`teller.localize.collectives`)
+are candidates beside them.
+
+Candidates are ranked by excess nanoseconds weighted by significance (`features.credit`): an
+excess counts in full once its robust z against the same rank's totals in the reference steps
+reaches `FULL_CREDIT_Z`, so large but usual noise does not outrank a consistent slowdown.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from teller.callchain.facts import Arrivals, RunFacts, StepNodes
+from teller.callchain.tree import CallTree
+from teller.ingest.schema import COMPUTE_CODES
+from teller.localize.collectives import collective_candidates
+from teller.localize.features import credit, significance
+from teller.localize.idle import idle_gaps
+from teller.localize.results import OperatorCandidate, StepScore
+
+#: Share of a rank's late arrival that its own compute excess must cover to explain it.
+EXPLAINED_LATENESS = 0.5
+#: Temporal reference size: this many nearest-composition normal steps.
+NEAREST_STEPS = 8
+
+#: The reference of a candidate whose operator the step's usual work does not run at all.
+NEW_OPERATOR = "absent from most of the nearest normal steps, on every rank"
+#: The reference of a kernel one rank runs where its tensor-parallel peers all run another.
+SUBSTITUTED = "launched where the peer ranks launch another kernel, same step and position"
+#: The references of operators the usual work does not run (`keep_top` keeps some of them).
+FRESH = (NEW_OPERATOR, SUBSTITUTED)
+
+#: (rank, name id, ordinal, on GPU): one operator instance, the same on every step and rank.
+NodeKey = tuple[int, int, int, bool]
+
+
+@dataclass
+class RunTables:
+    """What every proposed step of one run is measured with, built once per run."""
+
+    tree: CallTree
+    nodes: StepNodes
+    key_rows: dict[NodeKey, dict[int, int]]  # key → {iteration: position in `nodes`}
+    step_totals: dict[tuple[int, int, int], float]  # (rank, name, iteration) → self ns
+    gaps: dict[tuple[int, int], dict[int, float]]  # `idle_gaps`
+    arrivals: Arrivals | None
+    substituted: dict[int, set[tuple[int, int]]]  # `substituted_kernels`
+    waiting: frozenset[int]  # name ids of calls that mostly wait: never candidates
+    ranks: list[int]
+
+    @classmethod
+    def of(cls, facts: RunFacts) -> RunTables:
+        return cls(
+            tree=facts.tree,
+            nodes=facts.step_nodes,
+            key_rows=keyed_rows(facts.step_nodes),
+            step_totals=facts.compute_totals,
+            gaps=idle_gaps(facts.tree),
+            arrivals=facts.arrivals,
+            substituted=substituted_kernels(facts),
+            waiting=facts.waiting,
+            ranks=facts.ranks,
+        )
+
+
+def keyed_rows(nodes: StepNodes) -> dict[NodeKey, dict[int, int]]:
+    """Every step node's position in `nodes`, by its key and iteration."""
+    key_rows: dict[NodeKey, dict[int, int]] = {}
+    for i in range(len(nodes.node)):
+        key = (int(nodes.rank[i]), int(nodes.name[i]), int(nodes.ordinal[i]), bool(nodes.on_gpu[i]))
+        key_rows.setdefault(key, {})[int(nodes.iteration[i])] = i
+    return key_rows
+
+
+def propose(
+    facts: RunFacts,
+    proposed: set[int],
+    steps: list[StepScore],
+    top_k: int,
+    noise_floor_ns: float,
+) -> dict[int, list[OperatorCandidate]]:
+    """Ranked candidates of every `proposed` iteration, each measured against its nearest
+    normal (not anomalous) steps of the same kind."""
+    tree = facts.tree
+    kind_of = {s.iteration: s.kind for s in steps}
+    tokens_of = {
+        int(tree.steps.index[k]): float(
+            max(tree.steps.context_tokens[k], 0) + max(tree.steps.generation_tokens[k], 0)
+        )
+        for k in range(len(tree.steps))
+    }
+    normal_iterations = [s.iteration for s in steps if not s.anomalous]
+    tables = RunTables.of(facts)
+    out: dict[int, list[OperatorCandidate]] = {}
+    for iteration in sorted(proposed):
+        reference = _nearest(iteration, normal_iterations, kind_of, tokens_of, NEAREST_STEPS)
+        out[iteration] = step_candidates(tables, iteration, reference, top_k, noise_floor_ns)
+    return out
+
+
+def step_candidates(
+    tables: RunTables,
+    iteration: int,
+    reference: list[int],
+    top_k: int,
+    noise_floor_ns: float,
+) -> list[OperatorCandidate]:
+    """One step's candidates, best first (`keep_top` of them)."""
+    tree, nodes, waiting = tables.tree, tables.nodes, tables.waiting
+    candidates = _operator_excess(tables, iteration, reference, noise_floor_ns)
+    new = (
+        _new_operators(tables.step_totals, iteration, reference, waiting, noise_floor_ns)
+        if reference
+        else []
+    )
+    seen = {key for key, _ in new}
+    found = [(key, observed, NEW_OPERATOR) for key, observed in new]
+    for rank, name in sorted(tables.substituted.get(iteration, set()) - seen):
+        observed = tables.step_totals.get((rank, name, iteration), 0.0)
+        if observed > noise_floor_ns and name not in waiting:
+            found.append(((rank, name), observed, SUBSTITUTED))
+    # an operator the usual work does not run was measured above against the few steps that
+    # did (the fault's own unflagged steps, or all of them once it persists): its whole time
+    # is the excess instead
+    fresh = {(rank, tree.names[name]) for (rank, name), _, _ in found}
+    candidates = [c for c in candidates if (c.rank, c.operator) not in fresh]
+    for (rank, name), observed, why in found:
+        candidates.append(
+            OperatorCandidate(
+                iteration=iteration,
+                rank=rank,
+                operator=tree.names[name],
+                score=observed,
+                observed_ns=int(observed),
+                normal_ns=0,
+                z=significance(observed, [], noise_floor_ns),
+                node=int(nodes.node[_largest_node(nodes, iteration, rank, name)]),
+                reference=why,
+                kind="compute",
+            )
+        )
+    candidates.extend(_idle_candidates(tables, iteration, reference, noise_floor_ns))
+    compute_excess: dict[int, float] = {}
+    for candidate in candidates:
+        compute_excess[candidate.rank] = compute_excess.get(candidate.rank, 0.0) + candidate.score
+    collectives = collective_candidates(tree, tables.arrivals, iteration, reference, noise_floor_ns)
+    for candidate in collectives:
+        explained = compute_excess.get(candidate.rank, 0.0)
+        if candidate.kind == "arrival":
+            # a rank whose own work got slower arrives late *because* of it: when its compute
+            # excess explains most of the lateness, the collective is a symptom, not a cause
+            if explained >= EXPLAINED_LATENESS * candidate.score:
+                continue
+            candidate.score -= explained
+        elif candidate.kind == "transfer" and explained >= candidate.score:
+            # a host-run collective (gloo) on a slowed host is slow for the host's reason
+            continue
+        if candidate.score > noise_floor_ns:
+            candidates.append(candidate)
+    candidates.sort(key=lambda c: -c.score)
+    return keep_top(candidates, top_k)
+
+
+def _operator_excess(
+    tables: RunTables, iteration: int, reference: list[int], noise_floor_ns: float
+) -> list[OperatorCandidate]:
+    """Per (rank, operator) of the step: its nodes' self time beyond their reference, summed."""
+    tree, nodes, key_rows = tables.tree, tables.nodes, tables.key_rows
+    in_step = np.flatnonzero(nodes.iteration == iteration)
+    totals: dict[tuple[int, int], list] = {}  # (rank, name) → [excess, observed, normal, best, ...]
+    layers = None  # built on first need (single-rank runs without normal steps)
+    for i in in_step.tolist():
+        layer = int(nodes.layer[i])
+        if layer not in COMPUTE_CODES or int(nodes.name[i]) in tables.waiting:
+            continue
+        rank, name = int(nodes.rank[i]), int(nodes.name[i])
+        key = (rank, name, int(nodes.ordinal[i]), bool(nodes.on_gpu[i]))
+        history = key_rows.get(key, {})
+        ref = [int(nodes.self_ns[history[r]]) for r in reference if r in history]
+        where = "nearest-composition normal steps, same rank"
+        if len(ref) < 2:  # no temporal reference: compare with the peers in this step
+            ref = [
+                int(nodes.self_ns[key_rows[(peer, name, key[2], key[3])][iteration]])
+                for peer in tables.ranks
+                if peer != rank and iteration in key_rows.get((peer, name, key[2], key[3]), {})
+            ]
+            where = "same operator on peer ranks, same step"
+        if not ref:  # one rank, no normal steps: the operator's other layers in this step
+            if layers is None:
+                layers = _layers_index(key_rows)
+            ref = [
+                int(nodes.self_ns[j])
+                for ordinal, steps_of in layers.get((rank, name, key[3]), {}).items()
+                if ordinal != key[2] and (j := steps_of.get(iteration)) is not None
+            ]
+            where = "same operator in the step's other layers, same rank"
+        if not ref:
+            continue
+        normal = _small_median(ref)
+        excess = float(nodes.self_ns[i]) - normal  # small and negative ones too: they add up
+        entry = totals.setdefault((rank, name), [0.0, 0, 0, i, 0.0, where])
+        entry[0] += excess
+        entry[1] += int(nodes.self_ns[i])
+        entry[2] += int(normal)
+        if excess > entry[4]:
+            entry[3], entry[4] = i, excess
+    candidates = []
+    for (rank, name), (excess, observed, normal, best, _, where) in totals.items():
+        if excess <= noise_floor_ns:
+            continue
+        usual = [tables.step_totals.get((rank, name, r), 0.0) for r in reference]
+        z = significance(float(observed), usual, noise_floor_ns)
+        candidates.append(
+            OperatorCandidate(
+                iteration,
+                rank,
+                tree.names[name],
+                score=excess * credit(z),
+                observed_ns=observed,
+                normal_ns=normal,
+                z=z,
+                node=int(nodes.node[best]),
+                reference=where,
+                kind="compute",
+            )
+        )
+    return candidates
+
+
+def _layers_index(
+    key_rows: dict[NodeKey, dict[int, int]],
+) -> dict[tuple[int, int, bool], dict[int, dict[int, int]]]:
+    """(rank, name, on_gpu) → ordinal → {iteration: node}: an operator's repeated layers."""
+    index: dict[tuple[int, int, bool], dict[int, dict[int, int]]] = {}
+    for (rank, name, ordinal, on_gpu), steps_of in key_rows.items():
+        index.setdefault((rank, name, on_gpu), {})[ordinal] = steps_of
+    return index
+
+
+def _idle_candidates(
+    tables: RunTables, iteration: int, reference: list[int], noise_floor_ns: float
+) -> list[OperatorCandidate]:
+    """Host work that kept a rank's GPU idle longer than in the nearest normal steps.
+
+    Which host node a gap lands on wanders from step to step, so the evidence is judged per
+    rank first: only when the rank's total idle time is itself unusual do its per-operator
+    shares get credit."""
+    tree, nodes, gaps = tables.tree, tables.nodes, tables.gaps
+    out = []
+    for (rank, it), per_name in gaps.items():
+        if it != iteration:
+            continue
+        usual_totals = [sum(gaps.get((rank, r), {}).values()) for r in reference]
+        rank_z = significance(sum(per_name.values()), usual_totals, noise_floor_ns)
+        weight = credit(rank_z)
+        if weight <= 0.0:
+            continue
+        for name, idle in per_name.items():
+            usual = [gaps.get((rank, r), {}).get(name, 0.0) for r in reference]
+            excess = idle - (float(np.median(usual)) if usual else 0.0)
+            if excess <= noise_floor_ns:
+                continue
+            where = np.flatnonzero(
+                (nodes.iteration == iteration) & (nodes.rank == rank) & (nodes.name == name)
+            )
+            if not len(where):
+                continue
+            out.append(
+                OperatorCandidate(
+                    iteration=iteration,
+                    rank=rank,
+                    operator=tree.names[name],
+                    score=excess * weight,
+                    observed_ns=int(idle),
+                    normal_ns=int(np.median(usual)) if usual else 0,
+                    z=rank_z,
+                    node=int(nodes.node[where[np.argmax(nodes.self_ns[where])]]),
+                    reference="GPU idle while this host work delayed the next launch, "
+                    "vs nearest normal steps",
+                    kind="idle",
+                )
+            )
+    return out
+
+
+def _new_operators(
+    step_totals: dict[tuple[int, int, int], float],
+    iteration: int,
+    reference: list[int],
+    waiting: frozenset[int],
+    noise_floor_ns: float,
+) -> list[tuple[tuple[int, int], float]]:
+    """(rank, name) whose work in this step is absent from most reference steps, on every
+    rank: a swapped-in kernel, a fallback path. Their whole time is excess.
+
+    Most, not all: the reference steps are the ones the step scores did not flag, and a
+    fault that slows a step less than its batch's spread leaves some of its own steps among
+    them. One such step in the reference must not make the swapped kernel usual."""
+    references = set(reference)
+    steps_with = Counter(n for n, _ in {(n, it) for (_, n, it) in step_totals if it in references})
+    usual_names = {n for n, count in steps_with.items() if 2 * count > len(references)}
+    return [
+        ((r, n), total)
+        for (r, n, it), total in step_totals.items()
+        if it == iteration and total > noise_floor_ns and n not in usual_names and n not in waiting
+    ]
+
+
+def substituted_kernels(facts: RunFacts) -> dict[int, set[tuple[int, int]]]:
+    """iteration → (rank, kernel name id) of kernels one rank launched where every other rank of
+    the step, at the same position of the same-length kernel sequence, launched one other kernel.
+
+    Why: the ranks of a tensor-parallel group launch the same kernels in the same order, so a
+    kernel that one rank alone runs in a peer's place is a substitution (a fallback GEMM, a
+    regressed path), whether or not earlier steps ran it too: history cannot see a regression
+    that has lasted, the peers can. Needs three ranks of one sequence length (with two, neither
+    is the odd one out); pipeline stages, whose sequences differ, never compare."""
+    tree = facts.tree
+    out: dict[int, set[tuple[int, int]]] = {}
+    for iteration, sequences in facts.kernel_sequences.items():
+        by_length: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for k, rows in sequences:
+            by_length.setdefault(len(rows), []).append((k, rows))
+        for length, group in by_length.items():
+            if length == 0 or len(group) < 3:
+                continue
+            names = np.stack([tree.name[rows] for _, rows in group])
+            for g, (k, _) in enumerate(group):
+                others = np.delete(names, g, axis=0)
+                odd = (others != names[g]).all(axis=0) & (others == others[0]).all(axis=0)
+                rank = int(tree.steps.rank[k])
+                for name in np.unique(names[g][odd]).tolist():
+                    out.setdefault(iteration, set()).add((rank, int(name)))
+    return out
+
+
+def keep_top(candidates: list[OperatorCandidate], k: int) -> list[OperatorCandidate]:
+    """The first k of candidates ranked best first, in their order, except that up to k // 2
+    new operators stay whatever their place, in place of the last others.
+
+    Why: a swapped-in kernel's whole time is its excess, often less than an idle gap elsewhere in
+    a noisy step, yet an operator the usual work never runs is the strongest structural evidence
+    a step has; cut by rank alone, it would never reach the pointer that weighs it."""
+    fresh = [i for i, c in enumerate(candidates) if c.reference in FRESH][: k // 2]
+    others = [i for i, c in enumerate(candidates) if c.reference not in FRESH]
+    kept = sorted(fresh + others[: max(k - len(fresh), 0)])
+    return [candidates[i] for i in kept]
+
+
+def _largest_node(nodes: StepNodes, iteration: int, rank: int, name: int) -> int:
+    """Position (in `nodes`) of the longest self-time node of `name` on `rank` in the step."""
+    where = np.flatnonzero(
+        (nodes.iteration == iteration) & (nodes.rank == rank) & (nodes.name == name)
+    )
+    return int(where[np.argmax(nodes.self_ns[where])])
+
+
+def _nearest(
+    iteration: int,
+    normal: list[int],
+    kind_of: dict[int, str],
+    tokens_of: dict[int, float],
+    count: int,
+) -> list[int]:
+    """The `count` normal steps nearest to `iteration`: the same kind where there are any, then
+    the closest in tokens, then in time."""
+    normal = [n for n in normal if n != iteration]  # a step proposed while normal is not its own
+    same_kind = [n for n in normal if kind_of.get(n) == kind_of.get(iteration)] or normal
+    target = tokens_of.get(iteration, 0.0)
+    return sorted(
+        same_kind, key=lambda n: (abs(tokens_of.get(n, 0.0) - target), abs(n - iteration))
+    )[:count]
+
+
+def _small_median(values: list[int]) -> float:
+    """The median of a short list. Why not np.median: candidates take one per operator instance
+    per step, and on lists this short its array overhead outweighs the work."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return float(ordered[half]) if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2.0
