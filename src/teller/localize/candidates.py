@@ -17,6 +17,7 @@ reaches `FULL_CREDIT_Z`, so large but usual noise does not outrank a consistent 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
 
@@ -180,7 +181,7 @@ def _operator_excess(
     tree, nodes, key_rows = tables.tree, tables.nodes, tables.key_rows
     in_step = np.flatnonzero(nodes.iteration == iteration)
     totals: dict[tuple[int, int], list] = {}  # (rank, name) → [excess, observed, normal, best, ...]
-    layers = None  # built on first need (single-rank runs without normal steps)
+    siblings = None  # built on first need (single-rank runs without normal steps)
     for i in in_step.tolist():
         layer = int(nodes.layer[i])
         if layer not in COMPUTE_CODES or int(nodes.name[i]) in tables.waiting:
@@ -197,18 +198,16 @@ def _operator_excess(
                 if peer != rank and iteration in key_rows.get((peer, name, key[2], key[3]), {})
             ]
             where = "same operator on peer ranks, same step"
-        if not ref:  # one rank, no normal steps: the operator's other layers in this step
-            if layers is None:
-                layers = _layers_index(key_rows)
-            ref = [
-                int(nodes.self_ns[j])
-                for ordinal, steps_of in layers.get((rank, name, key[3]), {}).items()
-                if ordinal != key[2] and (j := steps_of.get(iteration)) is not None
-            ]
+        if ref:
+            normal = _small_median(ref)
+        else:  # one rank, no normal steps: the operator's other layers in this step
+            if siblings is None:
+                siblings = _Siblings.of_step(nodes, in_step)
+            found = siblings.median_without((rank, name, key[3]), int(nodes.self_ns[i]))
+            if found is None:
+                continue
+            normal = found
             where = "same operator in the step's other layers, same rank"
-        if not ref:
-            continue
-        normal = _small_median(ref)
         excess = float(nodes.self_ns[i]) - normal  # small and negative ones too: they add up
         entry = totals.setdefault((rank, name), [0.0, 0, 0, i, 0.0, where])
         entry[0] += excess
@@ -239,14 +238,36 @@ def _operator_excess(
     return candidates
 
 
-def _layers_index(
-    key_rows: dict[NodeKey, dict[int, int]],
-) -> dict[tuple[int, int, bool], dict[int, dict[int, int]]]:
-    """(rank, name, on_gpu) → ordinal → {iteration: node}: an operator's repeated layers."""
-    index: dict[tuple[int, int, bool], dict[int, dict[int, int]]] = {}
-    for (rank, name, ordinal, on_gpu), steps_of in key_rows.items():
-        index.setdefault((rank, name, on_gpu), {})[ordinal] = steps_of
-    return index
+class _Siblings:
+    """The self times of each operator's occurrences in one step on one rank (its repeated
+    layers), sorted once, so that the median of all but one occurrence takes no scan."""
+
+    def __init__(self, self_ns: dict[tuple[int, int, bool], list[int]]) -> None:
+        self.ordered = {key: sorted(values) for key, values in self_ns.items()}
+
+    @classmethod
+    def of_step(cls, nodes: StepNodes, in_step: np.ndarray) -> _Siblings:
+        """The step's nodes (`in_step`: positions in `nodes`) by (rank, name, on GPU)."""
+        groups: dict[tuple[int, int, bool], list[int]] = {}
+        for i in in_step.tolist():
+            key = (int(nodes.rank[i]), int(nodes.name[i]), bool(nodes.on_gpu[i]))
+            groups.setdefault(key, []).append(int(nodes.self_ns[i]))
+        return cls(groups)
+
+    def median_without(self, key: tuple[int, int, bool], self_ns: int) -> float | None:
+        """The median of the other occurrences' self times (`_small_median` of them), where
+        `self_ns` is one occurrence's; None when it is the only one."""
+        ordered = self.ordered.get(key, [])
+        count = len(ordered) - 1
+        if count <= 0:
+            return None
+        gone = bisect_left(ordered, self_ns)
+
+        def at(j: int) -> int:  # the j-th of the others, in order
+            return ordered[j] if j < gone else ordered[j + 1]
+
+        half = count // 2
+        return float(at(half)) if count % 2 else (at(half - 1) + at(half)) / 2.0
 
 
 def _idle_candidates(
