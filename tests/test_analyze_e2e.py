@@ -21,6 +21,8 @@ from teller.cli import main
 from teller.lab.labels import CaseLabels
 from teller.lab.run import CaseSpec, run_case
 
+pytestmark = pytest.mark.lab
+
 #: The shipped model (teller.rca.infer.DEFAULT_MODEL, without importing torch to find it).
 DEFAULT_MODEL = Path(teller.rca.__file__).parent / "default_model" / "model"
 

@@ -24,6 +24,8 @@ from teller.lab.labels import CaseLabels
 from teller.lab.netns import is_root
 from teller.lab.run import CaseSpec, run_case
 
+pytestmark = pytest.mark.lab
+
 GUILTY, PEER = 1, 0
 WINDOW_S = (1.5, 3.5)
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root: network namespaces, tc, cgroups")

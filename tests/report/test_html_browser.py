@@ -22,10 +22,13 @@ from teller.analysis import Analysis
 from teller.report import write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="chromium not installed: apt-get update && apt-get install -y chromium",
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="chromium not installed: apt-get update && apt-get install -y chromium",
+    ),
+]
 
 FLAGS = [
     "--headless",
