@@ -1,4 +1,5 @@
 # Two commands set everything up on a fresh Debian machine with python3: `make demo` and `make test`.
+# `make test-fast` is the edit loop: the suite without the lab, train, browser and slow tests.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +7,7 @@ STAMP := $(VENV)/.installed
 TRACES ?= $(firstword $(TELLER_TRACES) $(wildcard ../shared/traces) .traces)
 DEMO_OUT ?= demo-out
 
-.PHONY: all venv demo test lint format traces bench clean system-tools
+.PHONY: all venv demo test test-fast lint format traces bench clean system-tools
 
 all: test
 
@@ -48,6 +49,13 @@ system-tools:
 test: $(STAMP) system-tools
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/python -m pytest -q
+
+# The markers are declared in pyproject.toml; what they leave out needs no system tools.
+FAST_TESTS := not lab and not train and not browser and not slow
+
+test-fast: $(STAMP)
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/python -m pytest -q -m "$(FAST_TESTS)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts

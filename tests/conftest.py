@@ -33,3 +33,19 @@ def traces() -> Path:
     if not root.is_dir():
         pytest.skip(f"real traces not found at {root}: run `make traces`")
     return root
+
+
+#: Fixtures whose building is what makes a test slow, and the marker (pyproject.toml) each gives
+#: every test that uses it, directly or through another fixture, so `-m "not train"` leaves it out.
+FIXTURE_MARKERS = {
+    "trained": "train",  # tests/rca/test_train.py: two tiny models fitted
+    "gloo_run": "slow",  # tests/align/test_clock.py, tests/callchain/test_tree.py: a real 2-rank run
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)

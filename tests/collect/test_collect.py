@@ -206,6 +206,7 @@ def test_manifest_describes_the_run(crashed):
     assert rank["exit_reason"] == "exit" and rank["finished"]
 
 
+@pytest.mark.slow
 def test_steps_window_keeps_only_those_steps(tmp_path: Path):
     """The engine's steps 2 and 3 only; a helper process with one step writes no trace, and says so."""
     program = _program(tmp_path, "vllm_like.py", VLLM_STEPS_PROGRAM)
@@ -242,6 +243,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sent", "reason", "started_ignoring"),
     [
@@ -322,6 +324,7 @@ def test_a_process_killed_before_exporting_is_named_in_the_manifest(tmp_path: Pa
     assert not [p for p in (out / "traces").iterdir() if not p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_two_rank_gloo_run_joins_collectives_across_ranks(tmp_path: Path):
     program = _program(tmp_path, "allreduce.py", DISTRIBUTED_PROGRAM)
     result = collect(
@@ -421,6 +424,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_are_named_by_rank_and_the_launcher_adds_no_trace(tmp_path: Path):
     """torchrun imports torch but runs no operator: it gets a log, not a fake rank-0 trace."""
     program = _program(tmp_path, "ranks.py", TORCHRUN_PROGRAM)
@@ -452,6 +456,7 @@ subprocess.run([sys.executable, "-c", child], check=True)
 """
 
 
+@pytest.mark.slow
 def test_a_child_that_inherits_rank_gets_its_own_files(tmp_path: Path):
     """RANK=0 in both processes: the child's trace sits beside the parent's instead of over it."""
     program = _program(tmp_path, "parent.py", PARENT_AND_CHILD_PROGRAM)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from teller.lab.dataset import build_dataset, plan_cases
 from teller.lab.faults.catalog import LAB_FAULTS
 from teller.labels import CaseLabels
@@ -22,6 +24,7 @@ def test_plan_mixes_faults_ranks_tp_and_is_fixed_by_its_seed():
     assert not {c.spec.fault for c in no_root} & {"net_throttle", "memory_pressure"}
 
 
+@pytest.mark.lab
 def test_dataset_records_skips_on_resume_and_records_a_failed_case(tmp_path):
     blocked = tmp_path / "case0001"
     blocked.mkdir()

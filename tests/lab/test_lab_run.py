@@ -64,6 +64,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.lab
 @pytest.mark.skipif(not netns.is_root(), reason="needs root: namespaces and cgroups to clean up")
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_an_interrupted_run_removes_namespaces_cgroups_and_helpers(tmp_path, signal_number):

@@ -155,6 +155,7 @@ for tp in TP_SIZES:
 """
 
 
+@pytest.mark.slow
 def test_every_tp_size_the_dataset_draws_shards_the_model_into_whole_heads():
     """Each rank of every TP size `teller lab dataset` mixes runs the sharded forward: a fake
     process group (collectives are no-ops) checks the shapes without starting N processes."""

@@ -155,6 +155,7 @@ def test_steps_carry_their_neighbours_and_the_runs_shape(two_cases):
     )
 
 
+@pytest.mark.train
 def test_train_command_takes_the_loss_weights(two_cases, tmp_path):
     import json
 

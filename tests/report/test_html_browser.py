@@ -21,10 +21,13 @@ import pytest
 from teller.analysis import Analysis
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="chromium not installed: apt-get update && apt-get install -y chromium",
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="chromium not installed: apt-get update && apt-get install -y chromium",
+    ),
+]
 
 FLAGS = [
     "--headless",
