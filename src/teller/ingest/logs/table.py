@@ -30,7 +30,12 @@ one logical message: a multi-line traceback is one row whose `raw` keeps every l
 |              |                           | with ids and numbers masked, before drain generalises it;  |
 |              |                           | a known shape's template. Never depends on other lines     |
 | template     | dictionary<int32, string> | the record's template text                                 |
-| fields       | string (JSON)             | parsed numbers and names, null when none                   |
+| kv_cache_fill, requests_running, requests_waiting, context_requests, generation_requests,   |
+| iteration_counter, iteration_elapsed_ns, collective_seq, process_group, process_group_desc: |
+|              | float64, int64 or string  | what the engine's line states, typed (null where it states |
+|              |                           | nothing): `teller.ingest.logs.quantities`                  |
+| fields       | string (JSON)             | parsed numbers and names, null when none; for display:     |
+|              |                           | later stages read the typed columns above                  |
 | raw          | string                    | the record's text as printed (ANSI codes removed)          |
 | file         | dictionary<int32, string> | the file it came from                                      |
 | line         | int64                     | 1-based line number of the record's first line             |
@@ -49,6 +54,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from teller.ingest.logs import quantities
 
 FORMATS: tuple[str, ...] = (
     "vllm",
@@ -100,6 +107,7 @@ LOG_SCHEMA = pa.schema(
         pa.field("template_id", pa.int64()),
         pa.field("template_key", pa.int64()),
         pa.field("template", _STR_DICT),
+        *(pa.field(name, q.type) for name, q in quantities.QUANTITIES.items()),
         pa.field("fields", pa.string()),
         pa.field("raw", pa.string()),
         pa.field("file", _STR_DICT),
@@ -221,6 +229,17 @@ class LogTable:
     def column(self, name: str) -> list:
         return self.table.column(name).to_pylist()
 
+    def quantity(self, name: str) -> np.ndarray:
+        """A typed quantity column (`quantities.QUANTITIES`) as float64, NaN where null."""
+        if quantities.QUANTITIES[name].type == pa.string():
+            raise ValueError(f"{name} holds names, not numbers: read it with `column`")
+        values = pc.cast(self.table.column(name), pa.float64())
+        return pc.fill_null(values, np.nan).to_numpy()
+
+    def kv_cache_fill(self) -> np.ndarray:
+        """Per record, the KV cache's fill (0-1) its line states; NaN where it states none."""
+        return self.quantity("kv_cache_fill")
+
     def to_pandas(self):
         return self.table.to_pandas()
 
@@ -229,9 +248,10 @@ class LogColumns:
     """Column builder for one file: records go in one by one, Arrow chunks come out.
 
     Holding a million `LogRecord`s (and their dicts) would cost gigabytes and slow every garbage
-    collection, so every CHUNK_ROWS records the text columns become Arrow arrays and the Python
-    objects are dropped. Times, exactness and templates stay as compact arrays until `finish`,
-    because the reader fixes times per file and drain templates only once every file is mined.
+    collection, so every CHUNK_ROWS records the text and quantity columns become Arrow arrays and
+    the Python objects are dropped. Times, exactness and templates stay as compact arrays until
+    `finish`, because the reader fixes times per file and drain templates only once every file is
+    mined. Few records state a quantity, so those are kept sparse until their chunk is sealed.
     """
 
     CHUNK_ROWS = 65_536
@@ -247,7 +267,11 @@ class LogColumns:
         self.rank = array("i")
         self.line = array("q")
         self._text: dict[str, list] = {name: [] for name in self._TEXT}
-        self._chunks: dict[str, list[pa.Array]] = {name: [] for name in self._TEXT}
+        self._chunks: dict[str, list[pa.Array]] = {
+            name: [] for name in (*self._TEXT, *quantities.COLUMNS)
+        }
+        self._stated_rows: list[int] = []  # rows (in the chunk) whose record states a quantity
+        self._stated_values: list[list] = []  # their `quantities.typed_values`
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -271,14 +295,28 @@ class LogColumns:
         text["fields"].append(record.fields_json)
         text["raw"].append(record.raw)
         text["format"].append(record.format)
+        if record.fields and (stated := quantities.typed_values(record.fields)) is not None:
+            self._stated_rows.append(len(text["raw"]) - 1)
+            self._stated_values.append(stated)
         if len(text["raw"]) >= self.CHUNK_ROWS:
             self._seal()
 
     def _seal(self) -> None:
+        rows = len(self._text["raw"])
+        if not rows:
+            return
         for name, values in self._text.items():
-            if values:
-                self._chunks[name].append(pa.array(values, pa.string()))
-                values.clear()
+            self._chunks[name].append(pa.array(values, pa.string()))
+            values.clear()
+        for k, (name, quantity) in enumerate(quantities.QUANTITIES.items()):
+            stated = [
+                (row, v[k])
+                for row, v in zip(self._stated_rows, self._stated_values, strict=True)
+                if v[k] is not None
+            ]
+            self._chunks[name].append(_sparse(rows, stated, quantity.type))
+        self._stated_rows.clear()
+        self._stated_values.clear()
 
     def finish(
         self, templates: list[str], ts_ns: np.ndarray, exact: np.ndarray, file: str
@@ -318,6 +356,7 @@ class LogColumns:
             pa.array(template_ids),
             pa.array(np.where(mined_keys >= 0, mined_keys, template_ids)),
             _dictionary(templates),
+            *(pa.chunked_array(chunks[name], q.type) for name, q in quantities.QUANTITIES.items()),
             text("fields"),
             text("raw"),
             _constant(file, count),
@@ -325,6 +364,23 @@ class LogColumns:
             encoded("format", pa.int8()),
         ]
         return pa.Table.from_arrays(arrays, schema=LOG_SCHEMA)
+
+
+def _sparse(rows: int, stated: list[tuple[int, object]], type: pa.DataType) -> pa.Array:
+    """A column of `rows` nulls but for the (row, value) pairs given."""
+    if not stated:
+        return pa.nulls(rows, type)
+    if type == pa.string():
+        values: list = [None] * rows
+        for row, value in stated:
+            values[row] = value
+        return pa.array(values, type)
+    positions, numbers = zip(*stated, strict=True)
+    dense = np.zeros(rows, dtype=type.to_pandas_dtype())
+    dense[list(positions)] = numbers
+    missing = np.ones(rows, dtype=bool)
+    missing[list(positions)] = False
+    return pa.array(dense, type, mask=missing)
 
 
 def _template_ids(templates: list[str]) -> list[int]:
