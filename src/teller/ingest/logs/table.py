@@ -116,10 +116,15 @@ LOG_SCHEMA = pa.schema(
     ]
 )
 
-#: vLLM's own ids, whose shape is known: `cmpl-<hex>` / `chatcmpl-<hex>`, then a completions
-#: choice index (`-0`), then V1's engine suffix (`-<8 hex>`); V1's parallel sampling prefixes `<n>_`.
+#: vLLM's own ids, whose shape is known: `[<n>_](chat)cmpl-<hex>[-<choice>][-<8 hex>]`.
 _VLLM_ID = re.compile(
-    r"^(?:\d+_)?(?P<key>(?:chat)?cmpl-[0-9A-Za-z]+)(?:-\d{1,3})?(?:-[0-9a-f]{8})?$"
+    r"""
+    ^(?:\d+_)?                              # parallel sampling's index
+    (?P<key>(?:chat)?cmpl-[0-9A-Za-z]+)     # the API id
+    (?:-\d{1,3})?                           # completions choice index
+    (?:-[0-9a-f]{8})?$                      # V1's engine suffix
+    """,
+    re.VERBOSE,
 )
 #: Any other id (the client's `X-Request-Id`) may carry V1's engine suffix too; whether it does
 #: shows only when the id without it was printed as well.
