@@ -1,6 +1,6 @@
 """Log benchmark: teller's log reader on a 1M-line vLLM log against the bare-regex floor.
 
-Issue 5, log bench. A log of real vLLM V1 line shapes (shared/formats/engine-logs.md: request
+A log of real vLLM V1 line shapes (shared/formats/engine-logs.md: request
 received/added/finished, periodic stats, iteration details, preemption, JIT warnings, uvicorn
 access lines, an NCCL watchdog line, unknown lines for template mining, tracebacks) is generated
 with varied ids and numbers into a temporary directory (never committed), then read by:
