@@ -148,9 +148,10 @@ def child_floor(path: str) -> dict:
     from teller.ingest.logs import vllm
 
     # the V1 process prefix (optional) and the vLLM header, as one compiled regex
-    header = re.compile(
-        "^(?:" + vllm.PROCESS_PREFIX.pattern[1:] + ")?" + vllm.HEADER.pattern[1:], re.DOTALL
+    prefix, engine_header = (
+        pattern.pattern.lstrip().removeprefix("^") for pattern in (vllm.PROCESS_PREFIX, vllm.HEADER)
     )
+    header = re.compile(f"^(?:{prefix})?{engine_header}", re.DOTALL | re.VERBOSE)
     wall, cpu = time.perf_counter(), time.process_time()
     matched = total = 0
     with open(path, "rb") as handle:

@@ -112,35 +112,35 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
 KV_BLOCK_FIELDS = ("free_kv_cache_blocks", "max_kv_cache_blocks")
 
 COLUMNS: tuple[str, ...] = tuple(QUANTITIES)
-_POSITION = {column: k for k, column in enumerate(COLUMNS)}
-_KV_FILL = _POSITION["kv_cache_fill"]
-#: field → (precedence, column position, converter, scale): one lookup per key of a record.
-_BY_FIELD = {
-    row.field: (order, _POSITION[row.column], QUANTITIES[row.column].convert, row.scale)
+_Rule = tuple[str, str, Callable[[object, float], object], float]  # field, column, convert, scale
+_RULES: dict[str, tuple[int, _Rule]] = {
+    row.field: (order, (row.field, row.column, QUANTITIES[row.column].convert, row.scale))
     for order, row in enumerate(ENGINE_FIELDS)
 }
+#: A record's field names (one line shape's, nearly always) → the rules that apply, in table
+#: order: every stats line of an engine shares one, so each is worked out once.
+_PLANS: dict[tuple[str, ...], tuple[_Rule, ...]] = {}
+_PLAN_CACHE_SIZE = 10_000
 
 
-def typed_values(fields: dict | None) -> list | None:
-    """The record's value for each of COLUMNS (None: not stated); None when it states none."""
+def typed_values(fields: dict | None) -> dict[str, object]:
+    """column → value for each quantity the record's fields state (empty when none)."""
     if not fields:
-        return None
-    values: list = [None] * len(COLUMNS)
-    precedence = [len(ENGINE_FIELDS)] * len(COLUMNS)
-    for key, value in fields.items():
-        rule = _BY_FIELD.get(key)
-        if rule is None:
-            continue
-        order, position, convert, scale = rule
-        if order < precedence[position] and (converted := convert(value, scale)) is not None:
-            values[position], precedence[position] = converted, order
-    if values[_KV_FILL] is None:
-        values[_KV_FILL] = _block_fill(fields)
-    return values if any(v is not None for v in values) else None
-
-
-def _block_fill(fields: dict) -> float | None:
-    free, total = (fields.get(key) for key in KV_BLOCK_FIELDS)
-    if _is_number(free) and _is_number(total) and total > 0:  # type: ignore[operator]
-        return _fraction(1.0 - free / total, 1.0)  # type: ignore[operator]
-    return None
+        return {}
+    names = tuple(fields)
+    plan = _PLANS.get(names)
+    if plan is None:
+        plan = tuple(rule for _, rule in sorted(_RULES[k] for k in names if k in _RULES))
+        if len(_PLANS) < _PLAN_CACHE_SIZE:
+            _PLANS[names] = plan
+    values: dict[str, object] = {}
+    if not plan and KV_BLOCK_FIELDS[0] not in fields:
+        return values
+    for field, column, convert, scale in plan:
+        if column not in values and (value := convert(fields[field], scale)) is not None:
+            values[column] = value
+    if "kv_cache_fill" not in values and KV_BLOCK_FIELDS[0] in fields:
+        free, total = (fields.get(key) for key in KV_BLOCK_FIELDS)
+        if _is_number(free) and _is_number(total) and total > 0:  # type: ignore[operator]
+            values["kv_cache_fill"] = _fraction(1.0 - free / total, 1.0)  # type: ignore[operator]
+    return values

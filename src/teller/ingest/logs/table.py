@@ -275,8 +275,9 @@ class LogColumns:
         self._chunks: dict[str, list[pa.Array]] = {
             name: [] for name in (*self._TEXT, *quantities.COLUMNS)
         }
-        self._stated_rows: list[int] = []  # rows (in the chunk) whose record states a quantity
-        self._stated_values: list[list] = []  # their `quantities.typed_values`
+        #: per quantity column, the rows (in the chunk) of the records that state it, and the values
+        self._stated_rows = {column: array("q") for column in quantities.COLUMNS}
+        self._stated_values: dict[str, list] = {column: [] for column in quantities.COLUMNS}
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -300,9 +301,11 @@ class LogColumns:
         text["fields"].append(record.fields_json)
         text["raw"].append(record.raw)
         text["format"].append(record.format)
-        if record.fields and (stated := quantities.typed_values(record.fields)) is not None:
-            self._stated_rows.append(len(text["raw"]) - 1)
-            self._stated_values.append(stated)
+        if record.fields and (stated := quantities.typed_values(record.fields)):
+            row = len(text["raw"]) - 1
+            for column, value in stated.items():
+                self._stated_rows[column].append(row)
+                self._stated_values[column].append(value)
         if len(text["raw"]) >= self.CHUNK_ROWS:
             self._seal()
 
@@ -313,15 +316,11 @@ class LogColumns:
         for name, values in self._text.items():
             self._chunks[name].append(pa.array(values, pa.string()))
             values.clear()
-        for k, (name, quantity) in enumerate(quantities.QUANTITIES.items()):
-            stated = [
-                (row, v[k])
-                for row, v in zip(self._stated_rows, self._stated_values, strict=True)
-                if v[k] is not None
-            ]
-            self._chunks[name].append(_sparse(rows, stated, quantity.type))
-        self._stated_rows.clear()
-        self._stated_values.clear()
+        for name, quantity in quantities.QUANTITIES.items():
+            stated_rows, values = self._stated_rows[name], self._stated_values[name]
+            self._chunks[name].append(_sparse(rows, stated_rows, values, quantity.type))
+            del stated_rows[:]
+            values.clear()
 
     def finish(
         self, templates: list[str], ts_ns: np.ndarray, exact: np.ndarray, file: str
@@ -371,21 +370,16 @@ class LogColumns:
         return pa.Table.from_arrays(arrays, schema=LOG_SCHEMA)
 
 
-def _sparse(rows: int, stated: list[tuple[int, object]], type: pa.DataType) -> pa.Array:
-    """A column of `rows` nulls but for the (row, value) pairs given."""
-    if not stated:
+def _sparse(rows: int, stated_rows: array, values: list, type: pa.DataType) -> pa.Array:
+    """A column of `rows` nulls but for `values` at `stated_rows`."""
+    if not values:
         return pa.nulls(rows, type)
-    if type == pa.string():
-        values: list = [None] * rows
-        for row, value in stated:
-            values[row] = value
-        return pa.array(values, type)
-    positions, numbers = zip(*stated, strict=True)
-    dense = np.zeros(rows, dtype=type.to_pandas_dtype())
-    dense[list(positions)] = numbers
+    positions = np.frombuffer(stated_rows, dtype=np.int64)
+    index = np.zeros(rows, dtype=np.int64)
+    index[positions] = np.arange(len(positions))
     missing = np.ones(rows, dtype=bool)
-    missing[list(positions)] = False
-    return pa.array(dense, type, mask=missing)
+    missing[positions] = False
+    return pc.take(pa.array(values, type), pa.array(index, mask=missing))
 
 
 def _template_ids(templates: list[str]) -> list[int]:
