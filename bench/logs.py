@@ -1,6 +1,6 @@
 """Log benchmark: teller's log reader on a 1M-line vLLM log against the bare-regex floor.
 
-Issue 5, log bench. A log of real vLLM V1 line shapes (shared/formats/engine-logs.md: request
+A log of real vLLM V1 line shapes (shared/formats/engine-logs.md: request
 received/added/finished, periodic stats, iteration details, preemption, JIT warnings, uvicorn
 access lines, an NCCL watchdog line, unknown lines for template mining, tracebacks) is generated
 with varied ids and numbers into a temporary directory (never committed), then read by:
@@ -148,9 +148,10 @@ def child_floor(path: str) -> dict:
     from teller.ingest.logs import vllm
 
     # the V1 process prefix (optional) and the vLLM header, as one compiled regex
-    header = re.compile(
-        "^(?:" + vllm.PROCESS_PREFIX.pattern[1:] + ")?" + vllm.HEADER.pattern[1:], re.DOTALL
+    prefix, engine_header = (
+        pattern.pattern.lstrip().removeprefix("^") for pattern in (vllm.PROCESS_PREFIX, vllm.HEADER)
     )
+    header = re.compile(f"^(?:{prefix})?{engine_header}", re.DOTALL | re.VERBOSE)
     wall, cpu = time.perf_counter(), time.process_time()
     matched = total = 0
     with open(path, "rb") as handle:

@@ -24,8 +24,8 @@ from teller.ingest.schema import EventTable
 RECORDER = Path(__file__).with_name("gloo_run.py")
 SHIFT_NS = 3_700_000  # a clock 3.7 ms ahead
 # Host-side gloo collectives end when each process is next scheduled, so on a shared 2-core box
-# the per-instance end differences spread ±0.1 ms and their midhinge lands 10-65 µs off zero
-# (measured: 9, 12, 45 µs here, 63 µs on the CI host). GPU kernel ends are far tighter.
+# the per-instance end differences spread about ±0.1 ms and their midhinge lands tens of µs off
+# zero. GPU kernel ends are far tighter.
 TOLERANCE_NS = 150_000
 
 

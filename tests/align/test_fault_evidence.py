@@ -1,6 +1,6 @@
-"""A fault's own log evidence lands on the labelled steps (issue: log↔trace alignment).
+"""A fault's own log evidence lands on the labelled steps.
 
-Recorded now with the GPU-cluster simulator, whose kv_pressure fault prints vLLM's real
+Recorded with the GPU-cluster simulator, whose kv_pressure fault prints vLLM's real
 preemption warning when the shrunken KV cache forces a recompute, and whose kernel_regression
 prints vLLM's JIT-compilation warning when the guilty rank first launches its new kernel.
 """

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pyarrow as pa
 
 from teller.align.clock import AnchorOffsets, ClockOffsets, apply_offsets, estimate_rank_offsets
@@ -117,10 +116,14 @@ def align_logs(
         return Alignment(step, rank_out, node, confidence, method, [])
     record_rank = logs.table.column("rank").to_numpy()
     events = logs.table.column("event").to_pylist()
-    fields = logs.table.column("fields").to_pylist()
+    seqs = logs.table.column("collective_seq").to_pylist()
+    groups = logs.table.column("process_group").to_pylist()
+    group_descs = logs.table.column("process_group_desc").to_pylist()
     collectives = _Collectives(tree)
     for i in range(count):
-        if events[i] == "nccl_timeout" and (found := collectives.find(record_rank[i], fields[i])):
+        if events[i] != "nccl_timeout":
+            continue
+        if found := collectives.find(record_rank[i], seqs[i], (groups[i], group_descs[i])):
             comm_node, comm_rank = found
             step[i] = _step_at(tree, comm_node)
             rank_out[i], node[i] = comm_rank, comm_node
@@ -140,6 +143,7 @@ def align_logs(
     table = logs.table
     keys = table.column("request_key").to_pylist()
     processes = table.column("process").to_pylist()
+    elapsed_ns = table.column("iteration_elapsed_ns").to_pylist()
     membership = _membership(requests, reference)
     queued = frozenset(requests.queued) if requests is not None else frozenset()
     reference_position = {int(o): p for p, o in enumerate(reference.index.tolist())}
@@ -172,7 +176,7 @@ def align_logs(
         if how == "anchor":
             pos = reference_position.get(int(times.anchor_step[i]))
             if pos is not None:
-                sure = _iteration_confidence(fields[i], int(reference.dur[pos]))
+                sure = _iteration_confidence(elapsed_ns[i], int(reference.dur[pos]))
                 place(i, reference, pos, "iteration", sure)
                 continue
         rank = int(record_rank[i])
@@ -376,16 +380,14 @@ class _Collectives:
             if seq >= 0:
                 self._by_rank_seq.setdefault((rank, seq), []).append((group, node))
 
-    def find(self, rank: int, fields_json: str | None) -> tuple[int, int] | None:
-        """(node, rank) of the collective a watchdog line names; None if not in the trace."""
-        if rank < 0 or not fields_json:
-            return None
-        fields = orjson.loads(fields_json)
-        seq = fields.get("seq")
-        if not isinstance(seq, int):
+    def find(
+        self, rank: int, seq: int | None, groups: tuple[str | None, ...]
+    ) -> tuple[int, int] | None:
+        """(node, rank) of the collective a watchdog line names by its rank, sequence number and
+        process group (name or description, either may match the trace's); None if not in it."""
+        if rank < 0 or seq is None:
             return None
         candidates = self._by_rank_seq.get((int(rank), seq), [])
-        groups = {str(fields.get("pg")), str(fields.get("pg_name"))}
         named = [node for group, node in candidates if group in groups]
         if named or len(candidates) == 1:
             return (named or [candidates[0][1]])[0], int(rank)
@@ -433,12 +435,9 @@ def _membership(
     return out
 
 
-def _iteration_confidence(fields_json: str | None, step_dur_ns: int) -> float:
+def _iteration_confidence(elapsed_ns: int | None, step_dur_ns: int) -> float:
     """1 when the printed elapsed time matches the step's duration, less as they drift apart."""
-    if not fields_json:
+    if elapsed_ns is None or step_dur_ns <= 0:
         return 0.5
-    elapsed_ms = orjson.loads(fields_json).get("iteration_elapsed_time_ms")
-    if not isinstance(elapsed_ms, int | float) or step_dur_ns <= 0:
-        return 0.5
-    ratio = elapsed_ms * 1e6 / step_dur_ns
+    ratio = elapsed_ns / step_dur_ns
     return float(max(0.0, 1.0 - abs(np.log(max(ratio, 1e-9)))))

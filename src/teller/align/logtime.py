@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import orjson
 
 from teller.align.clock import AnchorOffsets, estimate_anchor_offsets
 from teller.callchain.tree import CallTree
@@ -67,7 +66,8 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
     ts = table.column("ts_ns").to_numpy()
     exact = table.column("ts_exact").to_numpy(zero_copy_only=False)
     events = table.column("event").to_pylist()
-    fields = table.column("fields").to_pylist()
+    counters = table.column("iteration_counter").to_pylist()
+    elapsed_ns = table.column("iteration_elapsed_ns").to_pylist()
     files = table.column("file").to_pylist()
     clocks = [
         host or file for host, file in zip(table.column("host").to_pylist(), files, strict=True)
@@ -84,11 +84,13 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
 
     anchor_step = np.full(count, -1, dtype=np.int64)
     iteration = [i for i in range(count) if events[i] == "iteration" and ts[i] >= 0]
-    shift = _counter_shift(iteration, fields, ordinal_dur, warnings)
+    shift = _counter_shift(
+        [counters[i] for i in iteration], [elapsed_ns[i] for i in iteration], ordinal_dur, warnings
+    )
     if shift is not None:
         for i in iteration:
-            counter = _field(fields[i], "iteration")
-            if isinstance(counter, int) and counter + shift in ordinal_end:
+            counter = counters[i]
+            if counter is not None and counter + shift in ordinal_end:
                 anchor_step[i] = counter + shift
     # exact lines the counters did not place: the step that ended just before (one clock assumed)
     ends_sorted = np.sort(np.asarray(list(ordinal_end.values()), dtype=np.int64))
@@ -166,16 +168,18 @@ def _bracket_by_file_order(
 
 
 def _counter_shift(
-    lines: list[int], fields: list[str | None], ordinal_dur: dict[int, int], warnings: list[str]
+    line_counters: list[int | None],
+    line_elapsed_ns: list[int | None],
+    ordinal_dur: dict[int, int],
+    warnings: list[str],
 ) -> int | None:
-    """Step ordinal minus iteration counter, from printed elapsed times vs traced durations."""
+    """Step ordinal minus iteration counter, from printed elapsed times vs traced durations
+    (one entry per iteration line: its counter and elapsed time, None where it prints none)."""
     counters, elapsed = [], []
-    for i in lines:
-        counter = _field(fields[i], "iteration")
-        ms = _field(fields[i], "iteration_elapsed_time_ms")
-        if isinstance(counter, int) and isinstance(ms, int | float) and ms > 0:
+    for counter, ns in zip(line_counters, line_elapsed_ns, strict=True):
+        if counter is not None and ns is not None and ns > 0:
             counters.append(counter)
-            elapsed.append(ms * 1e6)
+            elapsed.append(float(ns))
     if len(counters) < MIN_MATCHES or not ordinal_dur:
         return None
     counter = np.asarray(counters, dtype=np.int64)
@@ -274,9 +278,3 @@ def _offset_bounds(
         middle, half, _ = _log_offset(ts[anchored], exact[anchored], ends)
         bounds[""] = (middle - half, middle + half)
     return bounds
-
-
-def _field(fields_json: str | None, key: str) -> object:
-    if not fields_json:
-        return None
-    return orjson.loads(fields_json).get(key)

@@ -31,7 +31,6 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -325,15 +324,15 @@ def _stated_counts(
     if logs is None or times is None or not ((context < 0) | (generation < 0)).any():
         return context, generation
     position = {int(o): p for p, o in enumerate(steps.index[rows].tolist())}
-    fields = logs.table.column("fields").to_pylist()
+    printed_context = logs.table.column("context_requests").to_pylist()
+    printed_generation = logs.table.column("generation_requests").to_pylist()
     for i in np.flatnonzero(times.anchor_step >= 0).tolist():
         pos = position.get(int(times.anchor_step[i]))
-        if pos is None or not fields[i]:
+        if pos is None:
             continue
-        printed = orjson.loads(fields[i])
-        for counts, name in ((context, "context_requests"), (generation, "generation_requests")):
-            if counts[pos] < 0 and isinstance(printed.get(name), int):
-                counts[pos] = printed[name]
+        for counts, printed in ((context, printed_context), (generation, printed_generation)):
+            if counts[pos] < 0 and printed[i] is not None:
+                counts[pos] = printed[i]
     return context, generation
 
 

@@ -15,7 +15,8 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from teller.ingest.logs import pytorch, sglang, templates, trtllm, vllm
+from teller.ingest.logs import vllm
+from teller.ingest.logs.line import parse_line
 
 #: File names read from a directory; other files (traces, manifests) are left alone.
 LOG_SUFFIXES: tuple[str, ...] = (".log", ".txt", ".out", ".err", ".log.gz", ".txt.gz")
@@ -99,13 +100,8 @@ def detect_format(lines: list[str]) -> str:
     for number, text in enumerate(lines[:SNIFF_LINES]):
         if match := vllm.PROCESS_PREFIX.match(text):
             text = text[match.end() :]
-        for parse in (vllm.parse, sglang.parse, trtllm.parse, pytorch.parse, vllm.parse_access):
-            if (record := parse(text, number)) is not None:
-                votes[record.format] += 1
-                break
-        else:
-            if templates.GENERIC_HEADER.match(text):
-                votes["generic"] += 1
+        if (shape := parse_line(text, number).format) != "unparsed":
+            votes[shape] += 1
     engine_votes = {k: v for k, v in votes.items() if k != "uvicorn"}
     if engine_votes:
         return max(engine_votes, key=engine_votes.__getitem__)

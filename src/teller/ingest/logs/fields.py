@@ -12,8 +12,12 @@ import re
 
 #: What follows a part's last `:`/`=`: a number (or bool), an optional unit, nothing else.
 _VALUE = re.compile(
-    r"\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|True|False)"
-    r"\s*(%|tokens/s|reqs|ms|s|GiB|MiB|GB|MB)?[\s.;)]*$"
+    r"""
+    \s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|True|False)   # the number or flag
+    \s*(%|tokens/s|reqs|ms|s|GiB|MiB|GB|MB)?               # its unit
+    [\s.;)]*$                                            # trailing punctuation
+    """,
+    re.VERBOSE,
 )
 #: A key is the words after the last of these inside its part (`Engine 000: Avg …`, `[PG 0] …`).
 _KEY_STARTS = (":", "]", ". ")

@@ -16,48 +16,57 @@ import re
 
 from teller.ingest.logs.table import LogRecord, second_of_day
 
+#: glog's `[rank3]:[E1001 16:06:04.889919061 ProcessGroupNCCL.cpp:1709] message`.
 HEADER = re.compile(
-    r"^(?:\[rank(?P<rank>\d+)\]:)?\[(?P<severity>[IWEF])"
-    r"(?:(?P<month>\d\d)(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\.(?P<frac>\d{1,9}))?"
-    r"(?: \d+)? ?(?P<source>[\w./\-]+:\d+)\] ?(?P<message>.*)$",
-    re.DOTALL,
+    r"""
+    ^(?:\[rank(?P<rank>\d+)\]:)?                # torchrun's rank prefix
+    \[(?P<severity>[IWEF])
+    (?:(?P<month>\d\d)(?P<day>\d\d)             # month and day, then the time to the ns
+       [ ](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\.(?P<frac>\d{1,9}))?
+    (?:[ ]\d+)?                                 # a thread id
+    [ ]?(?P<source>[\w./\-]+:\d+)\]
+    [ ]?(?P<message>.*)$
+    """,
+    re.DOTALL | re.VERBOSE,
 )
 _SEVERITY = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
-_MESSAGE_RANK = re.compile(r"\[(?:PG (?P<pg>\d+) \((?P<pg_name>[^)]*)\) )?Rank (?P<rank>\d+)\]")
+#: `[PG 0 (default_pg) Rank 3]` or `[Rank 3]`.
+_MESSAGE_RANK = re.compile(
+    r"""
+    \[(?:PG[ ](?P<pg>\d+)[ ]\((?P<pg_name>[^)]*)\)[ ])?   # process group number and name
+    Rank[ ](?P<rank>\d+)\]
+    """,
+    re.VERBOSE,
+)
 _WORK_COUNTERS = re.compile(
-    r"Timeout at NCCL work: (?P<seq>-?\d+), last enqueued NCCL work: (?P<enqueued>-?\d+), "
-    r"last completed NCCL work: (?P<completed>-?\d+)"
+    r"""
+    Timeout[ ]at[ ]NCCL[ ]work:[ ](?P<seq>-?\d+),[ ]
+    last[ ]enqueued[ ]NCCL[ ]work:[ ](?P<enqueued>-?\d+),[ ]
+    last[ ]completed[ ]NCCL[ ]work:[ ](?P<completed>-?\d+)
+    """,
+    re.VERBOSE,
 )
+#: `WorkNCCL(SeqNum=1, OpType=ALLREDUCE, …, Timeout(ms)=600000) ran for 600020 milliseconds`.
 _WORK = re.compile(
-    r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
-    r"(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?\)(?: ran for (?P<ran>\d+) milliseconds)?"
+    r"""
+    WorkNCCL\(SeqNum=(?P<seq>\d+),[ ]OpType=(?P<op>\w+)
+    (?:.*?Timeout\(ms\)=(?P<timeout>\d+))?\)            # the timeout, where printed
+    (?:[ ]ran[ ]for[ ](?P<ran>\d+)[ ]milliseconds)?
+    """,
+    re.VERBOSE,
 )
 
 
-def parse(text: str, line: int) -> LogRecord | None:
-    match = HEADER.match(text)
-    if match is None:
-        return None
-    g = match.group
-    frac = g("frac")
-    record = LogRecord(
-        raw=text,
-        line=line,
-        format="pytorch",
-        level=_SEVERITY[g("severity")],
-        source=g("source"),
-        message=g("message"),
-        rank=int(g("rank")) if g("rank") else -1,
-        clock=(
-            None,
-            int(g("month")),
-            int(g("day")),
-            second_of_day(g("h"), g("m"), g("s")),
-            int(frac.ljust(9, "0")[:9]),
-        )
-        if frac
-        else None,
-    )
+def from_header(header: re.Match[str], line: int) -> LogRecord:
+    """The record of a PyTorch C++ log line whose HEADER matched."""
+    g = header.group
+    record = LogRecord(header.string, line, "pytorch", source=g("source"), message=g("message"))
+    record.level = _SEVERITY[g("severity")]
+    record.rank = int(g("rank")) if g("rank") else -1
+    if frac := g("frac"):
+        month, day = int(g("month")), int(g("day"))
+        time_of_day = second_of_day(g("h"), g("m"), g("s"))
+        record.clock = (None, month, day, time_of_day, int(frac.ljust(9, "0")[:9]))
     message = record.message
     tag = _MESSAGE_RANK.search(message)
     if record.rank < 0 and tag:

@@ -26,7 +26,8 @@ import orjson
 import pyarrow as pa
 
 from teller.errors import TraceError
-from teller.ingest.logs import detect, pytorch, sglang, templates, trtllm, vllm
+from teller.ingest.logs import detect, templates, vllm
+from teller.ingest.logs.line import parse_line
 from teller.ingest.logs.table import LogColumns, LogRecord, LogSource
 
 NS = 1_000_000_000
@@ -135,22 +136,6 @@ def _valid(year: int, month: int, day: int) -> bool:
     except ValueError:
         return False
     return True
-
-
-def parse_line(text: str, line: int) -> LogRecord:
-    """The record for one line (collector and process prefixes already removed)."""
-    first = text[:1]
-    record: LogRecord | None = None
-    if first == "[":
-        if text.startswith("[TensorRT-LLM]"):
-            record = trtllm.parse(text, line)
-        elif text[1:2].isdigit():
-            record = sglang.parse(text, line)
-        else:
-            record = pytorch.parse(text, line)
-    elif first in "DIWEC" and first:
-        record = vllm.parse(text, line) or vllm.parse_access(text, line)
-    return record or templates.parse_generic(text, line)
 
 
 class _FileReader:

@@ -16,35 +16,31 @@ from teller.ingest.logs.table import LogRecord, second_of_day
 from teller.ingest.logs.vllm import ACCESS, fill_access
 
 HEADER = re.compile(
-    r"^\[(?:(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) )?"
-    r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
-    r"(?P<tags>(?: (?:TP|DP|EP|PP|CP|RANK)\d+)*)\] (?P<message>.*)$",
-    re.DOTALL,
+    r"""
+    ^\[(?:(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ ])?    # an optional date
+    (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)                         # the time, to the second
+    (?P<tags>(?:[ ](?:TP|DP|EP|PP|CP|RANK)\d+)*)                # rank tags: TP0 EP0 …
+    \][ ](?P<message>.*)$
+    """,
+    re.DOTALL | re.VERBOSE,
 )
 _TAG = re.compile(r"(TP|DP|EP|PP|CP|RANK)(\d+)")
 _BATCH = re.compile(r"^(?P<kind>Prefill|Decode) batch[.,]")
 _LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 
 
-def parse(text: str, line: int) -> LogRecord | None:
-    match = HEADER.match(text)
-    if match is None:
-        return None
-    g = match.group
+def from_header(header: re.Match[str], line: int) -> LogRecord:
+    """The record of an SGLang line whose HEADER matched."""
+    g = header.group
     year, tags = g("year"), g("tags").strip()
-    record = LogRecord(
-        raw=text,
-        line=line,
-        format="sglang",
-        process=tags,
-        message=g("message"),
-        clock=(
-            int(year) if year else None,
-            int(g("month")) if year else None,
-            int(g("day")) if year else None,
-            second_of_day(g("h"), g("m"), g("s")),
-            None,
-        ),
+    dated = year is not None
+    record = LogRecord(header.string, line, "sglang", process=tags, message=g("message"))
+    record.clock = (
+        int(year) if dated else None,
+        int(g("month")) if dated else None,
+        int(g("day")) if dated else None,
+        second_of_day(g("h"), g("m"), g("s")),
+        None,
     )
     tag_values = {name.lower(): int(value) for name, value in _TAG.findall(tags)}
     record.rank = tag_values.get("rank", tag_values.get("tp", -1))

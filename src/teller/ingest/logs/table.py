@@ -30,7 +30,12 @@ one logical message: a multi-line traceback is one row whose `raw` keeps every l
 |              |                           | with ids and numbers masked, before drain generalises it;  |
 |              |                           | a known shape's template. Never depends on other lines     |
 | template     | dictionary<int32, string> | the record's template text                                 |
-| fields       | string (JSON)             | parsed numbers and names, null when none                   |
+| kv_cache_fill, requests_running, requests_waiting, context_requests, generation_requests,   |
+| iteration_counter, iteration_elapsed_ns, collective_seq, process_group, process_group_desc: |
+|              | float64, int64 or string  | what the engine's line states, typed (null where it states |
+|              |                           | nothing): `teller.ingest.logs.quantities`                  |
+| fields       | string (JSON)             | parsed numbers and names, null when none; for display:     |
+|              |                           | later stages read the typed columns above                  |
 | raw          | string                    | the record's text as printed (ANSI codes removed)          |
 | file         | dictionary<int32, string> | the file it came from                                      |
 | line         | int64                     | 1-based line number of the record's first line             |
@@ -49,6 +54,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from teller.ingest.logs import quantities
 
 FORMATS: tuple[str, ...] = (
     "vllm",
@@ -100,6 +107,7 @@ LOG_SCHEMA = pa.schema(
         pa.field("template_id", pa.int64()),
         pa.field("template_key", pa.int64()),
         pa.field("template", _STR_DICT),
+        *(pa.field(name, q.type) for name, q in quantities.QUANTITIES.items()),
         pa.field("fields", pa.string()),
         pa.field("raw", pa.string()),
         pa.field("file", _STR_DICT),
@@ -108,10 +116,15 @@ LOG_SCHEMA = pa.schema(
     ]
 )
 
-#: vLLM's own ids, whose shape is known: `cmpl-<hex>` / `chatcmpl-<hex>`, then a completions
-#: choice index (`-0`), then V1's engine suffix (`-<8 hex>`); V1's parallel sampling prefixes `<n>_`.
+#: vLLM's own ids, whose shape is known: `[<n>_](chat)cmpl-<hex>[-<choice>][-<8 hex>]`.
 _VLLM_ID = re.compile(
-    r"^(?:\d+_)?(?P<key>(?:chat)?cmpl-[0-9A-Za-z]+)(?:-\d{1,3})?(?:-[0-9a-f]{8})?$"
+    r"""
+    ^(?:\d+_)?                              # parallel sampling's index
+    (?P<key>(?:chat)?cmpl-[0-9A-Za-z]+)     # the API id
+    (?:-\d{1,3})?                           # completions choice index
+    (?:-[0-9a-f]{8})?$                      # V1's engine suffix
+    """,
+    re.VERBOSE,
 )
 #: Any other id (the client's `X-Request-Id`) may carry V1's engine suffix too; whether it does
 #: shows only when the id without it was printed as well.
@@ -221,6 +234,17 @@ class LogTable:
     def column(self, name: str) -> list:
         return self.table.column(name).to_pylist()
 
+    def quantity(self, name: str) -> np.ndarray:
+        """A typed quantity column (`quantities.QUANTITIES`) as float64, NaN where null."""
+        if quantities.QUANTITIES[name].type == pa.string():
+            raise ValueError(f"{name} holds names, not numbers: read it with `column`")
+        values = pc.cast(self.table.column(name), pa.float64())
+        return pc.fill_null(values, np.nan).to_numpy()
+
+    def kv_cache_fill(self) -> np.ndarray:
+        """Per record, the KV cache's fill (0-1) its line states; NaN where it states none."""
+        return self.quantity("kv_cache_fill")
+
     def to_pandas(self):
         return self.table.to_pandas()
 
@@ -229,9 +253,10 @@ class LogColumns:
     """Column builder for one file: records go in one by one, Arrow chunks come out.
 
     Holding a million `LogRecord`s (and their dicts) would cost gigabytes and slow every garbage
-    collection, so every CHUNK_ROWS records the text columns become Arrow arrays and the Python
-    objects are dropped. Times, exactness and templates stay as compact arrays until `finish`,
-    because the reader fixes times per file and drain templates only once every file is mined.
+    collection, so every CHUNK_ROWS records the text and quantity columns become Arrow arrays and
+    the Python objects are dropped. Times, exactness and templates stay as compact arrays until
+    `finish`, because the reader fixes times per file and drain templates only once every file is
+    mined. Few records state a quantity, so those are kept sparse until their chunk is sealed.
     """
 
     CHUNK_ROWS = 65_536
@@ -247,7 +272,12 @@ class LogColumns:
         self.rank = array("i")
         self.line = array("q")
         self._text: dict[str, list] = {name: [] for name in self._TEXT}
-        self._chunks: dict[str, list[pa.Array]] = {name: [] for name in self._TEXT}
+        self._chunks: dict[str, list[pa.Array]] = {
+            name: [] for name in (*self._TEXT, *quantities.COLUMNS)
+        }
+        #: per quantity column, the rows (in the chunk) of the records that state it, and the values
+        self._stated_rows = {column: array("q") for column in quantities.COLUMNS}
+        self._stated_values: dict[str, list] = {column: [] for column in quantities.COLUMNS}
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -271,14 +301,26 @@ class LogColumns:
         text["fields"].append(record.fields_json)
         text["raw"].append(record.raw)
         text["format"].append(record.format)
+        if record.fields and (stated := quantities.typed_values(record.fields)):
+            row = len(text["raw"]) - 1
+            for column, value in stated.items():
+                self._stated_rows[column].append(row)
+                self._stated_values[column].append(value)
         if len(text["raw"]) >= self.CHUNK_ROWS:
             self._seal()
 
     def _seal(self) -> None:
+        rows = len(self._text["raw"])
+        if not rows:
+            return
         for name, values in self._text.items():
-            if values:
-                self._chunks[name].append(pa.array(values, pa.string()))
-                values.clear()
+            self._chunks[name].append(pa.array(values, pa.string()))
+            values.clear()
+        for name, quantity in quantities.QUANTITIES.items():
+            stated_rows, values = self._stated_rows[name], self._stated_values[name]
+            self._chunks[name].append(_sparse(rows, stated_rows, values, quantity.type))
+            del stated_rows[:]
+            values.clear()
 
     def finish(
         self, templates: list[str], ts_ns: np.ndarray, exact: np.ndarray, file: str
@@ -318,6 +360,7 @@ class LogColumns:
             pa.array(template_ids),
             pa.array(np.where(mined_keys >= 0, mined_keys, template_ids)),
             _dictionary(templates),
+            *(pa.chunked_array(chunks[name], q.type) for name, q in quantities.QUANTITIES.items()),
             text("fields"),
             text("raw"),
             _constant(file, count),
@@ -325,6 +368,18 @@ class LogColumns:
             encoded("format", pa.int8()),
         ]
         return pa.Table.from_arrays(arrays, schema=LOG_SCHEMA)
+
+
+def _sparse(rows: int, stated_rows: array, values: list, type: pa.DataType) -> pa.Array:
+    """A column of `rows` nulls but for `values` at `stated_rows`."""
+    if not values:
+        return pa.nulls(rows, type)
+    positions = np.frombuffer(stated_rows, dtype=np.int64)
+    index = np.zeros(rows, dtype=np.int64)
+    index[positions] = np.arange(len(positions))
+    missing = np.ones(rows, dtype=bool)
+    missing[positions] = False
+    return pc.take(pa.array(values, type), pa.array(index, mask=missing))
 
 
 def _template_ids(templates: list[str]) -> list[int]:

@@ -22,10 +22,16 @@ from teller.ingest.logs.table import LogRecord, second_of_day, template_id
 
 #: `2025-02-27 04:46:39,123 INFO …`, `[2025-02-27T04:46:39.123Z] [WARN] …` and similar.
 GENERIC_HEADER = re.compile(
-    r"^\[?(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
-    r"(?:[.,](?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?\]?[ ,:|-]*"
-    r"(?:\[?(?P<level>DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL|FATAL)\]?[ :|-]+)?(?P<message>.*)$",
-    re.DOTALL,
+    r"""
+    ^\[?(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)       # an ISO date
+    [ T](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)                 # and time
+    (?:[.,](?P<frac>\d{1,9}))?                              # sub-second part
+    (?P<tz>Z|[+-]\d\d:?\d\d)?\]?                            # time zone
+    [ ,:|-]*                                                # separators
+    (?:\[?(?P<level>DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL|FATAL)\]?[ :|-]+)?
+    (?P<message>.*)$
+    """,
+    re.DOTALL | re.VERBOSE,
 )
 _LEVEL_ONLY = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<message>.*)$")
 _LEVEL_NAMES = {"WARN": "WARNING", "FATAL": "CRITICAL"}

@@ -17,23 +17,21 @@ from teller.ingest.logs.table import LogRecord, second_of_day
 
 HEADER = re.compile(r"^\[TensorRT-LLM\]\[(?P<level>[A-Z]+)\] ?(?P<message>.*)$", re.DOTALL)
 _LEVELS = {"VERBOSE": "DEBUG", "DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING"}
+#: The iteration JSON's `"Timestamp":"01-22-2025 10:01:07"`.
 _TIMESTAMP = re.compile(
-    r"^(?P<month>\d\d)-(?P<day>\d\d)-(?P<year>\d{4}) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
+    r"""
+    ^(?P<month>\d\d)-(?P<day>\d\d)-(?P<year>\d{4})    # month-day-year
+    [ ](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)
+    """,
+    re.VERBOSE,
 )
 
 
-def parse(text: str, line: int) -> LogRecord | None:
-    match = HEADER.match(text)
-    if match is None:
-        return None
-    message = match.group("message")
-    record = LogRecord(
-        raw=text,
-        line=line,
-        format="trtllm",
-        level=_LEVELS.get(match.group("level"), "ERROR"),
-        message=message,
-    )
+def from_header(header: re.Match[str], line: int) -> LogRecord:
+    """The record of a TensorRT-LLM line whose HEADER matched (an unknown level reads as ERROR)."""
+    message = header.group("message")
+    level = _LEVELS.get(header.group("level"), "ERROR")
+    record = LogRecord(header.string, line, "trtllm", level=level, message=message)
     if message.startswith("{"):
         try:
             values = orjson.loads(message)

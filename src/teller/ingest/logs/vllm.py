@@ -19,26 +19,51 @@ import re
 from teller.ingest.logs.fields import key_values, normalise_key
 from teller.ingest.logs.table import LogRecord, second_of_day
 
+#: `LEVEL MM-DD HH:MM:SS[.frac] [file.py:line] message` (V1 brackets the source, V0 does not).
 HEADER = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)"
-    r"(?:[.,](?P<frac>\d{1,9}))? \[?(?P<source>[\w./\-]+:\d+)\]? ?(?P<message>.*)$",
-    re.DOTALL,
+    r"""
+    ^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)
+    [ ](?P<stamp>\d\d-\d\d[ ]\d\d:\d\d:\d\d)    # month-day and time, no year
+    (?:[.,](?P<frac>\d{1,9}))?                  # sub-second part (a custom log format)
+    [ ]\[?(?P<source>[\w./\-]+:\d+)\]?[ ]?      # the engine's file.py:line
+    (?P<message>.*)$
+    """,
+    re.DOTALL | re.VERBOSE,
 )
 #: `MM-DD HH:MM:SS` → (month, day, second of day); stamps repeat for every line of a second.
 _STAMPS: dict[str, tuple[int, int, int | None]] = {}
 _STAMP_CACHE_SIZE = 100_000
 #: `(APIServer pid=1)`, `(VllmWorker TP0 pid=1)`, `(RayWorkerWrapper pid=1, ip=10.0.0.2)`.
-PROCESS_PREFIX = re.compile(r"^\((?P<process>[^()]*?) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\) ")
+PROCESS_PREFIX = re.compile(
+    r"""
+    ^\((?P<process>[^()]*?)             # the process tag
+    [ ]pid=(?P<pid>\d+)
+    (?:,[ ]ip=(?P<ip>[^)\s]+))?         # Ray names the worker's host
+    \)[ ]
+    """,
+    re.VERBOSE,
+)
 _PROCESS_RANK = re.compile(r"(?:TP|rank=)(\d+)")
 
+#: uvicorn's `INFO:     172.18.0.1:49422 - "POST /v1/chat/completions HTTP/1.1" 200 OK`.
 ACCESS = re.compile(
-    r'^(?P<level>INFO|WARNING|ERROR):\s+(?P<client>\S+?):(?P<port>\d+) - "(?P<method>[A-Z]+) '
-    r'(?P<path>\S+) (?P<protocol>HTTP/[\d.]+)" (?P<status>\d{3})'
+    r"""
+    ^(?P<level>INFO|WARNING|ERROR):\s+
+    (?P<client>\S+?):(?P<port>\d+)[ ]-[ ]                           # client address
+    "(?P<method>[A-Z]+)[ ](?P<path>\S+)[ ](?P<protocol>HTTP/[\d.]+)"  # request line
+    [ ](?P<status>\d{3})
+    """,
+    re.VERBOSE,
 )
 
 #: V1 aborts print `Aborted request(s) id1,id2.`: the record keeps the first id, all in fields.
 _REQUEST = re.compile(
-    r"^(?P<what>Received|Added|Finished|Aborted) request(?:\(s\))? (?P<rid>[^\s:,]+?)(?:[.:,]|$)"
+    r"""
+    ^(?P<what>Received|Added|Finished|Aborted)
+    [ ]request(?:\(s\))?[ ]
+    (?P<rid>[^\s:,]+?)(?:[.:,]|$)       # the id, up to the punctuation after it
+    """,
+    re.VERBOSE,
 )
 _REQUEST_EVENT = {
     "Received": "request_received",
@@ -59,22 +84,13 @@ _MAX_TOKENS = re.compile(r"max_tokens=(?P<n>\d+)")
 _CUMULATIVE = re.compile(r"total_num_cumulative_preemption=(?P<n>\d+)")
 
 
-def parse(text: str, line: int) -> LogRecord | None:
-    """A record for one vLLM line (process prefix already removed), or None if not vLLM's."""
-    match = HEADER.match(text)
-    if match is None:
-        return None
-    level, stamp, frac, source, message = match.groups()
+def from_header(header: re.Match[str], line: int) -> LogRecord:
+    """The record of a vLLM line (process prefix already removed) whose HEADER matched."""
+    level, stamp, frac, source, message = header.groups()
     month, day, time_of_day = _STAMPS.get(stamp) or _parse_stamp(stamp)
-    record = LogRecord(
-        raw=text,
-        line=line,
-        format="vllm",
-        level=level,
-        source=source,
-        message=message,
-        clock=(None, month, day, time_of_day, int(frac.ljust(9, "0")) if frac else None),
-    )
+    fraction = int(frac.ljust(9, "0")) if frac else None
+    record = LogRecord(header.string, line, "vllm", level=level, source=source, message=message)
+    record.clock = (None, month, day, time_of_day, fraction)
     classify(record)
     return record
 
@@ -100,9 +116,8 @@ def classify(record: LogRecord) -> None:
     message = record.message
     first = message[:1]
     if first in ("R", "A", "F") and (match := _REQUEST.match(message)):
-        record.event = _REQUEST_EVENT[match.group("what")]
-        record.request_id = match.group("rid")
-        record.template = f"vllm {match.group('what')} request <id>"
+        what = match.group("what")
+        _about_request(record, _REQUEST_EVENT[what], match, f"vllm {what} request <id>")
         if record.event == "request_received":
             record.fields = _received_fields(message)
         elif record.event == "request_aborted" and message[match.end() - 1 : match.end()] == ",":
@@ -124,18 +139,16 @@ def classify(record: LogRecord) -> None:
         record.fields = fields
         return
     if first == "S" and (match := _PREEMPTED_V0.match(message)):
-        record.event = "request_preempted"
-        record.request_id = match.group("rid")
-        record.template = "vllm Sequence group <id> is preempted"
+        _about_request(record, "request_preempted", match, "vllm Sequence group <id> is preempted")
         preempted: dict = {"mode": match.group("mode").lower()}
         if cumulative := _CUMULATIVE.search(message):
             preempted["total_num_cumulative_preemption"] = int(cumulative.group("n"))
         record.fields = preempted
         return
     if first == "P" and (match := _RESUMED.match(message)):
-        record.event = "request_resumed"
-        record.request_id = match.group("rid")
-        record.template = "vllm Preempted request <id> has been resumed"
+        _about_request(
+            record, "request_resumed", match, "vllm Preempted request <id> has been resumed"
+        )
         return
     if "JIT compilation" in message and (match := _JIT.search(message)):
         record.event = "jit_compile"
@@ -149,13 +162,15 @@ def classify(record: LogRecord) -> None:
         record.template = "vllm Initializing an LLM engine"
 
 
-def parse_access(text: str, line: int) -> LogRecord | None:
-    """A uvicorn access line (`INFO:     ip:port - "POST /v1/… HTTP/1.1" 200 OK`); no time on it."""
-    match = ACCESS.match(text)
-    if match is None:
-        return None
-    record = LogRecord(raw=text, line=line, format="uvicorn", level=match.group("level"))
-    fill_access(record, match)
+def _about_request(record: LogRecord, event: str, match: re.Match[str], template: str) -> None:
+    """A line about one request (its id in group `rid`): event, id and template."""
+    record.event, record.request_id, record.template = event, match.group("rid"), template
+
+
+def from_access(access: re.Match[str], line: int) -> LogRecord:
+    """The record of a uvicorn access line whose ACCESS matched; it prints no time."""
+    record = LogRecord(access.string, line, "uvicorn", level=access.group("level"))
+    fill_access(record, access)
     return record
 
 
