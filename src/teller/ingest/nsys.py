@@ -106,6 +106,11 @@ _RANK_ENV = re.compile(
     """,
     re.VERBOSE,
 )
+#: Where an export keeps the launched command's environment: (table, which rows).
+_ENVIRONMENT_ROWS = (
+    ("META_DATA_CAPTURE", "name LIKE '%ENVIRONMENT_VARIABLE'"),
+    ("TARGET_INFO_SYSTEM_ENV", "name = 'DeviceEnvironment'"),
+)
 #: CUPTI synchronisation types by id, named as Kineto names its `cuda_sync` events.
 _SYNC_NAMES = {
     0: "Unknown Sync",
@@ -817,25 +822,13 @@ class _NsysReader:
 
     def _launch_environment(self) -> dict[str, int]:
         """RANK / LOCAL_RANK from the launched command's environment, as the export records it."""
-        texts: list[str] = []
-        if self.export.has("META_DATA_CAPTURE"):
-            texts += [
-                v
-                for (v,) in self.export.query(
-                    "SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'",
-                    "META_DATA_CAPTURE",
-                )
-                if isinstance(v, str)
-            ]
-        if self.export.has("TARGET_INFO_SYSTEM_ENV"):
-            texts += [
-                v
-                for (v,) in self.export.query(
-                    "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'DeviceEnvironment'",
-                    "TARGET_INFO_SYSTEM_ENV",
-                )
-                if isinstance(v, str)
-            ]
+        texts = [
+            value
+            for table, where in _ENVIRONMENT_ROWS
+            if self.export.has(table)
+            for (value,) in self.export.query(f"SELECT value FROM {table} WHERE {where}", table)
+            if isinstance(value, str)
+        ]
         found: dict[str, int] = {}
         for text in texts:
             for match in _RANK_ENV.finditer(text):
