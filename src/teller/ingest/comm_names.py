@@ -13,19 +13,34 @@ import re
 #: GPU kernels that implement a collective (NCCL/RCCL, vLLM/SGLang/TRT-LLM custom all-reduce,
 #: NVLS multimem and symmetric-memory one/two-shot reductions).
 _COMM_KERNEL = re.compile(
-    r"^(?:void\s+)?(?:\w+::)*(?:nccl|rccl)|cross_device_reduce|multimem|one_shot_all_reduce"
-    r"|two_shot_all_reduce|custom_?all_?reduce|quick_?reduce|all_?reduce|allgather|all_gather"
-    r"|reduce_?scatter|all_?to_?all",
-    re.IGNORECASE,
+    r"""
+    ^(?:void\s+)?(?:\w+::)*(?:nccl|rccl)       # NCCL/RCCL kernels: the name starts with the library
+    | cross_device_reduce | quick_?reduce       # custom all-reduce kernels (vLLM, SGLang, TRT-LLM)
+    | custom_?all_?reduce
+    | multimem                                  # NVLS multimem reductions
+    | one_shot_all_reduce | two_shot_all_reduce # symmetric-memory reductions
+    | all_?reduce | allgather | all_gather      # any other kernel named after its collective
+    | reduce_?scatter | all_?to_?all
+    """,
+    re.IGNORECASE | re.VERBOSE,
 )
 
 #: Host-side operators and annotations that issue a collective.
 _COMM_CPU_OP = re.compile(
-    r"^(?:record_param_comms$|c10d::(?!wait|barrier_?$|monitored_barrier)\w+|(?:nccl|gloo|mpi|ucc):\w+"
-    r"|_c10d_functional::(?!wait_tensor|_wrap)\w+"
-    r"|vllm::(?:all_reduce|all_gather|reduce_scatter|outplace_all_reduce|inplace_all_reduce)"
-    r"|_C_custom_ar::all_reduce|sglang::\w*(?:all_reduce|all_gather)\w*"
-    r"|trtllm::\w*allreduce\w*)",
+    r"""
+    ^(?:
+        record_param_comms$                             # PyTorch's annotation of a collective
+      | c10d::(?!wait|barrier_?$|monitored_barrier)\w+  # c10d's collectives, not waits or barriers
+      | (?:nccl|gloo|mpi|ucc):\w+                       # a backend's own record (nccl:all_reduce)
+      | _c10d_functional::(?!wait_tensor|_wrap)\w+      # functional collectives, not their waits
+      | vllm::(?:all_reduce|all_gather|reduce_scatter   # vLLM's collective custom ops
+          |outplace_all_reduce|inplace_all_reduce)
+      | _C_custom_ar::all_reduce                        # vLLM's custom all-reduce extension
+      | sglang::\w*(?:all_reduce|all_gather)\w*         # SGLang's collective custom ops
+      | trtllm::\w*allreduce\w*                         # TensorRT-LLM's all-reduce ops
+    )
+    """,
+    re.VERBOSE,
 )
 
 _KIND_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(

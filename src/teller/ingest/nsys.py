@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +51,7 @@ import orjson
 
 from teller.errors import TraceError
 from teller.ingest.comm_names import collective_kind, is_comm_cpu_op, is_comm_kernel
+from teller.ingest.files import read_bytes
 from teller.ingest.schema import LAYER_CODE, EventTable, SourceInfo, build_table
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -87,9 +88,29 @@ _NVTX_TYPE_IDS = {
 #: Runtime/driver names carry the CUDA version that introduced them: `cudaMemcpyAsync_v3020`.
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
 #: A range from torch.autograd.profiler.emit_nvtx: `aten::mm, op_id = 12` or `…, seq = 3, sizes = …`.
-TORCH_NVTX_OP = re.compile(r"^(?P<op>[^,]+), (?P<key>op_id|seq) = (?P<id>\d+)(?:, (?P<rest>.*))?$")
+TORCH_NVTX_OP = re.compile(
+    r"""
+    ^(?P<op>[^,]+)                        # the operator, up to the first comma: aten::mm
+    ,\ (?P<key>op_id|seq)\ =\ (?P<id>\d+)  # its id: `op_id = 12` or `seq = 12`
+    (?:,\ (?P<rest>.*))?$                 # anything after it (`sizes = [...]`), kept verbatim
+    """,
+    re.VERBOSE,
+)
 _RANK_IN_FILE_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-_RANK_ENV = re.compile(r"""(?:^|[;\s])(RANK|LOCAL_RANK)="?(\d+)"?(?=$|[;\s])""")
+_RANK_ENV = re.compile(
+    r"""
+    (?:^|[;\s])        # the text's start, or a separator: ; or white space
+    (RANK|LOCAL_RANK)  # the variable
+    ="?(\d+)"?         # its value, quoted or not
+    (?=$|[;\s])        # then the end or the next separator
+    """,
+    re.VERBOSE,
+)
+#: Where an export keeps the launched command's environment: (table, which rows).
+_ENVIRONMENT_ROWS = (
+    ("META_DATA_CAPTURE", "name LIKE '%ENVIRONMENT_VARIABLE'"),
+    ("TARGET_INFO_SYSTEM_ENV", "name = 'DeviceEnvironment'"),
+)
 #: CUPTI synchronisation types by id, named as Kineto names its `cuda_sync` events.
 _SYNC_NAMES = {
     0: "Unknown Sync",
@@ -207,16 +228,13 @@ class _Export:
         return int(self.query(f'SELECT count(*) FROM "{table}"', table)[0][0])
 
 
+def _column_or_missing(columns: set[str], column: str) -> str:
+    """SQL for an optional integer column: its value, or -1 where the row or the export lacks it."""
+    return f"COALESCE({column}, -1)" if column in columns else "-1"
+
+
 def _check_file(path: Path) -> None:
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(len(SQLITE_MAGIC))
-    except FileNotFoundError:
-        raise TraceError(path, "no such file") from None
-    except IsADirectoryError:
-        raise TraceError(path, "is a directory, expected an nsys SQLite export") from None
-    except OSError as error:
-        raise TraceError(path, f"cannot read: {error.strerror}") from None
+    head = read_bytes(path, "an nsys SQLite export", len(SQLITE_MAGIC))
     if head != SQLITE_MAGIC:
         what = "empty file" if not head else "not an SQLite database"
         raise TraceError(
@@ -405,8 +423,8 @@ class _NsysReader:
         columns = self.export.columns(OVERHEAD)
         if not columns:
             return None
-        kind = "COALESCE(overheadType, -1)" if "overheadType" in columns else "-1"
-        name = "COALESCE(nameId, -1)" if "nameId" in columns else "-1"
+        kind = _column_or_missing(columns, "overheadType")
+        name = _column_or_missing(columns, "nameId")
         rows = self.export.query(
             f'SELECT start, "end", COALESCE(globalTid, 0), {name}, {kind} FROM {OVERHEAD}',
             OVERHEAD,
@@ -425,30 +443,39 @@ class _NsysReader:
         columns = self.export.columns(MEMCPY)
         if not columns:
             return None
-        src = "COALESCE(srcKind, -1)" if "srcKind" in columns else "-1"
-        dst = "COALESCE(dstKind, -1)" if "dstKind" in columns else "-1"
-        rows = self.export.query(
-            f"SELECT {self._GPU_COLUMNS}, bytes, copyKind, {src}, {dst} FROM {MEMCPY}", MEMCPY
-        )
-        copy_kinds = self._enum("ENUM_CUDA_MEMCPY_OPER", _COPY_KINDS, _copy_kind_short)
-        memory_kinds = self._enum("ENUM_CUDA_MEM_KIND", _MEMORY_KINDS, None)
-        labels = [_memcpy_name(copy_kinds, memory_kinds, row[7], row[8], row[9]) for row in rows]
-        part = self._gpu_rows(MEMCPY, rows, "memcpy", self.names.intern_many(labels))
-        part.nbytes = _int_columns([row[6:7] for row in rows], 1)[0]
-        return part
+        ends = [_column_or_missing(columns, end) for end in ("srcKind", "dstKind")]
+        kinds = ", ".join(["copyKind", *ends])
+
+        def names(rows: list[tuple]) -> list[str]:
+            copy_kinds = self._enum("ENUM_CUDA_MEMCPY_OPER", _COPY_KINDS, _copy_kind_short)
+            memory_kinds = self._enum("ENUM_CUDA_MEM_KIND", _MEMORY_KINDS, None)
+            return [_memcpy_name(copy_kinds, memory_kinds, *row[7:10]) for row in rows]
+
+        return self._transfers(MEMCPY, "memcpy", kinds, names)
 
     def _memset(self) -> _Rows | None:
         columns = self.export.columns(MEMSET)
         if not columns:
             return None
-        kind = "COALESCE(memKind, -1)" if "memKind" in columns else "-1"
-        rows = self.export.query(f"SELECT {self._GPU_COLUMNS}, bytes, {kind} FROM {MEMSET}", MEMSET)
-        memory_kinds = self._enum("ENUM_CUDA_MEM_KIND", _MEMORY_KINDS, None)
-        labels = [
-            f"Memset ({memory_kinds.get(row[7], 'Unknown')})" if row[7] >= 0 else "Memset"
-            for row in rows
-        ]
-        part = self._gpu_rows(MEMSET, rows, "memset", self.names.intern_many(labels))
+
+        def names(rows: list[tuple]) -> list[str]:
+            memory_kinds = self._enum("ENUM_CUDA_MEM_KIND", _MEMORY_KINDS, None)
+            return [
+                f"Memset ({memory_kinds.get(row[7], 'Unknown')})" if row[7] >= 0 else "Memset"
+                for row in rows
+            ]
+
+        return self._transfers(MEMSET, "memset", _column_or_missing(columns, "memKind"), names)
+
+    def _transfers(
+        self, table: str, layer: str, kinds_sql: str, names: Callable[[list[tuple]], list[str]]
+    ) -> _Rows:
+        """Memcpy or memset rows: the GPU columns, `bytes`, then the kind columns that `names`
+        turns into each row's Kineto-style name."""
+        rows = self.export.query(
+            f"SELECT {self._GPU_COLUMNS}, bytes, {kinds_sql} FROM {table}", table
+        )
+        part = self._gpu_rows(table, rows, layer, self.names.intern_many(names(rows)))
         part.nbytes = _int_columns([row[6:7] for row in rows], 1)[0]
         return part
 
@@ -795,25 +822,13 @@ class _NsysReader:
 
     def _launch_environment(self) -> dict[str, int]:
         """RANK / LOCAL_RANK from the launched command's environment, as the export records it."""
-        texts: list[str] = []
-        if self.export.has("META_DATA_CAPTURE"):
-            texts += [
-                v
-                for (v,) in self.export.query(
-                    "SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'",
-                    "META_DATA_CAPTURE",
-                )
-                if isinstance(v, str)
-            ]
-        if self.export.has("TARGET_INFO_SYSTEM_ENV"):
-            texts += [
-                v
-                for (v,) in self.export.query(
-                    "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'DeviceEnvironment'",
-                    "TARGET_INFO_SYSTEM_ENV",
-                )
-                if isinstance(v, str)
-            ]
+        texts = [
+            value
+            for table, where in _ENVIRONMENT_ROWS
+            if self.export.has(table)
+            for (value,) in self.export.query(f"SELECT value FROM {table} WHERE {where}", table)
+            if isinstance(value, str)
+        ]
         found: dict[str, int] = {}
         for text in texts:
             for match in _RANK_ENV.finditer(text):

@@ -5,8 +5,8 @@ Inside the window the guilty rank runs with PyTorch's flash SDPA backend disable
 with a disabled or unavailable fused kernel does. Llama still calls
 `aten::scaled_dot_product_attention`, but it now dispatches to
 `aten::_scaled_dot_product_attention_math` instead of
-`aten::_scaled_dot_product_flash_attention_for_cpu`: the same node takes 2-3x longer (measured on
-this model's shapes), and the other ranks wait for it at the o_proj all-reduce.
+`aten::_scaled_dot_product_flash_attention_for_cpu`: the same node takes longer (the math path
+materialises the whole attention matrix), and the other ranks wait for it at the o_proj all-reduce.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class ModelConfig:
     intermediate_size: int = 1024
     num_hidden_layers: int = 4
     # 12 heads of 32 dims: divisible by every TP size the lab runs (2, 3, 4), so each rank holds
-    # whole heads (with 6 heads TP=4 split one head across ranks and the forward failed)
+    # whole heads (a head split across ranks breaks the forward)
     num_attention_heads: int = 12
     num_key_value_heads: int = 12
     max_position_embeddings: int = 4096

@@ -10,6 +10,7 @@ process group (gloo on CPU, nccl on GPUs) and `maybe_distribute_model` applies t
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -17,18 +18,17 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from teller.lab.serve.config import ModelConfig
 
+#: ModelConfig fields that are not LlamaConfig arguments: the attention implementation is set on
+#: the built config (as `from_pretrained` does), the seed draws the weights.
+_NOT_LLAMA_ARGUMENTS = ("attn_implementation", "weight_seed")
+
 
 def llama_config(config: ModelConfig) -> LlamaConfig:
-    hf_config = LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        max_position_embeddings=config.max_position_embeddings,
-        hidden_act=config.hidden_act,
-    )
+    """Hugging Face's config of the lab's Llama; ModelConfig's other fields keep HF's names."""
+    arguments = asdict(config)
+    for name in _NOT_LLAMA_ARGUMENTS:
+        del arguments[name]
+    hf_config = LlamaConfig(**arguments)
     hf_config._attn_implementation = config.attn_implementation
     return hf_config
 

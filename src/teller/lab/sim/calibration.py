@@ -46,6 +46,18 @@ class TemplateNode:
     bytes: int = 0
 
 
+def _section(*keys: str) -> property:
+    """A read-only attribute for the part of `raw` under `keys`."""
+
+    def get(calibration: Calibration):
+        value = calibration.raw
+        for key in keys:
+            value = value[key]
+        return value
+
+    return property(get)
+
+
 @dataclass(frozen=True)
 class Calibration:
     raw: dict
@@ -63,25 +75,13 @@ class Calibration:
         entry = self.raw["kernels"].get(kernel)
         return entry.get("launch_args", {}) if entry else {}
 
-    @property
-    def model(self) -> dict:
-        return self.raw["model"]
-
-    @property
-    def vllm(self) -> dict:
-        return self.raw["vllm"]
-
-    @property
-    def comm(self) -> dict:
-        return self.raw["comm"]
-
-    @property
-    def p2p(self) -> dict:
-        return self.raw["p2p_and_graphs"]
-
-    @property
-    def inputs(self) -> list[dict]:
-        return self.raw["meta"]["inputs"]
+    #: Sections of the raw table, read as they are: the model's facts, vLLM's frames, the
+    #: all-reduce, point-to-point and CUDA-graph facts, and the traces the table was made from.
+    model = _section("model")
+    vllm = _section("vllm")
+    comm = _section("comm")
+    p2p = _section("p2p_and_graphs")
+    inputs = _section("meta", "inputs")
 
     def gemm_fallback(self) -> str | None:
         """Another real GEMM kernel than the template's (kernel_regression swaps to it)."""

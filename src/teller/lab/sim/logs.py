@@ -65,6 +65,23 @@ def worker_name(topology: Topology, rank: int) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class About:
+    """What a log line is about, for the ground truth: a step and a request (None: none).
+
+    Admission lines (Received, Added) are about the request's first step, which only its
+    scheduling tells: `admission` marks them, and the ground truth fills the step in at the end.
+    """
+
+    step: int | None = None
+    request: Request | None = None
+    admission: bool = False
+
+
+#: A line about no step and no request (stats lines).
+NOTHING = About()
+
+
 def jit_kernel_name(kernel: str) -> str:
     """The name a JIT monitor prints for a kernel: a function name, one identifier.
 
@@ -103,34 +120,20 @@ class EngineLog:
         self.window_prompt = 0
         self.window_generation = 0
 
-    def _write(
-        self,
-        process: Process,
-        text: str,
-        step: int | None = None,
-        request: Request | None = None,
-        admission: bool = False,
-    ) -> None:
+    def _write(self, process: Process, text: str, about: About = NOTHING) -> None:
         self.handle.write(text + "\n")
         self.lines += 1
-        self.truth.line(self.lines, process, step, request, admission)
+        self.truth.line(self.lines, process, about)
 
     def _line(
-        self,
-        process: Process,
-        level: str,
-        t_ns: int,
-        where: str,
-        message: str,
-        step: int | None = None,
-        request: Request | None = None,
-        admission: bool = False,
+        self, process: Process, level: str, t_ns: int, where: str, message: str, about: About
     ) -> None:
-        text = f"{process.prefix} {level} {clock(t_ns)} [{where}] {message}"
-        self._write(process, text, step, request, admission)
+        """A vLLM logger line: process prefix, level, time, `[file.py:line]`, message."""
+        self._write(process, f"{process.prefix} {level} {clock(t_ns)} [{where}] {message}", about)
 
     def arrived(self, request: Request) -> None:
         """Received and Added: about the request's first step, which only its scheduling tells."""
+        admission = About(request=request, admission=True)
         self._line(
             self.api,
             "INFO",
@@ -138,8 +141,7 @@ class EngineLog:
             RECEIVED,
             f"Received request {request.request_id}: params: SamplingParams(n=1, "
             f"max_tokens={request.output_tokens}), lora_request: None.",
-            request=request,
-            admission=True,
+            admission,
         )
         self._line(
             self.api,
@@ -147,8 +149,7 @@ class EngineLog:
             request.arrival_ns,
             ADDED,
             f"Added request {request.engine_id}.",
-            request=request,
-            admission=True,
+            admission,
         )
 
     def finished(self, request: Request, step: int) -> None:
@@ -158,8 +159,7 @@ class EngineLog:
             request.finish_ns,
             FINISHED,
             f"Finished request {request.engine_id}.",
-            step,
-            request,
+            About(step, request),
         )
 
     def scheduled(self, plan: StepPlan, total_preemptions: int) -> None:
@@ -175,8 +175,7 @@ class EngineLog:
                 "This can affect the end-to-end performance. Increase "
                 "gpu_memory_utilization or tensor_parallel_size to provide more KV cache "
                 f"memory. total_num_cumulative_preemption={total_preemptions}",
-                plan.index,
-                request,
+                About(plan.index, request),
             )
         for request in plan.resumed:
             self._line(
@@ -185,8 +184,7 @@ class EngineLog:
                 plan.start_ns,
                 RESUMED,
                 f"Preempted request {request.engine_id} has been resumed!",
-                plan.index,
-                request,
+                About(plan.index, request),
             )
 
     def jit(self, rank: int, kernel: str, t_ns: int, step: int) -> None:
@@ -198,7 +196,7 @@ class EngineLog:
             JIT,
             f"Triton kernel JIT compilation during inference: {jit_kernel_name(kernel)}. "
             "This causes a latency spike; consider extending warmup to cover this shape/config.",
-            step,
+            About(step),
         )
 
     def step(
@@ -221,7 +219,7 @@ class EngineLog:
             f"requests, {plan.context_tokens} context tokens, {gen} generation requests, "
             f"{gen} generation tokens, iteration elapsed time: {elapsed_ms:.2f} ms, "
             f"GPU KV cache usage: {kv_usage * 100:.1f}%",
-            plan.index,
+            About(plan.index),
         )
         self.window_prompt += plan.context_tokens
         self.window_generation += gen
@@ -239,6 +237,7 @@ class EngineLog:
                 f"{self.window_generation / seconds:.1f} tokens/s, Running: {running} reqs, "
                 f"Waiting: {waiting} reqs, GPU KV cache usage: {kv_usage * 100:.1f}%, "
                 "Prefix cache hit rate: 0.0%",
+                NOTHING,
             )
             self.window_prompt = self.window_generation = 0
             self.next_stats_ns += STATS_INTERVAL_NS
@@ -259,19 +258,19 @@ class EngineLog:
         micros = (t_ns // 1000) % 1_000_000
         where = f"[rank{rank}]:[E{stamp}.{micros:06d}000 ProcessGroupNCCL.cpp:1709]"
         pg = f"[PG {group_name} ({group_desc}) Rank {group_rank}]"
-        worker = self.workers[rank]
+        worker, about = self.workers[rank], About(step)
         self._write(
             worker,
             f"{where} {pg} Timeout at NCCL work: {seq}, last enqueued NCCL work: {seq}, "
             f"last completed NCCL work: {seq - 1}.",
-            step,
+            about,
         )
         self._write(
             worker,
             f"{where} {pg} Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
             f"OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, Timeout(ms)={timeout_ms}) ran "
             f"for {timeout_ms + 11} milliseconds before timing out.",
-            step,
+            about,
         )
 
     def close(self) -> None:
@@ -287,9 +286,7 @@ class EngineLog:
 class _Line:
     number: int
     process: Process
-    step: int | None
-    request: Request | None
-    admission: bool
+    about: About
 
 
 class GroundTruth:
@@ -331,15 +328,8 @@ class GroundTruth:
     def arrived(self, request: Request) -> None:
         self.requests.append(request)
 
-    def line(
-        self,
-        number: int,
-        process: Process,
-        step: int | None,
-        request: Request | None,
-        admission: bool,
-    ) -> None:
-        self.lines.append(_Line(number, process, step, request, admission))
+    def line(self, number: int, process: Process, about: About) -> None:
+        self.lines.append(_Line(number, process, about))
 
     def step(self, plan: StepPlan, end_ns: int) -> None:
         """Record a completed step (as the lab's engine does once execute returns)."""
@@ -376,8 +366,8 @@ class GroundTruth:
         self.part("requests").write_bytes(b"".join(rows))
         rows = []
         for line in self.lines:
-            request, step = line.request, line.step
-            if line.admission:
+            request, step = line.about.request, line.about.step
+            if line.about.admission:
                 step = self.first_step.get(request.index)
             row = {
                 "log": self.log_name,

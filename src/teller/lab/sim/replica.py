@@ -189,20 +189,21 @@ class ReplicaModel:
         self,
         replica: int,
         topology: Topology,
-        calibration: Calibration,
+        template: LayerTemplate,
         faults: FaultModel,
         layers: int,
-        template: LayerTemplate,
         encoders: dict[int, EventEncoder],
         rngs: dict[int, np.random.Generator],
-        pids: dict[int, int],
     ) -> None:
+        """`layers` decoder layers split over the pipeline stages; each rank writes through its
+        encoder (which holds its pid) and draws from its own generator. The calibration is the
+        template's."""
+        calibration = template.calibration
         self.replica = replica
         self.topology = topology
         self.cal = calibration
         self.faults = faults
         self.template = template
-        self.layers = layers
         self.ranks: dict[int, RankState] = {}
         for stage in range(topology.pp):
             for t in range(topology.tp):
@@ -212,7 +213,7 @@ class ReplicaModel:
                     stage=stage,
                     tp_index=t,
                     device=topology.local_gpu(rank),
-                    pid=pids[rank],
+                    pid=encoders[rank].pid,
                     encoder=encoders[rank],
                     rng=rngs[rank],
                     streams=Streams.of(calibration, topology, stage),
@@ -739,19 +740,7 @@ class ReplicaModel:
         else:
             end = max(arrivals) + self._ring_cost(ranks, first.comm["bytes"], plan.index)
         for (state, launch), arrival in zip(heads, arrivals, strict=True):
-            _, name, _, nbytes = launch.kernels[0]
-            finish = end + int(state.rng.integers(0, 400))
-            self._emit_gpu(
-                state,
-                launch,
-                "kernel",
-                name,
-                arrival,
-                finish - arrival,
-                nbytes,
-                extra=self._kernel_extra(launch),
-            )
-            state.gpu_free_ns = finish
+            self._comm_kernel(state, launch, arrival, end + int(state.rng.integers(0, 400)))
         return not hung
 
     def _p2p_gpu(
@@ -770,18 +759,22 @@ class ReplicaModel:
         end = max(arrival, other) + cost
         if launch.kind == "send":
             send_peer_arrival[state.rank] = arrival
+        self._comm_kernel(state, launch, arrival, end)
+
+    def _comm_kernel(self, state: RankState, launch: Launch, start_ns: int, end_ns: int) -> None:
+        """A communication launch's one NCCL kernel, from the rank's arrival to the transfer's end."""
         _, name, _, nbytes = launch.kernels[0]
         self._emit_gpu(
             state,
             launch,
             "kernel",
             name,
-            arrival,
-            end - arrival,
+            start_ns,
+            end_ns - start_ns,
             nbytes,
             extra=self._kernel_extra(launch),
         )
-        state.gpu_free_ns = end
+        state.gpu_free_ns = end_ns
 
     def _copy_back(self, state: RankState, plan: StepPlan) -> int:
         """The sampled tokens come back to the host: the one place the host waits for the GPU."""

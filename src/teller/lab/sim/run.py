@@ -229,9 +229,32 @@ def _device_header(config: SimConfig, rank: int, pg_names: list) -> dict:
     }
 
 
+@dataclass
+class _ReplicaFiles:
+    """What one replica streams into the case: a Kineto trace per rank, the server's console log,
+    its spans and its ground truth. Filled as each opens, so `abort` removes what was opened."""
+
+    writers: dict[int, KinetoWriter] = field(default_factory=dict)
+    encoders: dict[int, EventEncoder] = field(default_factory=dict)
+    log: EngineLog | None = None
+    spans: SpanWriter | None = None
+    truth: GroundTruth | None = None
+
+    def _handles(self) -> list:
+        return [*self.writers.values(), self.log, self.spans, self.truth]
+
+    def close(self) -> None:
+        for handle in self._handles():
+            handle.close()
+
+    def abort(self) -> None:
+        for handle in self._handles():
+            if handle is not None:
+                handle.abort()
+
+
 def run_replica(config: SimConfig, replica: int, tmp: Path, tick=None) -> ReplicaResult:
     """Simulate one replica to the end, streaming its rank files, log and spans into `tmp`."""
-    cal = load()
     topology = config.topology
     seeds = np.random.SeedSequence([config.seed, replica])
     sched_seed, ids_seed, *rank_seeds = seeds.spawn(2 + topology.replica_size)
@@ -239,80 +262,53 @@ def run_replica(config: SimConfig, replica: int, tmp: Path, tick=None) -> Replic
     ranks = topology.replica_ranks(replica)
     base = config.start_unix_ns // 1_000_000_000 * 1_000_000_000
     pids = {r: int(ids.integers(10_000, 4_000_000)) for r in ranks}
-    writers: dict[int, KinetoWriter] = {}
-    encoders: dict[int, EventEncoder] = {}
-    log = spans = truth = None
+    files = _ReplicaFiles()
     try:
         for r in ranks:
             header = _device_header(config, r, topology.groups_of(r))
             header["trace_id"] = ids.bytes(16).hex().upper()
             path = tmp / "traces" / f"rank{r}.pt.trace.json.gz"
-            writers[r] = KinetoWriter(
+            files.writers[r] = KinetoWriter(
                 path, header, base, f"/tmp/vllm_profile/rank{r}.pt.trace.json"
             )
-            encoders[r] = EventEncoder(pids[r], topology.local_gpu(r), base)
+            files.encoders[r] = EventEncoder(pids[r], topology.local_gpu(r), base)
         workers = {r: Process(worker_name(topology, r), pids[r], r) for r in ranks}
         log_name = f"server{replica}.log"
-        truth = GroundTruth(tmp / "ground_truth", replica, f"logs/{log_name}")
-        log = EngineLog(
+        files.truth = GroundTruth(tmp / "ground_truth", replica, f"logs/{log_name}")
+        files.log = EngineLog(
             tmp / "logs" / log_name,
             replica,
             int(ids.integers(10_000, 4_000_000)),
             int(ids.integers(10_000, 4_000_000)),
             workers,
-            truth,
+            files.truth,
         )
-        spans = SpanWriter(tmp / "otlp" / f".replica{replica}.part", config.model)
-        result = _loop(
-            config,
-            replica,
-            cal,
-            ranks,
-            writers,
-            encoders,
-            pids,
-            rank_seeds,
-            sched_seed,
-            ids,
-            log,
-            spans,
-            truth,
-            tick,
-        )
+        files.spans = SpanWriter(tmp / "otlp" / f".replica{replica}.part", config.model)
+        return _run_steps(config, replica, files, ids, sched_seed, rank_seeds, tick)
     except BaseException:
-        for w in writers.values():
-            w.abort()
-        for handle in (log, spans, truth):
-            if handle is not None:
-                handle.abort()
+        files.abort()
         raise
-    return result
 
 
-def _loop(
-    config,
-    replica,
-    cal,
-    ranks,
-    writers,
-    encoders,
-    pids,
-    rank_seeds,
-    sched_seed,
-    ids,
-    log,
-    spans,
-    truth,
+def _run_steps(
+    config: SimConfig,
+    replica: int,
+    files: _ReplicaFiles,
+    ids: np.random.Generator,
+    sched_seed: np.random.SeedSequence,
+    rank_seeds: list[np.random.SeedSequence],
     tick,
-):
+) -> ReplicaResult:
+    """The replica's step loop: plan, run on every rank, write the step's events, lines and spans."""
+    cal = load()
     topology = config.topology
     spec = config.fault
+    ranks = topology.replica_ranks(replica)
+    writers, log, spans, truth = files.writers, files.log, files.spans, files.truth
     faults = FaultModel(spec, topology.gpus_per_node, topology.tp)
     template = LayerTemplate(cal, config.python_frames)
     rngs = {r: np.random.default_rng(s) for r, s in zip(ranks, rank_seeds, strict=True)}
-    model = ReplicaModel(
-        replica, topology, cal, faults, config.layers, template, encoders, rngs, pids
-    )
+    model = ReplicaModel(replica, topology, template, faults, config.layers, files.encoders, rngs)
     scheduler = Scheduler(
         config.engine,
         config.workload,
@@ -364,17 +360,13 @@ def _loop(
             tick(1)
     last = max(ends) if ends else now
     for r in ranks:
-        encoder = encoders[r]
+        encoder = files.encoders[r]
         writers[r].write(
             encoder.metadata(first_ns, "python3", topology.gpus_per_node, model.streams_of(r))
         )
         writers[r].write(encoder.profiler_span(first_ns - 1_000_000, last + 1_000_000))
     events = {r: writers[r].events for r in ranks}
-    for r in ranks:
-        writers[r].close()
-    log.close()
-    spans.close()
-    truth.close()
+    files.close()
     return ReplicaResult(
         replica,
         len(starts),
