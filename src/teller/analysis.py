@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
@@ -140,9 +141,14 @@ class Analysis:
         return self.alignment.requests.to_arrow()
 
     @cached_property
+    def facts(self) -> RunFacts:
+        """What the localizer and the model both compare (arrivals, work per step), once."""
+        return RunFacts(self.tree)
+
+    @cached_property
     def localization(self) -> Localization:
         """The numeric localizer's steps and candidates (the model's evidence, or the verdict)."""
-        return NumericLocalizer().score(self.tree)
+        return NumericLocalizer().score(self.tree, self.facts)
 
     @property
     def inputs(self) -> RunInputs:
@@ -161,7 +167,7 @@ class Analysis:
         if self.method == "model":
             case_id = self.paths[0].name if len(self.paths) == 1 else ""
             try:
-                model = run_model(self.tree, self.log_files, self.model_dir, case_id)
+                model = run_model(self.tree, self.log_files, self.model_dir, case_id, self.facts)
             except ModelUnavailable as error:
                 notes.append(unavailable_note(error))
         return diagnose(self.tree, self.localization, self.alignment, self.inputs, model, notes)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from teller.callchain.facts import RunFacts
 from teller.callchain.render import format_ns, short_name
 from teller.callchain.tree import CallTree
 from teller.errors import TellerError
@@ -118,11 +119,14 @@ def run_model(
     log_files: Sequence[Path],
     model_dir: Path | None = None,
     case_id: str = "",
+    facts: RunFacts | None = None,
 ) -> ModelOutcome:
     """The model's diagnosis of every step; `ModelUnavailable` when it cannot run.
 
     torch is imported here and only here, so commands that never diagnose (`teller info`) and
     installs without torch keep working."""
+    if not len(tree.steps):
+        raise ModelUnavailable("the trace has no engine steps for it to diagnose")
     try:
         from teller.rca.infer import DEFAULT_MODEL, LoadedModel
     except (ImportError, OSError) as error:  # torch or safetensors missing or broken
@@ -133,7 +137,7 @@ def run_model(
         raise ModelUnavailable(str(error)) from None
     name = "default" if model.path.resolve() == DEFAULT_MODEL.resolve() else model.path.name
     try:
-        return ModelOutcome(name, model.diagnose(tree, log_files, case_id=case_id))
+        return ModelOutcome(name, model.diagnose(tree, log_files, case_id, facts))
     except RuntimeError as error:  # torch's own failures: a checkpoint that does not fit
         raise ModelUnavailable(f"{model.path}: {error}") from None
 

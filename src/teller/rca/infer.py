@@ -20,10 +20,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from teller.callchain.facts import RunFacts
 from teller.callchain.render import format_ns
 from teller.callchain.tree import CallTree
 from teller.errors import TraceError
 from teller.faults import FAULT_FREE
+from teller.layout import CaseDir
 from teller.localize import (
     OperatorCandidate,
 )
@@ -280,10 +282,14 @@ class LoadedModel:
         return pointer
 
     def diagnose(
-        self, tree: CallTree, log_paths: Sequence[Path] = (), case_id: str = ""
+        self,
+        tree: CallTree,
+        log_paths: Sequence[Path] = (),
+        case_id: str = "",
+        facts: RunFacts | None = None,
     ) -> list[StepDiagnosis]:
-        """Every step of the tree, in step order."""
-        return self.diagnose_records(case_records(tree, case_id, None, log_paths))
+        """Every step of the tree, in step order; `facts`: the tree's, where the caller has them."""
+        return self.diagnose_records(case_records(tree, case_id, None, log_paths, facts))
 
 
 def variant_dir(name: str) -> Path:
@@ -299,15 +305,15 @@ def diagnose_path(
     from teller.ingest import find_trace_files, read_run
 
     path = Path(path)
-    traces = path / "traces" if (path / "traces").is_dir() else path
-    logs = [Path(p) for p in log_paths]
-    if not logs and (path / "logs").is_dir():
-        logs = sorted((path / "logs").glob("*.log"))
     if not path.is_dir():
         raise TraceError(path, "not a directory (a case directory or a folder of rank traces)")
-    files = find_trace_files([traces])
+    case = CaseDir(path)
+    logs = [Path(p) for p in log_paths] or case.log_files()
+    files = find_trace_files([case.trace_root()])
     if not files:
-        raise TraceError(traces, "no trace files found (looked for *.json, *.json.gz, *.sqlite)")
+        raise TraceError(
+            case.trace_root(), "no trace files found (looked for *.json, *.json.gz, *.sqlite)"
+        )
     model = LoadedModel.load(model_dir)
     tree = build_tree(read_run(files))
     return model.diagnose(tree, logs, case_id=path.name)
