@@ -153,6 +153,43 @@ FILES: list[tuple[str, tuple[str, str], str, str]] = [
         "tests/fixtures/mock.sqlite",
         "84c90236cd88d305cff9563cd356a1cbfa0f12aaf3012ab2b7dc785e07070ed3",
     ),
+    # added to ../shared/traces on 2026-12-02 (same repositories and commits)
+    (
+        "hta/mtia_single_rank0.json.gz",
+        HTA,
+        "tests/data/mtia_trace_single_rank/mtia_rank_0.json.gz",
+        "74786104b3c45f02b805a5c346a8202c3ecc318a566a65e0b47c56d706374f80",
+    ),
+    (
+        "nsys_ai/healthy_1pct.sqlite",
+        NSYS_AI,
+        "tests/fixtures/healthy_1pct.sqlite",
+        "3ef2eff9b58727389c011901bee6de0b1ff82d653052d08abc53470d7112f4f9",
+    ),
+    (
+        "tracelens/more/h100_timesformer_k400.json.gz",
+        TRACELENS,
+        "tests/traces/h100/facebook_timesformer-base-finetuned-k400__1016002.json.gz",
+        "c2d1d7fea329b45adf2d065875c817e02cbc19ed6c7d19eef3fd5e3364112e87",
+    ),
+    (
+        "tracelens/more/mi300_resnet_act_checkpoint.json.gz",
+        TRACELENS,
+        "tests/traces/mi300/resnet_act_checkpoint.json.gz",
+        "0a6a7dfe1f0bf16c74876ebabffbac57b350d8897c4ad42c3dcf6d1dab2aa2aa",
+    ),
+    (
+        "tracelens/more/xdit_sd3.5_profile_rank0.json.gz",
+        TRACELENS,
+        "tests/traces/inference/xdit_sd_3.5/profile_trace_rank_0.json.gz",
+        "27e093d746edcc776524b4fa09ba20381e2dbc04767ef0dbd97fd670c3b03920",
+    ),
+    (
+        "tracelens/more/xdit_flux1_capture_rank0.json.gz",
+        TRACELENS,
+        "tests/traces/inference/xdit_flux.1/capture_traces/capture_trace_rank_0.json.gz",
+        "a486fb20091f6e60b6ecb21f93036b332acb5439e86404fe7a0f03cfb8f32f3f",
+    ),
 ]
 
 
