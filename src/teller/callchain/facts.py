@@ -15,13 +15,17 @@ step (horizontal reference) and in another step (temporal reference): `StepNodes
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import COMPUTE_CODES, GPU_WORK_CODES, HOST_WORK_CODES, LAYER_CODE
+
+T = TypeVar("T")
 
 #: Calls whose time is mostly waiting for the GPU or a peer, not host work.
 WAITING_CALL = re.compile(
@@ -274,6 +278,15 @@ class RunFacts:
 
     def __init__(self, tree: CallTree) -> None:
         self.tree = tree
+        self._derived: dict[str, object] = {}
+
+    def derived(self, name: str, compute: Callable[[], T]) -> T:
+        """A later stage's own per-run table (the localizer's operator shifts, its candidate
+        tables), computed on first use and kept here beside the facts, so every scoring of one
+        run shares it however its thresholds differ. `compute` must depend on the tree alone."""
+        if name not in self._derived:
+            self._derived[name] = compute()
+        return self._derived[name]  # type: ignore[return-value]
 
     @classmethod
     def of(cls, tree: CallTree, known: RunFacts | None = None) -> RunFacts:

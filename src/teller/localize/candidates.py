@@ -103,7 +103,7 @@ def propose(
         for k in range(len(tree.steps))
     }
     normal_iterations = [s.iteration for s in steps if not s.anomalous]
-    tables = RunTables.of(facts)
+    tables = facts.derived("candidate_tables", lambda: RunTables.of(facts))
     out: dict[int, list[OperatorCandidate]] = {}
     for iteration in sorted(proposed):
         reference = _nearest(iteration, normal_iterations, kind_of, tokens_of, NEAREST_STEPS)

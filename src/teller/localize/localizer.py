@@ -135,7 +135,9 @@ class NumericLocalizer:
     def _operator_shifts(self, facts: RunFacts) -> dict[int, list[OperatorShift]]:
         if not self.operator_shifts:
             return {}
-        return operator_shifts(facts.tree, waiting=facts.waiting)
+        return facts.derived(
+            "operator_shifts", lambda: operator_shifts(facts.tree, waiting=facts.waiting)
+        )
 
 
 def _shift_candidate(tree: CallTree, shift: OperatorShift) -> OperatorCandidate:
