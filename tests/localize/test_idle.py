@@ -99,16 +99,13 @@ def test_the_localizer_names_the_host_work_behind_the_idle_gpu(tmp_path: Path) -
 
 def test_without_normal_steps_an_operator_is_judged_against_its_other_layers(tmp_path: Path):
     """One rank and no normal step to compare with: the slow layer's add stands out against the
-    same operator in the step's other layers (reference (c))."""
+    same operator in the step's other layers."""
     from teller.callchain.facts import RunFacts
-    from teller.localize.candidates import RunTables, step_candidates
+    from teller.localize.layers import layer_outliers
 
     path = write_gpu_run(tmp_path / "rank0.json", slow_host_us=400.0, slow_layer=2)
     tree = build_tree(read_run([path]))
-    tables = RunTables.of(RunFacts(tree))
-    tables.gaps, tables.substituted = {}, {}  # the operator comparison alone
-    candidates = step_candidates(tables, SLOW_STEPS[0], reference=[], top_k=10, noise_floor_ns=2e3)
-    top = candidates[0]
-    assert (top.operator, top.rank, top.kind) == ("aten::add", 0, "compute")
-    assert top.reference == "same operator in the step's other layers, same rank"
-    assert top.observed_ns - top.normal_ns >= 300_000  # one layer's 400 µs against ~5 µs
+    found = layer_outliers(RunFacts(tree), min_share=0.0)[SLOW_STEPS[0]]
+    top = found[0]
+    assert (tree.names[top.name], top.rank, top.layer) == ("aten::add", 0, 2)
+    assert top.excess_ns >= 300_000  # one layer's 400 µs against ~5 µs

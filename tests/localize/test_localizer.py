@@ -138,20 +138,3 @@ def test_a_swapped_kernel_is_a_candidate_on_every_step_that_runs_it(graphs: bool
         ]
         assert named and named[0].reference in FRESH, step
         assert named[0].score == named[0].observed_ns  # its whole time is the excess
-
-
-def test_the_median_of_an_operators_other_layers_is_the_median_without_it() -> None:
-    """Reference (c) takes the median of every other occurrence in the step from one sorted list,
-    with no scan per occurrence; it is the short-list median of the others."""
-    import numpy as np
-
-    from teller.localize.candidates import _Siblings, _small_median
-
-    rng = np.random.default_rng(1)
-    for n in range(1, 14):
-        values = rng.integers(0, 50, n).tolist()  # repeats included
-        siblings = _Siblings({(0, 0, False): values})
-        for k, value in enumerate(values):
-            others = values[:k] + values[k + 1 :]
-            expected = _small_median(others) if others else None
-            assert siblings.median_without((0, 0, False), value) == expected

@@ -225,7 +225,7 @@ def step_nodes(tree: CallTree) -> StepNodes:
         iteration=iteration,
         rank=rank,
         name=name,
-        ordinal=_ordinals(rank, iteration, name, on_gpu),
+        ordinal=run_ordinals(rank, iteration, name, on_gpu),
         self_ns=tree.self_ns[inside],
         dur_ns=tree.dur[inside],
         layer=tree.layer[inside],
@@ -233,7 +233,7 @@ def step_nodes(tree: CallTree) -> StepNodes:
     )
 
 
-def _ordinals(*keys: np.ndarray) -> np.ndarray:
+def run_ordinals(*keys: np.ndarray) -> np.ndarray:
     """Position of each row within its run of equal keys (rows sorted by the keys)."""
     count = len(keys[0])
     if not count:

@@ -2,8 +2,8 @@
 
 In a proposed step, every node's self time is compared with the same operator instance (same
 name and occurrence ordinal) (a) in the nearest-composition normal steps of the same rank, else
-(b) on the peer ranks in the same step, else (c) with the same operator in the step's other
-repeated layers on the same rank (a single-rank run without normal steps). Excess self time is
+(b) on the peer ranks in the same step (a single-rank run without normal steps has neither: its
+layers are compared with each other by `teller.localize.layers`). Excess self time is
 summed per (rank, operator name); repeated layers add up, and self time (not inclusive time)
 credits the deepest operator that actually slowed. Operators the usual work never runs (a
 swapped-in kernel, a fallback path) count with their whole time; host work that kept the GPU
@@ -17,7 +17,6 @@ reaches `FULL_CREDIT_Z`, so large but usual noise does not outrank a consistent 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
 
@@ -181,7 +180,6 @@ def _operator_excess(
     tree, nodes, key_rows = tables.tree, tables.nodes, tables.key_rows
     in_step = np.flatnonzero(nodes.iteration == iteration)
     totals: dict[tuple[int, int], list] = {}  # (rank, name) → [excess, observed, normal, best, ...]
-    siblings = None  # built on first need (single-rank runs without normal steps)
     for i in in_step.tolist():
         layer = int(nodes.layer[i])
         if layer not in COMPUTE_CODES or int(nodes.name[i]) in tables.waiting:
@@ -198,16 +196,9 @@ def _operator_excess(
                 if peer != rank and iteration in key_rows.get((peer, name, key[2], key[3]), {})
             ]
             where = "same operator on peer ranks, same step"
-        if ref:
-            normal = _small_median(ref)
-        else:  # one rank, no normal steps: the operator's other layers in this step
-            if siblings is None:
-                siblings = _Siblings.of_step(nodes, in_step)
-            found = siblings.median_without((rank, name, key[3]), int(nodes.self_ns[i]))
-            if found is None:
-                continue
-            normal = found
-            where = "same operator in the step's other layers, same rank"
+        if not ref:  # one rank, no normal steps: `teller.localize.layers` compares its layers
+            continue
+        normal = _small_median(ref)
         excess = float(nodes.self_ns[i]) - normal  # small and negative ones too: they add up
         entry = totals.setdefault((rank, name), [0.0, 0, 0, i, 0.0, where])
         entry[0] += excess
@@ -238,38 +229,6 @@ def _operator_excess(
     return candidates
 
 
-class _Siblings:
-    """The self times of each operator's occurrences in one step on one rank (its repeated
-    layers), sorted once, so that the median of all but one occurrence takes no scan."""
-
-    def __init__(self, self_ns: dict[tuple[int, int, bool], list[int]]) -> None:
-        self.ordered = {key: sorted(values) for key, values in self_ns.items()}
-
-    @classmethod
-    def of_step(cls, nodes: StepNodes, in_step: np.ndarray) -> _Siblings:
-        """The step's nodes (`in_step`: positions in `nodes`) by (rank, name, on GPU)."""
-        groups: dict[tuple[int, int, bool], list[int]] = {}
-        for i in in_step.tolist():
-            key = (int(nodes.rank[i]), int(nodes.name[i]), bool(nodes.on_gpu[i]))
-            groups.setdefault(key, []).append(int(nodes.self_ns[i]))
-        return cls(groups)
-
-    def median_without(self, key: tuple[int, int, bool], self_ns: int) -> float | None:
-        """The median of the other occurrences' self times (`_small_median` of them), where
-        `self_ns` is one occurrence's; None when it is the only one."""
-        ordered = self.ordered.get(key, [])
-        count = len(ordered) - 1
-        if count <= 0:
-            return None
-        gone = bisect_left(ordered, self_ns)
-
-        def at(j: int) -> int:  # the j-th of the others, in order
-            return ordered[j] if j < gone else ordered[j + 1]
-
-        half = count // 2
-        return float(at(half)) if count % 2 else (at(half - 1) + at(half)) / 2.0
-
-
 def _idle_candidates(
     tables: RunTables, iteration: int, reference: list[int], noise_floor_ns: float
 ) -> list[OperatorCandidate]:
@@ -279,7 +238,9 @@ def _idle_candidates(
     rank first: only when the rank's total idle time is itself unusual do its per-operator
     shares get credit."""
     tree, nodes, gaps = tables.tree, tables.nodes, tables.gaps
-    out = []
+    out: list[OperatorCandidate] = []
+    if not reference:  # no step to say how long the GPU usually waits here
+        return out
     for (rank, it), per_name in gaps.items():
         if it != iteration:
             continue

@@ -14,6 +14,9 @@ The method narrows the search for the root-cause model and is a complete diagnos
    first candidate.
 5. **GPU idle gaps** (`idle`): host work that delayed the GPU's next launch.
 6. **Hangs** (`hang`): the step a collective never finished.
+7. **Layers** (`layers`): inside one step, an operator instance far slower than the same slot in
+   the step's other repeated layers flags the step and is a candidate, with its layer; this is
+   the comparison a one-step, one-rank capture still allows.
 
 Step models are fitted from the normal runs of the same setup only (rank count and operator
 names); a case from another setup is judged against its own quieter steps.
@@ -28,6 +31,7 @@ from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.localize.candidates import FRESH, keep_top, propose
 from teller.localize.hang import HANG_NS, hang_explanation, unfinished_step
+from teller.localize.layers import LayerOutlier, layer_outliers
 from teller.localize.results import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.shifts import OperatorShift, operator_shifts
 from teller.localize.step_model import (
@@ -64,6 +68,7 @@ class NumericLocalizer:
         noise_floor_ns: float = 2_000.0,
         operator_shifts: bool = True,
         candidate_z: float | None = None,
+        layer_share: float | None = 0.01,
     ) -> None:
         self.step_z = step_z
         # which steps get operator candidates: the anomalous ones (None), or every step whose z
@@ -75,6 +80,9 @@ class NumericLocalizer:
         self.top_k = top_k
         self.noise_floor_ns = noise_floor_ns
         self.operator_shifts = operator_shifts
+        # an instance slower than its slot in the other layers by this share of its step flags
+        # the step (None: no layer comparison)
+        self.layer_share = layer_share
 
     def fit(self, normal_trees: list[CallTree]) -> NumericLocalizer:
         """Remember the fault-free runs' steps, each run with its setup's fingerprint.
@@ -101,11 +109,14 @@ class NumericLocalizer:
             facts, self.step_models(facts), self.self_fit_keep, self.step_z, self.min_ratio
         )
         shifts = self._operator_shifts(facts)
+        layered = self._layer_outliers(facts)
         only_shifted = set()
         for step in steps:
             if step.iteration in shifts and not step.anomalous:
                 step.anomalous = True
                 only_shifted.add(step.iteration)
+            elif step.iteration in layered and not step.anomalous:
+                step.anomalous = True
         if self.candidate_z is None:
             proposed = {s.iteration for s in steps if s.anomalous}
         else:
@@ -121,6 +132,11 @@ class NumericLocalizer:
                 candidates[iteration] = (found + rest)[: self.top_k]
             else:  # a slow step: the shift is one more explanation, ranked by its excess
                 candidates[iteration] = sorted(found + rest, key=lambda c: -c.score)[: self.top_k]
+        for iteration, outliers in layered.items():
+            found = [_layer_candidate(tree, o) for o in outliers]
+            named = {(c.rank, c.operator) for c in found}
+            rest = [c for c in candidates.get(iteration, []) if (c.rank, c.operator) not in named]
+            candidates[iteration] = sorted(found + rest, key=lambda c: -c.score)[: self.top_k]
         hang = unfinished_step(tree, facts)
         if hang is not None:
             step, candidate = hang
@@ -138,6 +154,31 @@ class NumericLocalizer:
         return facts.derived(
             "operator_shifts", lambda: operator_shifts(facts.tree, waiting=facts.waiting)
         )
+
+    def _layer_outliers(self, facts: RunFacts) -> dict[int, list[LayerOutlier]]:
+        if self.layer_share is None:
+            return {}
+        share = self.layer_share
+        return facts.derived(
+            f"layer_outliers@{share}@{self.noise_floor_ns}",
+            lambda: layer_outliers(facts, min_share=share, noise_floor_ns=self.noise_floor_ns),
+        )
+
+
+def _layer_candidate(tree: CallTree, outlier: LayerOutlier) -> OperatorCandidate:
+    return OperatorCandidate(
+        iteration=outlier.iteration,
+        rank=outlier.rank,
+        operator=tree.names[outlier.name],
+        score=outlier.excess_ns,
+        observed_ns=outlier.self_ns,
+        normal_ns=int(outlier.sibling_ns),
+        z=outlier.z,
+        node=outlier.node,
+        reference=f"same operator at the same place in the step's other {outlier.layers - 1} "
+        f"repeated layers; this is layer {outlier.layer + 1} of {outlier.layers}",
+        kind="compute",
+    )
 
 
 def _shift_candidate(tree: CallTree, shift: OperatorShift) -> OperatorCandidate:
