@@ -93,13 +93,11 @@ class Analysis:
         """The call-chain forest with every rank on one clock (offsets from collectives)."""
         tree = build_tree(self.event_table, step_regex=self.step_regex)
         if len(self.event_table.ranks) > 1 and len(tree.comm):
-            from teller.align.clock import apply_offsets, estimate_rank_offsets
+            from teller.align.clock import estimate_rank_offsets, shift_tree
 
             self.rank_offsets = estimate_rank_offsets(tree)
             if np.any(self.rank_offsets.offset_ns != 0):
-                tree = build_tree(
-                    apply_offsets(self.event_table, self.rank_offsets), step_regex=self.step_regex
-                )
+                tree = shift_tree(tree, self.rank_offsets)
         return tree
 
     @cached_property

@@ -16,6 +16,7 @@ from teller.align.clock import (
     estimate_anchor_offsets,
     estimate_rank_offsets,
     host_offsets,
+    shift_tree,
 )
 from teller.callchain.tree import build_tree
 from teller.ingest import read_run
@@ -78,6 +79,20 @@ def test_recovers_a_known_shift_within_150_us(gloo_run):
     error = corrected.table.column("ts_ns").to_numpy() - gloo_run.table.column("ts_ns").to_numpy()
     assert np.abs(error).max() < TOLERANCE_NS
     assert moved.table.column("ts_ns").equals(shifted(gloo_run, 1, SHIFT_NS).table.column("ts_ns"))
+
+
+def test_a_shifted_tree_is_the_tree_of_the_corrected_events(gloo_run):
+    moved = shifted(gloo_run, rank=1, shift_ns=SHIFT_NS)
+    tree = build_tree(moved)
+    offsets = estimate_rank_offsets(tree)
+    rebuilt, moved_tree = build_tree(apply_offsets(moved, offsets)), shift_tree(tree, offsets)
+    assert np.array_equal(rebuilt.start, moved_tree.start)
+    assert np.array_equal(rebuilt.parent, moved_tree.parent)
+    assert np.array_equal(rebuilt.steps.start_ns, moved_tree.steps.start_ns)
+    assert np.array_equal(rebuilt.comm.instance, moved_tree.comm.instance)
+    assert np.array_equal(rebuilt.comm.start_ns, moved_tree.comm.start_ns)
+    assert np.array_equal(rebuilt.comm.end_ns, moved_tree.comm.end_ns)
+    assert not np.array_equal(tree.start, moved_tree.start)
 
 
 def test_ranks_on_one_host_share_its_offset(gloo_run):

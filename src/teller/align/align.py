@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from teller.align.clock import AnchorOffsets, ClockOffsets, apply_offsets, estimate_rank_offsets
+from teller.align.clock import AnchorOffsets, ClockOffsets, estimate_rank_offsets, shift_tree
 from teller.align.logtime import LogTimes, place_log_times
 from teller.align.requests import RequestTrees, build_request_trees
 from teller.callchain.tree import CallTree, build_tree
@@ -233,7 +233,7 @@ def one_clock_tree(events: EventTable) -> tuple[CallTree, ClockOffsets]:
     tree = build_tree(events)
     rank_offsets = estimate_rank_offsets(tree)
     if np.any(rank_offsets.offset_ns != 0):
-        tree = build_tree(apply_offsets(events, rank_offsets))
+        tree = shift_tree(tree, rank_offsets)
     return tree, rank_offsets
 
 

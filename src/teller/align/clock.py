@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -133,6 +133,24 @@ def midhinge(values: np.ndarray) -> tuple[int, int]:
     """(mean of the quartiles, half the interquartile range), rounded to ns."""
     q25, q75 = np.percentile(values, [25, 75])
     return round((q25 + q75) / 2), round((q75 - q25) / 2)
+
+
+def shift_tree(tree: CallTree, offsets: ClockOffsets) -> CallTree:
+    """The tree on the reference rank's clock: each rank's times minus its offset.
+
+    A per-rank constant moves no node relative to another of its rank, so nesting, launches,
+    steps and collective instances, all found within a rank, stand as built; only the times
+    move, and the tree is not built again."""
+    correction = np.zeros(int(max(tree.rank.max(initial=0), offsets.rank.max(initial=0))) + 1)
+    correction = correction.astype(np.int64)
+    correction[offsets.rank] = offsets.offset_ns
+    steps = replace(tree.steps, start_ns=tree.steps.start_ns - correction[tree.steps.rank])
+    comm = replace(
+        tree.comm,
+        start_ns=tree.comm.start_ns - correction[tree.comm.rank],
+        end_ns=tree.comm.end_ns - correction[tree.comm.rank],
+    )
+    return replace(tree, start=tree.start - correction[tree.rank], steps=steps, comm=comm)
 
 
 def apply_offsets(events: EventTable, offsets: ClockOffsets) -> EventTable:

@@ -35,6 +35,9 @@ EXPLAINED_LATENESS = 0.5
 #: Temporal reference size: this many nearest-composition normal steps.
 NEAREST_STEPS = 8
 
+#: Where an operator instance's usual self time comes from.
+TEMPORAL = "nearest-composition normal steps, same rank"
+PEERS = "same operator on peer ranks, same step"
 #: The reference of a candidate whose operator the step's usual work does not run at all.
 NEW_OPERATOR = "absent from most of the nearest normal steps, on every rank"
 #: The reference of a kernel one rank runs where its tensor-parallel peers all run another.
@@ -53,6 +56,7 @@ class RunTables:
     tree: CallTree
     nodes: StepNodes
     key_rows: dict[NodeKey, dict[int, int]]  # key → {iteration: position in `nodes`}
+    history: SelfTimeHistory
     step_totals: dict[tuple[int, int, int], float]  # (rank, name, iteration) → self ns
     gaps: dict[tuple[int, int], dict[int, float]]  # `idle_gaps`
     arrivals: Arrivals | None
@@ -66,6 +70,7 @@ class RunTables:
             tree=facts.tree,
             nodes=facts.step_nodes,
             key_rows=keyed_rows(facts.step_nodes),
+            history=SelfTimeHistory.of(facts.step_nodes),
             step_totals=facts.compute_totals,
             gaps=idle_gaps(facts.tree),
             arrivals=facts.arrivals,
@@ -73,6 +78,43 @@ class RunTables:
             waiting=facts.waiting,
             ranks=facts.ranks,
         )
+
+
+@dataclass
+class SelfTimeHistory:
+    """Every operator instance's self time in every step: one row per instance key (rank, name,
+    ordinal, on GPU), one column per iteration, NaN where the step did not run it. A step's
+    references are then one slice, not a lookup per node."""
+
+    key_of: np.ndarray  # per position in `nodes`: its key's row
+    self_ns: np.ndarray  # (keys, iterations) float64
+
+    @classmethod
+    def of(cls, nodes: StepNodes) -> SelfTimeHistory:
+        count = len(nodes.node)
+        if not count:
+            return cls(np.zeros(0, dtype=np.int64), np.zeros((0, 0)))
+        keys = np.stack(
+            [nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu.astype(np.int64)], axis=1
+        )
+        _, key_of = np.unique(keys, axis=0, return_inverse=True)
+        key_of = key_of.reshape(-1)
+        table = np.full((int(key_of.max()) + 1, int(nodes.iteration.max()) + 1), np.nan)
+        table[key_of, nodes.iteration] = nodes.self_ns
+        return cls(key_of, table)
+
+    def medians(self, rows: np.ndarray, reference: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """For the nodes at `rows`: the median self time of their instance over the `reference`
+        iterations that ran it, and how many did."""
+        if not reference or not len(rows):
+            return np.full(len(rows), np.nan), np.zeros(len(rows), dtype=np.int64)
+        values = self.self_ns[self.key_of[rows]][:, reference]
+        counts = (~np.isnan(values)).sum(axis=1)
+        medians = np.full(len(rows), np.nan)
+        some = counts > 0
+        if some.any():
+            medians[some] = np.nanmedian(values[some], axis=1)
+        return medians, counts
 
 
 def keyed_rows(nodes: StepNodes) -> dict[NodeKey, dict[int, int]]:
@@ -176,53 +218,67 @@ def step_candidates(
 def _operator_excess(
     tables: RunTables, iteration: int, reference: list[int], noise_floor_ns: float
 ) -> list[OperatorCandidate]:
-    """Per (rank, operator) of the step: its nodes' self time beyond their reference, summed."""
+    """Per (rank, operator) of the step: its nodes' self time beyond their reference, summed.
+
+    A node's reference is the same instance in the reference steps where at least two ran it,
+    else on the peer ranks in this step; a node with neither is left to the layer comparison."""
     tree, nodes, key_rows = tables.tree, tables.nodes, tables.key_rows
-    in_step = np.flatnonzero(nodes.iteration == iteration)
-    totals: dict[tuple[int, int], list] = {}  # (rank, name) → [excess, observed, normal, best, ...]
-    for i in in_step.tolist():
-        layer = int(nodes.layer[i])
-        if layer not in COMPUTE_CODES or int(nodes.name[i]) in tables.waiting:
-            continue
-        rank, name = int(nodes.rank[i]), int(nodes.name[i])
-        key = (rank, name, int(nodes.ordinal[i]), bool(nodes.on_gpu[i]))
-        history = key_rows.get(key, {})
-        ref = [int(nodes.self_ns[history[r]]) for r in reference if r in history]
-        where = "nearest-composition normal steps, same rank"
-        if len(ref) < 2:  # no temporal reference: compare with the peers in this step
-            ref = [
-                int(nodes.self_ns[key_rows[(peer, name, key[2], key[3])][iteration]])
-                for peer in tables.ranks
-                if peer != rank and iteration in key_rows.get((peer, name, key[2], key[3]), {})
-            ]
-            where = "same operator on peer ranks, same step"
-        if not ref:  # one rank, no normal steps: `teller.localize.layers` compares its layers
-            continue
-        normal = _small_median(ref)
-        excess = float(nodes.self_ns[i]) - normal  # small and negative ones too: they add up
-        entry = totals.setdefault((rank, name), [0.0, 0, 0, i, 0.0, where])
-        entry[0] += excess
-        entry[1] += int(nodes.self_ns[i])
-        entry[2] += int(normal)
-        if excess > entry[4]:
-            entry[3], entry[4] = i, excess
+    rows = np.flatnonzero(nodes.iteration == iteration)
+    rows = rows[
+        np.isin(nodes.layer[rows], list(COMPUTE_CODES))
+        & ~np.isin(nodes.name[rows], list(tables.waiting))
+    ]
+    normal, counts = tables.history.medians(rows, reference)
+    temporal = counts >= 2
+    for j in np.flatnonzero(~temporal).tolist():  # no temporal reference: the peers in this step
+        i = int(rows[j])
+        rank, name, ordinal, on_gpu = (
+            int(nodes.rank[i]),
+            int(nodes.name[i]),
+            int(nodes.ordinal[i]),
+            bool(nodes.on_gpu[i]),
+        )
+        ref = [
+            int(nodes.self_ns[key_rows[(peer, name, ordinal, on_gpu)][iteration]])
+            for peer in tables.ranks
+            if peer != rank and iteration in key_rows.get((peer, name, ordinal, on_gpu), {})
+        ]
+        normal[j] = _small_median(ref) if ref else np.nan
+    kept = ~np.isnan(normal)
+    rows, normal, temporal = rows[kept], normal[kept], temporal[kept]
+    if not len(rows):
+        return []
+    observed = nodes.self_ns[rows].astype(np.int64)
+    excess = observed.astype(np.float64) - normal  # small and negative ones too: they add up
+    pair = nodes.rank[rows].astype(np.int64) * len(tree.names) + nodes.name[rows]
+    _, first, group = np.unique(pair, return_index=True, return_inverse=True)
+    group = group.reshape(-1)
+    excess_sum = np.bincount(group, weights=excess)
+    observed_sum = np.bincount(group, weights=observed)
+    normal_sum = np.bincount(group, weights=np.trunc(normal))
+    # the node that contributed most (the first of equals), or the first where none exceeded
+    order = np.lexsort((np.arange(len(rows)), -excess, group))
+    leaders = order[np.concatenate([[0], np.flatnonzero(np.diff(group[order])) + 1])]
+    best = np.where(excess[leaders] > 0.0, leaders, first)
     candidates = []
-    for (rank, name), (excess, observed, normal, best, _, where) in totals.items():
-        if excess <= noise_floor_ns:
+    for g in np.argsort(first, kind="stable").tolist():
+        if excess_sum[g] <= noise_floor_ns:
             continue
+        head = int(first[g])
+        rank, name = int(nodes.rank[rows[head]]), int(nodes.name[rows[head]])
         usual = [tables.step_totals.get((rank, name, r), 0.0) for r in reference]
-        z = significance(float(observed), usual, noise_floor_ns)
+        z = significance(float(observed_sum[g]), usual, noise_floor_ns)
         candidates.append(
             OperatorCandidate(
                 iteration,
                 rank,
                 tree.names[name],
-                score=excess * credit(z),
-                observed_ns=observed,
-                normal_ns=normal,
+                score=float(excess_sum[g]) * credit(z),
+                observed_ns=int(observed_sum[g]),
+                normal_ns=int(normal_sum[g]),
                 z=z,
-                node=int(nodes.node[best]),
-                reference=where,
+                node=int(nodes.node[rows[best[g]]]),
+                reference=TEMPORAL if temporal[head] else PEERS,
                 kind="compute",
             )
         )
