@@ -267,7 +267,7 @@ def _findings(
                 operator_node=top.node if top else None,
                 fault_type=fault_type,
                 view=view,
-                explanation=_explain(step, top, fault_type),
+                explanation=_explain(step, top, fault_type, peers=len(set(tree.rank.tolist())) > 1),
                 candidates=[_candidate(c) for c in candidates],
                 evidence=[_evidence(c) for c in candidates[:3]],
             )
@@ -328,13 +328,16 @@ def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | No
     return "cpu_contention", "V"
 
 
-def _explain(step: StepScore, top: OperatorCandidate | None, fault_type: str | None) -> str:
+def _explain(
+    step: StepScore, top: OperatorCandidate | None, fault_type: str | None, peers: bool
+) -> str:
+    """The localizer's words for one flagged step; `peers`: the trace holds other ranks, so
+    they can have waited for this one."""
     if step.kind == "unfinished" and top is not None:
         return hang_explanation(step, top)
-    head = (
-        f"Step {step.iteration} ({step.kind}) took {format_ns(step.dur_ns)} against "
-        f"{format_ns(step.expected_ns)} expected for its batch"
-    )
+    head = f"Step {step.iteration} ({step.kind}) took {format_ns(step.dur_ns)}"
+    if step.dur_ns > step.expected_ns:  # a step flagged by its operators alone was not slow
+        head += f" against {format_ns(step.expected_ns)} expected for its batch"
     if top is None:
         return head + "; no single operator stands out, which points to the scheduler or host."
     operator = short_name(top.operator, 60)
@@ -357,7 +360,7 @@ def _explain(step: StepScore, top: OperatorCandidate | None, fault_type: str | N
     return (
         f"{head}; on rank {top.rank}, {operator} took {format_ns(top.observed_ns)} against "
         f"{format_ns(top.normal_ns)} normally ({top.reference})"
-        + (", and the other ranks waited for it." if fault_type else ".")
+        + (", and the other ranks waited for it." if fault_type and peers else ".")
     )
 
 
