@@ -353,6 +353,8 @@ class _RankBreakdown:
         steps = tree.steps
         step_lo = steps.start_ns[self.step_rows]
         step_hi = np.maximum(step_lo + steps.dur_ns[self.step_rows], step_gpu_end[self.step_rows])
+        # a step annotation recorded on the GPU is neither host nor GPU work: keep it inside
+        run_lo, run_hi = min([run_lo, *step_lo.tolist()]), max([run_hi, *step_hi.tolist()])
         lo = np.concatenate([[run_lo], step_lo]).astype(np.int64)
         hi = np.concatenate([[run_hi], step_hi]).astype(np.int64)
         return lo, hi
