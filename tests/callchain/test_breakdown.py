@@ -18,6 +18,7 @@ from conftest import real_trace
 from teller.analysis import Analysis
 from teller.callchain.breakdown import (
     ROUNDING_GAP_NS,
+    UNLAUNCHED,
     RunBreakdown,
     StepBreakdown,
     idle_summary,
@@ -338,6 +339,9 @@ def test_multi_step_training_trace_adds_up_per_step():
     (run,) = breakdown.runs
     assert int(breakdown.gaps.dur_ns.sum()) == run.idle_ns
     assert run.top_kernels[0].gpu_ns >= run.top_kernels[-1].gpu_ns
+    # copies launched before the profiling window: one call each, not one call in all
+    unlaunched = next(o for o in run.top_operators if o.name == UNLAUNCHED)
+    assert unlaunched.layer == "none" and unlaunched.calls == unlaunched.kernels > 100
     # busy is a union: the streams overlap, so the kinds' sum exceeds it (by the overlap, up to
     # the rounding gaps joined into busy)
     kinds = run.busy.compute_ns + run.busy.communication_ns + run.busy.memory_ns

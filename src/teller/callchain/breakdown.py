@@ -58,6 +58,9 @@ TOP_IN_STEP = 5
 GAPS_IN_RUN = 5
 GAPS_IN_STEP = 3
 _NO_NAME = -1
+#: The operator name of GPU work whose launch the trace does not hold (launched before the
+#: profiling window, or by an untraced thread).
+UNLAUNCHED = "(no launch in the trace)"
 
 
 @dataclass(frozen=True)
@@ -538,6 +541,8 @@ class _RankBreakdown:
         )
         launcher = np.where(launcher >= 0, launcher, tree.parent[nodes])  # the runtime call
         name = np.where(launcher >= 0, tree.name[np.maximum(launcher, 0)], _NO_NAME)
+        # work with no launch in the trace: each activity its own call (negative: not a node)
+        launcher = np.where(launcher >= 0, launcher, -2 - nodes)
         out: list[list[OperatorTime]] = [[] for _ in range(windows)]
         # first per (window, name, launcher instance), then per (window, name)
         instances, inverse = np.unique(
@@ -557,7 +562,7 @@ class _RankBreakdown:
             node = int(example[row])
             out[int(named[row, 0])].append(
                 OperatorTime(
-                    name=tree.names[int(named[row, 1])] if node >= 0 else "(not launched in trace)",
+                    name=tree.names[int(named[row, 1])] if node >= 0 else UNLAUNCHED,
                     layer=LAYERS[tree.layer[node]] if node >= 0 else "none",
                     calls=int(calls[row]),
                     kernels=int(kernels[row]),
