@@ -9,7 +9,8 @@ all-reduce is exposed. The numbers are lengths of unions (`teller.callchain.inte
 * busy = the union of the rank's GPU activity over all its streams (kernels, collectives, copies
   and sets), by kind: `compute` (kernels), `communication` (collective kernels) and `memory`
   (memcpy/memset). Kinds overlap each other (streams run concurrently), so each kind is at most
-  busy and together at least busy; a sum of kernel durations would count overlap twice.
+  busy and together at least busy (but for `ROUNDING_GAP_NS` joins); a sum of kernel durations
+  would count overlap twice.
 * idle = span − busy, cut into gaps, each with the cause `teller.callchain.host_activity` gives;
   the causes' times add up to idle exactly.
 * exposed communication = communication − its overlap with compute.
