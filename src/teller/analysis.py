@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from teller.callchain.breakdown import RunBreakdown, run_breakdown
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
@@ -137,6 +138,14 @@ class Analysis:
         if self.alignment is None:
             raise TellerError("no logs or spans: request trees need one of them")
         return self.alignment.requests.to_arrow()
+
+    def breakdown(self) -> RunBreakdown:
+        """Where the time went on each rank, per step and over its whole run: GPU busy by kind
+        (compute, communication, memory) as a union over streams, GPU idle split by what the
+        host was doing (blocking sync and the operator behind it, launches, scheduler, Python),
+        communication compute did not hide, and the top kernels and operators by GPU time.
+        `.to_arrow()` gives one row per (rank, step), `.gaps.to_arrow()` every idle gap."""
+        return self.facts.derived("breakdown", lambda: run_breakdown(self.tree))
 
     @cached_property
     def facts(self) -> RunFacts:

@@ -64,6 +64,9 @@ def test_real_vllm_trace_validates(validator, tmp_path: Path):
     document = _strict_json(out.read_text())
     assert _errors(validator, document) == []
     assert document["schema"] == SCHEMA_VERSION and document["steps"]
+    breakdown = document["breakdown"]
+    assert breakdown["runs"] and breakdown["steps"]  # where the time went, per rank and step
+    assert breakdown["steps"][0]["top_kernels"] and breakdown["steps"][0]["summary"]
 
 
 @pytest.mark.parametrize(
@@ -74,8 +77,20 @@ def test_real_vllm_trace_validates(validator, tmp_path: Path):
         lambda d: d["steps"][0].update(dur_ns="1 ms"),
         lambda d: d["findings"][0]["evidence"][0].update(extra=1),
         lambda d: d.update(schema="teller.verdict/2"),
+        lambda d: d.pop("breakdown"),
+        lambda d: d["breakdown"]["steps"][0]["idle_by_cause_ns"].pop("sync"),
+        lambda d: d["breakdown"]["runs"][0]["longest_gaps"][0].update(cause="gc"),
     ],
-    ids=["missing-field", "bad-enum", "wrong-type", "unknown-field", "other-version"],
+    ids=[
+        "missing-field",
+        "bad-enum",
+        "wrong-type",
+        "unknown-field",
+        "other-version",
+        "no-breakdown",
+        "breakdown-missing-cause",
+        "breakdown-bad-cause",
+    ],
 )
 def test_schema_rejects_damaged_documents(validator, contention_analysis, damage):
     document = json.loads(render(contention_analysis.diagnose(), contention_analysis.tree, "json"))

@@ -11,6 +11,7 @@ from teller.atomic import write_text_atomic
 from teller.report.terminal import render_terminal
 
 if TYPE_CHECKING:
+    from teller.callchain.breakdown import RunBreakdown
     from teller.callchain.tree import CallTree
     from teller.rca.verdict import Verdict
 
@@ -23,15 +24,22 @@ def format_for(path: Path, requested: str | None) -> str:
     return {".json": "json", ".html": "html", ".htm": "html"}.get(path.suffix.lower(), "terminal")
 
 
-def render(verdict: Verdict, tree: CallTree, format: str) -> str:
-    """The verdict as text in `format`; the HTML report also draws the tree around it."""
-    if format == "json":
-        return json.dumps(verdict.to_json(), indent=2)
+def render(
+    verdict: Verdict, tree: CallTree, format: str, breakdown: RunBreakdown | None = None
+) -> str:
+    """The verdict as text in `format`; the HTML report also draws the tree around it. JSON and
+    terminal output carry where the time went (`breakdown`, computed from `tree` when not given)."""
     if format == "html":
         from teller.report.html import render_html
 
         return render_html(verdict, tree)
-    return render_terminal(verdict)
+    if breakdown is None:
+        from teller.callchain.breakdown import run_breakdown
+
+        breakdown = run_breakdown(tree)
+    if format == "json":
+        return json.dumps({**verdict.to_json(), "breakdown": breakdown.to_json()}, indent=2)
+    return render_terminal(verdict, breakdown)
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -39,5 +47,11 @@ def write_atomic(path: Path, text: str) -> Path:
     return write_text_atomic(path, text)
 
 
-def write_report(verdict: Verdict, tree: CallTree, path: Path, format: str | None = None) -> Path:
-    return write_atomic(path, render(verdict, tree, format_for(path, format)))
+def write_report(
+    verdict: Verdict,
+    tree: CallTree,
+    path: Path,
+    format: str | None = None,
+    breakdown: RunBreakdown | None = None,
+) -> Path:
+    return write_atomic(path, render(verdict, tree, format_for(path, format), breakdown))

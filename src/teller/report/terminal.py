@@ -8,15 +8,26 @@ from __future__ import annotations
 
 from collections import Counter
 
+from teller.callchain.breakdown import RunBreakdown, StepBreakdown, idle_summary, share
+from teller.callchain.host_activity import IDLE_CAUSES
 from teller.callchain.render import format_ns, short_name
 from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges
 from teller.rca.verdict import Verdict
 
 #: Incidents printed in full; the JSON and HTML reports hold every finding.
 SHOWN_INCIDENTS = 5
+#: Ranks in the "where the time went" table; the JSON holds every rank and step.
+SHOWN_RANKS = 8
+_CAUSE_COLUMNS = {
+    "sync": "sync",
+    "launch": "launch",
+    "scheduler": "sched",
+    "host": "host",
+    "unrecorded": "none",
+}
 
 
-def render_terminal(verdict: Verdict) -> str:
+def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> str:
     lines = [verdict.summary.splitlines()[0] if verdict.summary else "", ""]
     groups = incidents(verdict.findings)
     for group in groups[:SHOWN_INCIDENTS]:
@@ -70,10 +81,77 @@ def render_terminal(verdict: Verdict) -> str:
     hidden = len(groups) - SHOWN_INCIDENTS
     if hidden > 0:
         lines.append(f"… and {hidden} more incidents (see --format json or html)")
+    if breakdown is not None and breakdown.runs:
+        lines.extend(render_breakdown(breakdown))
+        lines.append("")
+    elif breakdown is not None and breakdown.ranks_without_gpu:
+        ranks = ", ".join(map(str, breakdown.ranks_without_gpu))
+        lines.extend([f"where the time went: no GPU activity recorded (rank {ranks})", ""])
     for item in verdict.missing:
         lines.append(f"missing: {item}")
     lines.extend(f"warning: {w}" for w in _method_warnings(verdict))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def render_breakdown(breakdown: RunBreakdown) -> list[str]:
+    """Where the time went: one row per rank over its whole run (shares of its span: busy and
+    idle add up to 100%, the idle causes to idle), the most idle step's sentence, and the kernels
+    and operators that took the most GPU time on the busiest rank."""
+    causes = [_CAUSE_COLUMNS[c] for c in IDLE_CAUSES]
+    header = ["rank", "span", "busy", "compute", "comm", "exposed", "memcpy", "idle", *causes]
+    rows = [header]
+    for run in breakdown.runs[:SHOWN_RANKS]:
+        busy, span = run.busy, run.span_ns
+        rows.append(
+            [
+                str(run.rank),
+                format_ns(span),
+                *(
+                    share(ns, span)
+                    for ns in (
+                        busy.busy_ns,
+                        busy.compute_ns,
+                        busy.communication_ns,
+                        busy.exposed_communication_ns,
+                        busy.memory_ns,
+                        run.idle_ns,
+                    )
+                ),
+                *(share(run.idle.of(cause), span) for cause in IDLE_CAUSES),
+            ]
+        )
+    widths = [max(len(row[k]) for row in rows) for k in range(len(header))]
+    lines = ["where the time went (GPU, whole run per rank; every step in --format json):"]
+    for row in rows:
+        lines.append(
+            "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+        )
+    hidden = len(breakdown.runs) - SHOWN_RANKS
+    if hidden > 0:
+        lines.append(f"  … and {hidden} more ranks")
+    most_idle_run = max(breakdown.runs, key=_idle_share)
+    lines.append(f"  {idle_summary(most_idle_run)}")
+    if len(breakdown.steps) > 1:
+        lines.append(f"  most idle step: {idle_summary(max(breakdown.steps, key=_idle_share))}")
+    busiest = max(breakdown.runs, key=lambda run: run.busy.busy_ns)
+    where = f" on rank {busiest.rank}" if len(breakdown.runs) > 1 else ""
+    busy_ns = busiest.busy.busy_ns
+    for title, items in (
+        (f"top kernels{where}", busiest.top_kernels[:3]),
+        (f"top operators{where}, by the GPU time they launched", busiest.top_operators[:3]),
+    ):
+        if items:
+            lines.append(f"  {title} (share of GPU busy, calls × time per call):")
+        lines.extend(
+            f"    {share(item.gpu_ns, busy_ns):>5}  {item.calls}× {format_ns(item.per_call_ns)}  "
+            f"{short_name(item.name, 80)}"
+            for item in items
+        )
+    return lines
+
+
+def _idle_share(breakdown: StepBreakdown) -> float:
+    return breakdown.idle_ns / breakdown.span_ns if breakdown.span_ns else 0.0
 
 
 def _method_warnings(verdict: Verdict) -> list[str]:
