@@ -201,4 +201,4 @@ class Analysis:
         """Write the verdict as HTML (default for .html), JSON (.json) or text."""
         from teller.report import write_report
 
-        return write_report(self.diagnose(), self.tree, Path(path), format)
+        return write_report(self.diagnose(), self.tree, Path(path), format, self.breakdown())

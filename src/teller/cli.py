@@ -155,8 +155,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         model_dir=args.model,
     )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
-    verdict, tree = analysis.diagnose(), analysis.tree
-    text = render(verdict, tree, fmt)
+    verdict, tree, breakdown = analysis.diagnose(), analysis.tree, analysis.breakdown()
+    text = render(verdict, tree, fmt, breakdown)
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
@@ -164,7 +164,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.out:
         path = write_atomic(Path(args.out), text)
         if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
-            print(render(verdict, tree, "terminal"), end="")
+            print(render(verdict, tree, "terminal", breakdown), end="")
         print(f"report written to {path}")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
