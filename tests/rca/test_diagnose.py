@@ -162,3 +162,18 @@ def test_steps_far_apart_on_one_rank_are_separate_incidents() -> None:
     early = [_finding(s, 1, "mm", 1_000) for s in (1, 2)]
     late = [_finding(s, 1, "mm", 1_000) for s in (40, 41, 42)]
     assert [f.step for f in by_incident(early + late)] == [40, 41, 42, 1, 2]
+
+
+def test_a_one_step_capture_is_answered_by_the_localizer_and_says_why() -> None:
+    """A real one-rank, one-step profiler capture is outside what the model learned from: the
+    default method gives the localizer's verdict, and the warning names what differs."""
+    from conftest import real_trace
+    from teller.analysis import Analysis
+
+    verdict = Analysis(
+        real_trace("tracelens/hf_qwen1.5-0.5b_h100.json.gz"), progress=False
+    ).diagnose()
+    assert verdict.method == "localizer"
+    (note,) = [w for w in verdict.warnings if w.startswith(MODEL_UNAVAILABLE)]
+    assert "outside what it was trained on" in note
+    assert "1 step per rank" in note and "one rank" in note and "profiler_step" in note

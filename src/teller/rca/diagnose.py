@@ -55,6 +55,36 @@ class ModelUnavailable(Exception):
     """The model could not be imported, loaded or run; the reason is the message."""
 
 
+class OutsideTraining(ModelUnavailable):
+    """The run is not of the shape the model learned from; what differs is the message."""
+
+
+#: The shape of run the shipped model learned from (its README): engine steps with a batch
+#: composition, many of them, on a tensor-parallel group. Outside it, its step and rank inputs
+#: (neighbour steps, a step's z-score against its batch, peers' arrivals) are not what it saw,
+#: and the localizer, which compares whatever the run offers, answers instead.
+TRAINED_STEP_KINDS = frozenset({"prefill", "decode", "mixed"})
+TRAINED_MIN_STEPS = 8
+TRAINED_MIN_RANKS = 2
+
+
+def outside_training(tree: CallTree) -> str | None:
+    """How the run differs from what the model was trained on, or None when it does not."""
+    ranks = len(set(tree.steps.rank.tolist()))
+    per_rank = len(tree.steps) // max(ranks, 1)
+    kinds = set(tree.steps.kind)
+    gaps = []
+    if not kinds & TRAINED_STEP_KINDS:
+        gaps.append(f"{'/'.join(sorted(kinds))} steps without an engine batch")
+    if per_rank < TRAINED_MIN_STEPS:
+        gaps.append(
+            f"{per_rank} step{'s' if per_rank != 1 else ''} per rank (it needs {TRAINED_MIN_STEPS})"
+        )
+    if ranks < TRAINED_MIN_RANKS:
+        gaps.append("one rank")
+    return ", ".join(gaps) if gaps else None
+
+
 @dataclass
 class RunInputs:
     """What a verdict was drawn from: its header lists the files, its notes say what was missing."""
@@ -127,6 +157,9 @@ def run_model(
     installs without torch keep working."""
     if not len(tree.steps):
         raise ModelUnavailable("the trace has no engine steps for it to diagnose")
+    gap = outside_training(tree)
+    if gap is not None:
+        raise OutsideTraining(gap)
     try:
         from teller.rca.infer import DEFAULT_MODEL, LoadedModel
     except (ImportError, OSError) as error:  # torch or safetensors missing or broken
@@ -144,6 +177,13 @@ def run_model(
 
 def unavailable_note(error: ModelUnavailable) -> str:
     """The warning a verdict carries when the model was asked for but could not run."""
+    if isinstance(error, OutsideTraining):
+        return (
+            f"{MODEL_UNAVAILABLE} for this run, which is outside what it was trained on "
+            f"(engine steps, at least {TRAINED_MIN_STEPS} per rank, {TRAINED_MIN_RANKS}+ ranks): "
+            f"{error}. The verdict is the numeric localizer's, which compares the run's own "
+            "steps, layers and ranks"
+        )
     return f"{MODEL_UNAVAILABLE} ({error}); the verdict is the numeric localizer's alone"
 
 

@@ -12,7 +12,7 @@ from teller.callchain.breakdown import RunBreakdown, StepBreakdown, idle_summary
 from teller.callchain.host_activity import IDLE_CAUSES
 from teller.callchain.render import format_ns, short_name
 from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges
-from teller.rca.verdict import Verdict
+from teller.rca.verdict import Finding, Verdict
 
 #: Incidents printed in full; the JSON and HTML reports hold every finding.
 SHOWN_INCIDENTS = 5
@@ -45,8 +45,7 @@ def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> 
         noun = "step" if len(group) == 1 else "steps"
         lines.append(
             f"{noun} {step_ranges([f.step for f in group])}  ({len(group)} {noun}, worst: step "
-            f"{worst.step} [{worst.step_kind}] {format_ns(worst.step_dur_ns)} vs "
-            f"{format_ns(worst.step_expected_ns)} expected)"
+            f"{worst.step} [{worst.step_kind}] {_took(worst)})"
         )
         kinds = Counter(f.fault_type for f in group if f.fault_type)
         fault = (
@@ -159,6 +158,15 @@ def _method_warnings(verdict: Verdict) -> list[str]:
     return [w for w in verdict.warnings if w.startswith(MODEL_UNAVAILABLE)]
 
 
+def _took(finding: Finding) -> str:
+    """A step's time, against what its batch predicts where it was slower than that (a step
+    flagged by one operator among its layers can take what its batch predicts)."""
+    took = format_ns(finding.step_dur_ns)
+    if finding.step_dur_ns > finding.step_expected_ns:
+        took += f" vs {format_ns(finding.step_expected_ns)} expected"
+    return took
+
+
 def render_findings(verdict: Verdict, top: int = 10) -> str:
     """`teller diagnose`: one entry per anomalous step, most certain first (the model's
     probability, else the localizer's z-score), with its operator, rank, fault and evidence."""
@@ -174,8 +182,7 @@ def render_findings(verdict: Verdict, top: int = 10) -> str:
             f"{short_name(f.operator, 60)} on rank {f.rank}" if f.operator else "no single operator"
         )
         lines.append(
-            f"step {f.step}  {certainty}  {format_ns(f.step_dur_ns)} vs "
-            f"{format_ns(f.step_expected_ns)} expected  {f.fault_type or 'unknown'}: {where}"
+            f"step {f.step}  {certainty}  {_took(f)}  {f.fault_type or 'unknown'}: {where}"
         )
         lines.append(f"  {f.explanation}")
         for evidence in f.evidence[:1]:
