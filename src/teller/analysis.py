@@ -174,7 +174,7 @@ class Analysis:
         if self.method == "model":
             case_id = self.paths[0].name if len(self.paths) == 1 else ""
             try:
-                model = run_model(self.tree, self.log_files, self.model_dir, case_id, self.facts)
+                model = run_model(self.tree, self.alignment, self.model_dir, case_id, self.facts)
             except ModelUnavailable as error:
                 notes.append(unavailable_note(error))
         return diagnose(self.tree, self.localization, self.alignment, self.inputs, model, notes)

@@ -9,7 +9,7 @@ import pytest
 from builders import write_run
 from teller.callchain.tree import CallTree
 from teller.cli import main
-from teller.eval.cases import find_cases, split_cases
+from teller.eval.cases import Split, find_cases, split_cases
 from teller.eval.harness import ExplanationVerdict, evaluate, judge_explanation
 from teller.eval.methods import METHODS
 from teller.eval.model_method import RootCauseMethod
@@ -209,3 +209,32 @@ def test_root_cause_method_explains_every_flagged_step(
         top = (candidates[0].operator, candidates[0].rank) if candidates else (None, None)
         assert (explanation.operator, explanation.rank) == top
         assert explanation.text and explanation.fault not in FAULT_FREE
+
+
+def test_model_variants_share_one_cases_step_records_through_its_facts(
+    cases: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness computes a case's `RunFacts` once and hands them to every method that takes
+    them; the model variants read the trace side of their step records from them, computed once
+    (no cache outside the case's own facts)."""
+    import teller.rca.dataset.records as records
+
+    computed = []
+    step_traces = records.step_traces
+
+    def counted(tree, facts):
+        computed.append(tree)
+        return step_traces(tree, facts)
+
+    monkeypatch.setattr(records, "step_traces", counted)
+    found = find_cases([cases])
+    split = Split(train=[c.case_id for c in found if c.case_id != "cpu0"], test=["cpu0"])
+    methods = {name: METHODS[name] for name in ("model", "model-no-logs", "model-step-faults")}
+    evaluate(methods, found, split, progress=False)
+    assert len(computed) == 1
+    # without shared facts each scoring computes its own
+    case = next(c for c in found if c.case_id == "cpu0")
+    tree = case.tree()
+    for _ in range(2):
+        RootCauseMethod().fit([]).score(tree, logs=case.logs(tree))
+    assert len(computed) == 3

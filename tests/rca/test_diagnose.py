@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -34,8 +35,7 @@ def test_default_model_names_the_labelled_rank_and_operator(fault):
     named = [d for d in flagged if d.facts is not None]
     # at least 4 of the 10 window steps (steps outside the window: not pinned here). The toy
     # straggler's first window steps run 0.3-15% over their batch's time and show only in the
-    # late arrival: the teller.rca/5 ensemble flagged 5 or more, the teller.rca/6 one flags 4
-    # (steps 16-19), while it flags more of the evaluation boards' straggler steps than before
+    # late arrival, so a model may well miss a few of them
     assert len(named) >= 4
     # the run's answer: the operator and rank most of its flagged steps name
     picks = Counter((d.facts.operator, d.facts.rank) for d in named)
@@ -78,6 +78,31 @@ def test_analysis_verdict_is_the_models_with_the_localizers_numbers():
         assert f.evidence and f.evidence[0].what.startswith(f.operator)  # localizer's numbers
         assert f.operator in f.explanation and f"Step {f.step} " in f.explanation
     assert any((f.operator, f.rank) == (labels.guilty_operator, labels.guilty_rank) for f in named)
+
+
+def test_analysis_aligns_logs_and_spans_once_and_the_model_reads_that_alignment(monkeypatch):
+    """The model's log modality is the alignment the verdict's log lines come from, spans
+    included: `teller analyze` aligns once."""
+    import teller.align.align as align
+    import teller.rca.dataset.records as records
+
+    calls, read = [], []
+    align_tree, case_records = align.align_tree, records.case_records
+
+    def counted(tree, log_paths, span_paths=(), *args, **kwargs):
+        calls.append([Path(p).parent.name for p in [*log_paths, *span_paths]])
+        return align_tree(tree, log_paths, span_paths, *args, **kwargs)
+
+    def reading(tree, case_id, labels=None, alignment=None, facts=None):
+        read.append(alignment)
+        return case_records(tree, case_id, labels, alignment, facts)
+
+    monkeypatch.setattr(align, "align_tree", counted)
+    monkeypatch.setattr("teller.rca.infer.case_records", reading)
+    run = Analysis(small_case("straggler", rank=1, seed=11))
+    assert run.diagnose().method == "model:default"
+    assert calls == [["logs", "otlp"]]  # the simulator writes OTLP spans beside its logs
+    assert read == [run.alignment]
 
 
 def test_localizer_method_leaves_the_model_out():

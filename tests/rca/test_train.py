@@ -13,7 +13,8 @@ from teller.errors import TraceError
 from teller.labels import CaseLabels
 from teller.rca.dataset import read_case_records
 from teller.rca.infer import LoadedModel
-from teller.rca.model import STEP_FLOATS, ModelConfig
+from teller.rca.inputs import NEIGHBOUR_FEATURES, QUEUE, STEP
+from teller.rca.model import ModelConfig
 from teller.rca.train import TrainConfig, train
 
 
@@ -142,15 +143,19 @@ def test_flagged_steps_of_a_run_share_one_pooled_fault_type(trained, two_cases):
 
 def test_steps_carry_their_neighbours_and_the_runs_shape(two_cases):
     records = sorted(read_case_records(two_cases[0]), key=lambda r: r.iteration)
-    own = [0, 1, 7, 14]
+    own = STEP.indices(NEIGHBOUR_FEATURES)
+    previous = STEP.indices([f"previous_{n}" for n in NEIGHBOUR_FEATURES])
+    following = STEP.indices([f"next_{n}" for n in NEIGHBOUR_FEATURES])
     for before, record, after in zip(records, records[1:], records[2:], strict=False):
-        assert list(record.step_float[16:20]) == list(before.step_float[own])
-        assert list(record.step_float[20:24]) == list(after.step_float[own])
-    assert not records[0].step_float[16:20].any() and not records[-1].step_float[20:24].any()
-    run = {tuple(r.step_float[24:32]) for r in records}
+        assert list(record.step_float[previous]) == list(before.step_float[own])
+        assert list(record.step_float[following]) == list(after.step_float[own])
+    assert not records[0].step_float[previous].any()
+    assert not records[-1].step_float[following].any()
+    run_shape = STEP.indices([n for n in STEP.names if n.startswith("run_")])
+    assert len(run_shape) == 8
+    run = {tuple(r.step_float[run_shape]) for r in records}
     assert len(run) == 1
-    share_flagged = next(iter(run))[0]
-    assert share_flagged == pytest.approx(
+    assert records[0].step_float[STEP["run_flagged_share"]] == pytest.approx(
         sum(r.localizer_anomalous for r in records) / len(records)
     )
 
@@ -174,8 +179,9 @@ def test_a_power_capped_gpu_slows_all_its_kernels_alike():
 
     case = small_case("gpu_throttle", rank=1, seed=3)
     records = read_case_records(case, use_logs=False)
-    inside = [r.step_float[32:36] for r in records if 10 <= r.iteration < 20]
-    outside = [r.step_float[32:36] for r in records if r.iteration < 8]
+    shape = STEP.indices(["kernel_median", "kernel_spread", "kernel_p90", "kernel_slower_share"])
+    inside = [r.step_float[shape] for r in records if 10 <= r.iteration < 20]
+    outside = [r.step_float[shape] for r in records if r.iteration < 8]
     assert inside and outside
     for median, spread, p90, share in inside:  # every kernel of rank 1 about (1 + x)× slower
         assert median > 0.3 and share > 0.8 and p90 >= median and spread < median
@@ -184,15 +190,15 @@ def test_a_power_capped_gpu_slows_all_its_kernels_alike():
 
 
 def test_a_co_tenant_scatters_the_kernels_it_slows_a_power_cap_does_not():
-    """Step float 42: the slowest rank's kernel ratios' scatter against the run's usual. A co-tenant
+    """`kernel_scatter`: the slowest rank's kernel ratios' scatter against the run's usual. A co-tenant
     slows each kernel by its own factor; a power cap slows them all alike, so its scatter stays
     near the run's."""
     from .conftest import small_case
 
     def scatter(fault: str) -> tuple[list[float], list[float]]:
         records = read_case_records(small_case(fault, rank=1, seed=3), use_logs=False)
-        inside = [r.step_float[42] for r in records if 10 <= r.iteration < 20]
-        outside = [r.step_float[42] for r in records if r.iteration < 8]
+        inside = [r.step_float[STEP["kernel_scatter"]] for r in records if 10 <= r.iteration < 20]
+        outside = [r.step_float[STEP["kernel_scatter"]] for r in records if r.iteration < 8]
         return inside, outside
 
     contended, before = scatter("gpu_contention")
@@ -225,24 +231,22 @@ def test_a_trace_without_module_scopes_has_no_forward_candidate(two_cases):
 
 
 def test_steps_carry_their_batch_against_the_runs_usual_one():
-    """Features 36–37: log(context, generation tokens / the run's median for that step kind)."""
+    """`*_vs_usual`: log(context, generation tokens / the run's median for that step kind)."""
     import numpy as np
 
-    from teller.rca.dataset import StepRecord, _add_context
+    from teller.rca.dataset.features import add_context
 
-    def decode(iteration: int, tokens: int) -> StepRecord:
-        step = np.zeros(STEP_FLOATS, np.float32)
-        step[3] = np.log1p(tokens) / 8.0
-        step[5] = 1.0  # decode
-        return StepRecord(
-            "c", iteration, step, [], [], np.zeros(0), np.zeros((0, 4)), [], None, False, 0, 0
-        )
+    def decode(tokens: int) -> np.ndarray:
+        step = STEP.zeros()
+        step[STEP["generation_tokens"]] = np.log1p(tokens) / 8.0
+        step[STEP["kind_decode"]] = 1.0
+        return step
 
-    records = [decode(i, 63) for i in range(5)] + [decode(5, 15)]
-    _add_context(records)
-    assert [r.step_float[37] for r in records[:5]] == [0.0] * 5
-    assert records[5].step_float[37] == pytest.approx(np.log(16 / 64), abs=1e-5)
-    assert all(r.step_float[36] == 0.0 for r in records)
+    steps = [decode(63) for _ in range(5)] + [decode(15)]
+    add_context(steps)
+    assert [s[STEP["generation_vs_usual"]] for s in steps[:5]] == [0.0] * 5
+    assert steps[5][STEP["generation_vs_usual"]] == pytest.approx(np.log(16 / 64), abs=1e-5)
+    assert all(s[STEP["context_vs_usual"]] == 0.0 for s in steps)
 
 
 def test_the_decoder_writes_the_reference_sentence_of_a_learned_fault(trained, two_cases):
@@ -264,16 +268,16 @@ def test_the_decoder_writes_the_reference_sentence_of_a_learned_fault(trained, t
 
 
 def test_work_over_time_is_measured_against_steps_of_the_same_kind():
-    """Features 9, 11, 13 (GPU, host, comm of the busiest rank against its usual): a decode step
+    """`*_over_time` (GPU, host, comm of the busiest rank against its usual): a decode step
     is compared with decode steps, not with prefills that move far more bytes. A decode step whose
     every message waits 1.5× longer is 1.5× its usual, though still far below any prefill."""
     import numpy as np
 
-    from teller.rca.dataset import _against_same_kind
+    from teller.rca.dataset.features import against_same_kind
 
     kinds = np.array(["prefill", "decode", "decode", "decode", "prefill", "decode"], dtype=object)
     comm_us = np.array([[900.0, 910], [30, 31], [30, 30], [45, 46], [1000, 1000], [31, 30]])
-    temporal = _against_same_kind(np.log(comm_us), kinds).max(axis=1)
+    temporal = against_same_kind(np.log(comm_us), kinds).max(axis=1)
     assert temporal[3] == pytest.approx(np.log(1.5), abs=0.03)
     assert np.abs(temporal[[1, 2, 5]]).max() < 0.05
     assert abs(temporal[0]) < 0.1 and abs(temporal[4]) < 0.1
@@ -292,19 +296,21 @@ def test_training_renames_ranks_but_keeps_which_tokens_share_one():
 
 
 def test_a_contended_links_window_stands_out_in_the_transfer_features():
-    """Features 38–41: the step's transfer time against the run's fit (log ratio, z) and the
-    neighbours' z. A link at half its bandwidth adds microseconds to steps of milliseconds; every
-    window step's transfer z still clears every other step's."""
+    """`transfer_ratio`, `transfer_z` and the neighbours' `*_transfer_z`: the step's transfer time
+    against the run's fit. A link at half its bandwidth adds microseconds to steps of
+    milliseconds; every window step's transfer z still clears every other step's."""
     from lab.test_sim_cases import WINDOW, case
 
     out, _, _ = case(fault="link_contention", rank=1)
     records = read_case_records(out, use_logs=False)
     inside = [r for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
     outside = [r for r in records if not WINDOW[0] <= r.iteration < WINDOW[1]]
-    assert min(r.step_float[39] for r in inside) > max(r.step_float[39] for r in outside)
-    assert min(r.step_float[38] for r in inside) > 0.1
+    z, ratio = STEP["transfer_z"], STEP["transfer_ratio"]
+    assert min(r.step_float[z] for r in inside) > max(r.step_float[z] for r in outside)
+    assert min(r.step_float[ratio] for r in inside) > 0.1
     middle = next(r for r in inside if r.iteration == WINDOW[0] + 5)
-    assert middle.step_float[40] > 0.5 and middle.step_float[41] > 0.5
+    assert middle.step_float[STEP["previous_transfer_z"]] > 0.5
+    assert middle.step_float[STEP["next_transfer_z"]] > 0.5
 
 
 def test_the_request_queue_travels_in_the_log_modality():
@@ -321,16 +327,16 @@ def test_the_request_queue_travels_in_the_log_modality():
     without = read_case_records(out, use_logs=False)
     assert all(r.queue is not None for r in with_logs)
     assert all(r.queue is None for r in without)
-    assert max(r.queue[0] for r in with_logs) > np.log1p(5) / 4
+    assert max(r.queue[QUEUE["waiting"]] for r in with_logs) > np.log1p(5) / 4
     tpe = train_vocab(with_logs, 64)
     log_vocab = 64
-    arrays = encode(with_logs, tpe, raw=False, log_vocab=log_vocab)
-    assert ((arrays["log_template"] == log_vocab + 1).sum(axis=1) == 1).all()
-    assert ((encode(without, tpe, raw=False, log_vocab=log_vocab)["log_template"]) == 0).all()
+    batch = encode(with_logs, tpe, raw=False, log_vocab=log_vocab)
+    assert ((batch.log_template == log_vocab + 1).sum(axis=1) == 1).all()
+    assert (encode(without, tpe, raw=False, log_vocab=log_vocab).log_template == 0).all()
 
 
 def test_requests_held_back_mark_a_capped_scheduler_and_nothing_else():
-    """Queue float 3: requests waiting that the step had room for (by the run's largest batch)
+    """`held_back`: requests waiting that the step had room for (by the run's largest batch)
     while its tokens stayed under 80% of the run's largest step. A capped scheduler's window has
     them in every step; the same workload without a fault, whose queue drains at full batches,
     has none."""
@@ -338,52 +344,60 @@ def test_requests_held_back_mark_a_capped_scheduler_and_nothing_else():
 
     out, _, _ = case(fault="scheduler_misconfig", rank=0)
     records = read_case_records(out)
-    inside = [r.queue[3] for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
+    held_back = QUEUE["held_back"]
+    inside = [r.queue[held_back] for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
     assert min(inside) > 0.3
     baseline, _, _ = case(fault="none", rank=0)
-    assert max(r.queue[3] for r in read_case_records(baseline)) == 0.0
+    assert max(r.queue[held_back] for r in read_case_records(baseline)) == 0.0
 
 
 def test_the_kv_cache_fill_the_engine_prints_tells_a_full_cache_from_a_capped_scheduler():
-    """Queue floats 4-5: the KV cache's fill the step's log lines state (carried to later steps)
-    and 1 where it is known. A shrunk cache fills up inside its window; a capped scheduler keeps
+    """`kv_cache_fill`, `kv_cache_known`: the KV cache's fill the step's log lines state (carried
+    to later steps) and 1 where it is known. A shrunk cache fills up inside its window; a capped scheduler keeps
     requests waiting with the cache far from full."""
     from lab.test_sim_cases import WINDOW, case
 
     def window_fill(fault: str) -> list[float]:
         out, _, _ = case(fault=fault, rank=0)
         records = read_case_records(out)
-        assert all(r.queue is not None and r.queue[5] == 1.0 for r in records)
-        return [r.queue[4] for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
+        assert all(r.queue is not None and r.queue[QUEUE["kv_cache_known"]] == 1.0 for r in records)
+        fill = QUEUE["kv_cache_fill"]
+        return [r.queue[fill] for r in records if WINDOW[0] <= r.iteration < WINDOW[1]]
 
     assert max(window_fill("kv_pressure")) > 0.95
     assert max(window_fill("scheduler_misconfig")) < 0.9
 
 
-def test_kv_cache_fill_is_read_from_each_engines_own_field():
-    """vLLM prints a percentage, SGLang a fraction, TensorRT-LLM free and total blocks (its
-    iteration JSON, normalised); lines without one leave the step unknown."""
+def test_a_steps_kv_cache_fill_is_the_last_its_lines_state(tmp_path):
+    """The fill comes from the log table's typed `kv_cache_fill` column, whichever engine printed
+    it (vLLM a percentage, SGLang a fraction, TensorRT-LLM free and total blocks): per step the
+    last line that states one; lines on no step, or stating none, leave it unknown."""
     import numpy as np
 
-    from teller.rca.dataset import _kv_usage
+    from ingest.test_logs_engines import SGLANG_LINES, TRTLLM_LINE
+    from ingest.test_logs_vllm import V1_LINES
+    from teller.ingest.logs import read_logs
+    from teller.rca.dataset.features import kv_fill_by_step
 
-    fields = [
-        '{"running_reqs":7,"gpu_kv_cache_usage_pct":45.2}',
-        '{"running_req":8,"token_usage":0.91}',
-        '{"max_tokens":79}',
-        None,
-        '{"gpu_kv_cache_usage_pct":12.0}',
-        '{"context_requests":8,"free_kv_cache_blocks":612,"max_kv_cache_blocks":2448}',
-    ]
-    usage = _kv_usage(np.array([3, 4, 5, 6, -1, 7]), fields)
-    assert usage == {3: 0.452, 4: 0.91, 7: 0.75}
+    quarter_free = TRTLLM_LINE.replace('"Free KV cache blocks":0', '"Free KV cache blocks":612')
+    files = {
+        "vllm.log": [V1_LINES[3], V1_LINES[0]],  # 1.0%, then a line stating no fill
+        "sglang.log": SGLANG_LINES[:2],  # 0.12, 0.00
+        "trtllm.log": [quarter_free],  # 612 of 2448 blocks free
+    }
+    for name, lines in files.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fill = read_logs([tmp_path / name for name in files], year=2025).kv_cache_fill()
+    assert np.isnan(fill[1]) and list(np.round(fill[[0, 2, 3, 4]], 4)) == [0.01, 0.12, 0.0, 0.75]
+    steps = np.array([3, 4, 3, -1, 5])  # the SGLang prefill line on no step
+    assert kv_fill_by_step(steps, fill) == {3: pytest.approx(0.12), 5: pytest.approx(0.75)}
 
 
 def test_a_contended_links_guilty_collective_is_a_candidate_of_every_window_step():
     """The step's transfer is a candidate of its own (the collective of the rank that spent
     longest in collectives it reached last): a contended link adds microseconds per collective,
-    below the localizer's noise floor, and without it the pointer had no right answer in half of
-    the link-fault training steps."""
+    below the localizer's noise floor, and without it the pointer would often have no right
+    answer among a link fault's steps."""
     from lab.test_sim_cases import WINDOW, case
 
     out, _, _ = case(fault="link_contention", rank=1)
@@ -403,28 +417,34 @@ def test_pointer_kinds_are_what_training_showed_and_condition_the_pointer(traine
     """`pointer_kinds`: per fault type, the candidate kinds its guilty node had in training (5% or
     more of its steps). At inference a flagged step's pointer is read given the pooled fault type:
     other kinds get no weight; a step with no allowed candidate keeps its distribution."""
+    import dataclasses
+
     import numpy as np
 
-    from teller.rca.model import CANDIDATE_KINDS, FAULT_NAMES
+    from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, Batch
     from teller.rca.train import pointer_kinds
 
     link, gpu = FAULT_NAMES.index("link_contention"), FAULT_NAMES.index("gpu_throttle")
     transfer, compute = CANDIDATE_KINDS.index("transfer"), CANDIDATE_KINDS.index("compute")
     arrival = CANDIDATE_KINDS.index("arrival")
     n = 41  # 20 link steps at transfer, 1 at compute (under 5%), 20 gpu steps at compute
-    arrays = {
-        "y_step": np.r_[np.ones(n), np.zeros(3)].astype(np.float32),
-        "y_fault": np.r_[[link] * 21, [gpu] * 20, [0] * 3],
-        "y_ptr": np.r_[[0] * 20, [1] * 21, [-1] * 3],
-        "tok_ckind": np.tile([transfer, compute, arrival], (n + 3, 1)),
-    }
+    arrays = dataclasses.replace(
+        Batch.blank(n + 3),
+        y_step=np.r_[np.ones(n), np.zeros(3)].astype(np.float32),
+        y_fault=np.r_[[link] * 21, [gpu] * 20, [0] * 3],
+        y_ptr=np.r_[[0] * 20, [1] * 21, [-1] * 3],
+        tok_ckind=np.tile([transfer, compute, arrival], (n + 3, 1)),
+    )
     assert pointer_kinds(arrays) == {"link_contention": ["transfer"], "gpu_throttle": ["compute"]}
 
     model = LoadedModel.load(trained[0].out)
     model.pointer_kinds = {"link_contention": ["transfer", "arrival"]}
     pointer = np.array([[0.2, 0.7, 0.1], [0.2, 0.7, 0.1], [0.0, 1.0, 0.0]])
-    focus = {"focus_candidate": np.array([[0, 1, 2]] * 3), "tok_ckind": arrays["tok_ckind"][:3]}
-    focus["tok_ckind"] = np.array([[transfer, compute, arrival]] * 2 + [[compute] * 3])
+    focus = dataclasses.replace(
+        Batch.blank(3),
+        focus_candidate=np.array([[0, 1, 2]] * 3),
+        tok_ckind=np.array([[transfer, compute, arrival]] * 2 + [[compute] * 3]),
+    )
     faults = np.array([link, gpu, link])
     given = model._given_fault(pointer, focus, faults, np.array([True, True, True]))
     assert np.allclose(given[0], [2 / 3, 0.0, 1 / 3])  # link: the compute candidate is out

@@ -2,15 +2,16 @@
 
 A case is a directory with `labels.json` (teller.labels) and its traces, as written by
 `teller lab run`, `teller lab dataset` and `teller lab sim`, and usually its service logs in
-`logs/`. Methods that read logs get them as `CaseLogs`: aligned once to the case's tree and
-shared by every such method, so no method pays for (or differs in) the alignment.
+`logs/` (and OpenTelemetry spans in `otlp/`). Methods that read logs get them as `CaseLogs`:
+aligned once to the case's tree, spans included as `teller analyze` aligns them, and shared by
+every such method, so no method pays for (or differs in) the alignment.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,29 +42,29 @@ class Case:
         return CaseDir(self.path).log_files()
 
     def logs(self, tree: CallTree) -> CaseLogs:
-        """The case's logs aligned to `tree` (the tree `tree()` returned for this case)."""
-        return align_case_logs(tree, self.log_files())
+        """The case's logs and spans aligned to `tree` (the tree `tree()` returned for it)."""
+        return align_case_logs(tree, self.log_files(), CaseDir(self.path).otlp_files())
 
 
 @dataclass
 class CaseLogs:
-    """A case's log files and, when it has any, their lines placed on the tree's steps.
+    """A case's log files and, when it has logs or spans, their records placed on its steps.
 
-    `paths` serve methods that read logs themselves (the model builds its own step records);
-    `aligned` holds the log table and, per line, its step, rank, tree node and template.
+    `aligned` holds the log table and, per line, its step, rank, tree node and template, and the
+    request trees the logs and spans give (the model's request queue).
     """
 
     paths: list[Path]
-    aligned: AlignResult | None  # None: the case has no log files
+    aligned: AlignResult | None  # None: the case has neither log files nor spans
 
 
-def align_case_logs(tree: CallTree, paths: list[Path]) -> CaseLogs:
-    """Align the log files to the tree once, for every method that reads logs."""
-    if not paths:
+def align_case_logs(tree: CallTree, paths: list[Path], span_paths: Sequence[Path] = ()) -> CaseLogs:
+    """Align the log files (and spans) to the tree once, for every method that reads logs."""
+    if not paths and not span_paths:
         return CaseLogs(paths=[], aligned=None)
     from teller.align.align import align_tree
 
-    return CaseLogs(paths=list(paths), aligned=align_tree(tree, paths))
+    return CaseLogs(paths=list(paths), aligned=align_tree(tree, paths, span_paths))
 
 
 def find_cases(roots: list[Path]) -> list[Case]:

@@ -3,8 +3,9 @@
 `evaluate(methods, cases, split)` fits each method on the training side's fault-free cases, runs it
 on every test case (each case's traces are read once for all methods), and scores the outcome
 per view (horizontal, vertical), overall and per fault type, with the false-alarm rate on the
-fault-free cases (DESIGN.md §5). Methods that read logs (`uses_logs`) get each case's logs
-aligned to its steps (`CaseLogs`), aligned once per case for all of them. Faults whose label
+fault-free cases (DESIGN.md §5). Each test case's facts are computed once for all methods: its
+`RunFacts` go to every method whose `score` takes `facts`, and methods that read logs
+(`uses_logs`) get its logs and spans aligned to its steps (`CaseLogs`). Faults whose label
 names no operator (a configuration, a stall between operators) count as a joint hit when the step
 is flagged (and, for horizontal faults, the rank is right).
 
@@ -17,11 +18,13 @@ Every other method's explanation figures stay None, so the scoreboard shows them
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
+from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.eval.cases import Case, CaseLogs, Split, iterate
 from teller.eval.metrics import (
@@ -281,10 +284,17 @@ def _fit(method: object, trees: list[CallTree], logs: list[CaseLogs]) -> object:
     return method.fit(trees)  # type: ignore[attr-defined]
 
 
-def _score(method: object, tree: CallTree, logs: CaseLogs | None) -> Localization:
+def takes_facts(method: object) -> bool:
+    """Whether a method's `score` takes the run's shared `RunFacts` (a `facts` parameter)."""
+    score = getattr(method, "score", None)
+    return score is not None and "facts" in inspect.signature(score).parameters
+
+
+def _score(method: object, tree: CallTree, logs: CaseLogs | None, facts: RunFacts) -> Localization:
+    shared: dict[str, object] = {"facts": facts} if takes_facts(method) else {}
     if uses_logs(method):
-        return method.score(tree, logs=logs)  # type: ignore[attr-defined]
-    return method.score(tree)  # type: ignore[attr-defined]
+        shared["logs"] = logs
+    return method.score(tree, **shared)  # type: ignore[attr-defined]
 
 
 def evaluate(
@@ -295,8 +305,8 @@ def evaluate(
 ) -> EvalResult:
     """Fit every method on the training side's fault-free cases, score the test side.
 
-    Each case's tree is read once for all methods; its logs are aligned once, and only when some
-    method reads logs.
+    Each case's tree is read and its `RunFacts` computed once for all methods; its logs are
+    aligned once, and only when some method reads logs.
     """
     estimators = {name: make() for name, make in methods.items()}
     with_logs = any(uses_logs(m) for m in estimators.values())
@@ -314,9 +324,10 @@ def evaluate(
     test_cases = list(iterate(cases, split.test))
     for case in tqdm(test_cases, desc="scoring cases", disable=not progress, leave=False):
         tree = case.tree()
+        facts = RunFacts(tree)
         logs = case.logs(tree) if with_logs else None
         for name, method in fitted.items():
-            result.outcomes[name].append(outcome(case, _score(method, tree, logs)))
+            result.outcomes[name].append(outcome(case, _score(method, tree, logs, facts)))
     for name, outcomes in result.outcomes.items():
         groups: list[tuple[str, list[CaseOutcome]]] = [("overall", outcomes)]
         for view, label in (("H", "horizontal"), ("V", "vertical")):

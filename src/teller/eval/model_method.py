@@ -6,11 +6,10 @@ and the baselines alike (DESIGN.md §5).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar
 
+from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.eval.cases import CaseLogs
 from teller.localize import (
@@ -21,34 +20,18 @@ from teller.localize import (
     hang_explanation,
     unfinished_step,
 )
-from teller.rca.dataset import StepRecord, case_records
+from teller.rca.dataset import case_records
 from teller.rca.infer import LoadedModel
-
-
-class _LastRecords:
-    """The step records of the last tree (and log files) scored, shared by the model variants the
-    harness runs on one tree after another (reading candidates is most of a variant's cost, and
-    the records do not depend on the model). Held by weak reference: it never keeps a tree alive."""
-
-    tree: ClassVar[weakref.ref | None] = None
-    log_paths: ClassVar[tuple[Path, ...]] = ()
-    records: ClassVar[list[StepRecord]] = []
-
-    @classmethod
-    def of(cls, tree: CallTree, log_paths: Sequence[Path] = ()) -> list[StepRecord]:
-        if cls.tree is None or cls.tree() is not tree or cls.log_paths != tuple(log_paths):
-            cls.records = case_records(tree, "", None, list(log_paths))
-            cls.tree = weakref.ref(tree)
-            cls.log_paths = tuple(log_paths)
-        return cls.records
 
 
 class RootCauseMethod:
     """The model as a scoreboard method: `fit(normal_trees)` then `score(tree) -> Localization`.
 
     The model is trained offline (`teller train`), so `fit` learns nothing. It reads logs
-    (`uses_logs`): the harness passes each case's logs and the model aligns their files into its
-    step records, as `teller diagnose` does (the no-logs variant masks them)."""
+    (`uses_logs`): the harness passes each case's logs and spans as it aligned them once, and
+    the model builds its step records from that alignment, as `teller analyze` does (the no-logs
+    variant masks them). With the case's `RunFacts` shared by the harness, the records' trace
+    side is computed once per case for every model variant."""
 
     uses_logs = True
 
@@ -62,10 +45,14 @@ class RootCauseMethod:
         self.model_ = LoadedModel.load(self.model_dir)
         return self
 
-    def score(self, tree: CallTree, logs: CaseLogs | None = None) -> Localization:
+    def score(
+        self, tree: CallTree, logs: CaseLogs | None = None, facts: RunFacts | None = None
+    ) -> Localization:
         """Every step's probability and, for flagged steps, the pointer's ranked candidates and
-        the explanation with the node it names (`Localization.explanations`)."""
-        records = _LastRecords.of(tree, logs.paths if logs is not None else ())
+        the explanation with the node it names (`Localization.explanations`); `facts`: the
+        tree's `RunFacts` where the caller has them."""
+        alignment = logs.aligned if logs is not None else None
+        records = case_records(tree, "", None, alignment, facts)
         steps, candidates, explanations = [], {}, {}
         for d in self.model_.diagnose_records(records, pool_faults=self.pool_faults):
             steps.append(
@@ -94,7 +81,9 @@ class RootCauseMethod:
                     )
                     for c, p in d.candidates
                 ]
-        hang = unfinished_step(tree)  # a step no record holds: the localizer's finding stands
+        hang = unfinished_step(
+            tree, facts
+        )  # a step no record holds: the localizer's finding stands
         if hang is not None:
             step, candidate = hang
             steps.append(step)

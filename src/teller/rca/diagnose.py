@@ -146,12 +146,13 @@ def diagnose(
 
 def run_model(
     tree: CallTree,
-    log_files: Sequence[Path],
+    alignment: AlignResult | None,
     model_dir: Path | None = None,
     case_id: str = "",
     facts: RunFacts | None = None,
 ) -> ModelOutcome:
-    """The model's diagnosis of every step; `ModelUnavailable` when it cannot run.
+    """The model's diagnosis of every step; `ModelUnavailable` when it cannot run. `alignment`:
+    the run's logs and spans on its steps, the one the verdict attaches its log lines from.
 
     torch is imported here and only here, so commands that never diagnose (`teller info`) and
     installs without torch keep working."""
@@ -170,7 +171,7 @@ def run_model(
         raise ModelUnavailable(str(error)) from None
     name = "default" if model.path.resolve() == DEFAULT_MODEL.resolve() else model.path.name
     try:
-        return ModelOutcome(name, model.diagnose(tree, log_files, case_id, facts))
+        return ModelOutcome(name, model.diagnose(tree, alignment, case_id, facts))
     except RuntimeError as error:  # torch's own failures: a checkpoint that does not fit
         raise ModelUnavailable(f"{model.path}: {error}") from None
 

@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,11 +27,10 @@ from teller.callchain.tree import CallTree
 from teller.errors import TraceError
 from teller.faults import FAULT_FREE
 from teller.layout import CaseDir
-from teller.localize import (
-    OperatorCandidate,
-)
-from teller.rca.dataset import StepRecord, case_records, encode
-from teller.rca.model import CANDIDATE_KINDS, FAULT_NAMES, ModelConfig, RootCauseModel
+from teller.localize import OperatorCandidate
+from teller.rca.dataset import StepRecord, case_alignment, case_records, encode
+from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, Batch
+from teller.rca.model import ModelConfig, RootCauseModel
 from teller.rca.train import FORMAT
 from teller.rca.words import (
     BOS,
@@ -46,6 +46,9 @@ from teller.rca.words import (
     pieces,
 )
 from teller.tpe.tokenizer import TPE
+
+if TYPE_CHECKING:
+    from teller.align.align import AlignResult
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model" / "model"
 
@@ -183,12 +186,8 @@ class LoadedModel:
             return []
         arrays = encode(
             records, self.tpe, raw=self.raw_nodes, log_vocab=self.model.config.log_vocab
-        )
-        batch = {
-            k: torch.from_numpy(v)
-            for k, v in arrays.items()
-            if not k.startswith("y_") and k != "focus_candidate"
-        }
+        ).inputs()
+        batch = arrays.map(torch.from_numpy)
         with torch.no_grad():
             each = [member(batch)[0] for member in self.members]
             probability = torch.stack([torch.sigmoid(o["step_logit"]) for o in each]).mean(0)
@@ -226,7 +225,7 @@ class LoadedModel:
             sentences[rows.numpy()] = written
         out = []
         for b, record in enumerate(records):
-            focus = arrays["focus_candidate"][b]
+            focus = arrays.focus_candidate[b]
             ranked = sorted(
                 ((int(focus[t]), float(pointer[b, t])) for t in np.flatnonzero(focus >= 0)),
                 key=lambda pair: -pair[1],
@@ -261,7 +260,7 @@ class LoadedModel:
     def _given_fault(
         self,
         pointer: np.ndarray,
-        arrays: dict[str, np.ndarray],
+        arrays: Batch[np.ndarray],
         faults: np.ndarray,
         flagged: np.ndarray,
     ) -> np.ndarray:
@@ -273,8 +272,8 @@ class LoadedModel:
             kinds = self.pointer_kinds.get(FAULT_NAMES[int(faults[b])])
             if not kinds:
                 continue
-            allowed = (arrays["focus_candidate"][b] >= 0) & np.isin(
-                arrays["tok_ckind"][b], [CANDIDATE_KINDS.index(k) for k in kinds]
+            allowed = (arrays.focus_candidate[b] >= 0) & np.isin(
+                arrays.tok_ckind[b], [CANDIDATE_KINDS.index(k) for k in kinds]
             )
             weight = float(pointer[b, allowed].sum())
             if weight > 0:
@@ -284,12 +283,14 @@ class LoadedModel:
     def diagnose(
         self,
         tree: CallTree,
-        log_paths: Sequence[Path] = (),
+        alignment: AlignResult | None = None,
         case_id: str = "",
         facts: RunFacts | None = None,
     ) -> list[StepDiagnosis]:
-        """Every step of the tree, in step order; `facts`: the tree's, where the caller has them."""
-        return self.diagnose_records(case_records(tree, case_id, None, log_paths, facts))
+        """Every step of the tree, in step order. `alignment`: the run's logs and spans on its
+        steps, as the pipeline aligned them (None: traces alone); `facts`: the tree's, where the
+        caller has them."""
+        return self.diagnose_records(case_records(tree, case_id, None, alignment, facts))
 
 
 def variant_dir(name: str) -> Path:
@@ -300,7 +301,8 @@ def variant_dir(name: str) -> Path:
 def diagnose_path(
     path: str | Path, log_paths: Sequence[str | Path] = (), model_dir: str | Path | None = None
 ) -> list[StepDiagnosis]:
-    """Diagnose a case directory (traces/ and logs/ inside) or a directory of rank trace files."""
+    """Diagnose a case directory (traces/, logs/ and otlp/ inside) or a directory of rank trace
+    files; `log_paths` stand in for the case's own logs."""
     from teller.callchain.tree import build_tree
     from teller.ingest import find_trace_files, read_run
 
@@ -308,7 +310,7 @@ def diagnose_path(
     if not path.is_dir():
         raise TraceError(path, "not a directory (a case directory or a folder of rank traces)")
     case = CaseDir(path)
-    logs = [Path(p) for p in log_paths] or case.log_files()
+    logs = [Path(p) for p in log_paths] or None  # None: the case's own
     files = find_trace_files([case.trace_root()])
     if not files:
         raise TraceError(
@@ -316,7 +318,7 @@ def diagnose_path(
         )
     model = LoadedModel.load(model_dir)
     tree = build_tree(read_run(files))
-    return model.diagnose(tree, logs, case_id=path.name)
+    return model.diagnose(tree, case_alignment(tree, case, logs), case_id=path.name)
 
 
 def render(diagnoses: list[StepDiagnosis], top: int = 10) -> str:

@@ -4,16 +4,18 @@ One example is one step of one case, all ranks. Its inputs are three modalities 
 sequence of at most ``1 + 1 + max_trace_tokens + max_log_lines`` positions:
 
 * a summary position (``[CLS]``) whose output the step and explanation heads read;
-* the step's numeric features (batch composition, step time against its expected time, per-rank
-  GPU/host/comm work, the previous and next steps' times, the run's shape, and how the slowest
-  rank's kernels are slower than its peers'), projected to one position;
+* the step's numeric features (`teller.rca.inputs.STEP`: batch composition, step time against
+  its expected time, per-rank GPU/host/comm work, the previous and next steps' times, the run's
+  shape, and how the slowest rank's kernels are slower than its peers'), projected to one
+  position;
 * the step's slice as TPE tokens: for each of the localizer's top candidate nodes (every step
   has them, not only the steps the localizer flags), the tokens of its ancestor path (the
   candidate's own node is in the last one, its *focus* token), each with its vocabulary id,
   layer, rank, candidate kind, role and a few numbers (log-duration, depth, observed/normal,
   excess, z). Rank ids only say which tokens share a rank: training renames them at random
   (`teller.rca.train.relabel_ranks`), so no rank number is learned as guilty;
-* the aligned log lines: template ids hashed into a small vocabulary plus a few numeric fields.
+* the aligned log lines: template ids hashed into a small vocabulary plus a few numbers
+  (`LOG`), and the request queue at the step (`QUEUE`) in a template slot of its own.
 
 Heads, trained jointly with ``L = λ_step·L_step + λ_op·L_op + λ_explain·L_explain``:
 
@@ -31,7 +33,6 @@ Heads, trained jointly with ``L = λ_step·L_step + λ_op·L_op + λ_explain·L_
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -39,19 +40,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from teller.faults import FAULTS
 from teller.ingest.schema import LAYERS
+from teller.rca.inputs import (
+    CANDIDATE_KINDS,
+    FAULT_NAMES,
+    LOG,
+    ROLE_FOCUS,
+    STEP,
+    TOKEN,
+    Batch,
+)
 from teller.rca.words import BOS, EOS, MAX_WORDS, SPECIALS
 
-#: Fault types the explanation head chooses between, in a fixed order (saved with the model).
-FAULT_NAMES: tuple[str, ...] = tuple(FAULTS)
-#: Candidate kinds as the localizer names them; 0 is a context (non-candidate) token.
-CANDIDATE_KINDS = ("context", "compute", "arrival", "transfer")
-#: Token roles: padding, ancestor context, a candidate's own (focus) token.
-ROLE_PAD, ROLE_CONTEXT, ROLE_FOCUS = 0, 1, 2
-TOKEN_FLOATS = 6
-LOG_FLOATS = 6
-STEP_FLOATS = 43
 MAX_RANKS = 64
 BOS_ID, EOS_ID = SPECIALS.index(BOS), SPECIALS.index(EOS)
 
@@ -118,16 +118,16 @@ class RootCauseModel(nn.Module):
         d = config.d_model
         self.cls = nn.Parameter(torch.zeros(1, 1, d))
         self.modality = nn.Embedding(4, d)  # cls, numeric, trace, log
-        self.step_in = nn.Linear(STEP_FLOATS, d)
+        self.step_in = nn.Linear(STEP.width, d)
         self.kind = nn.Embedding(config.vocab_size + 1, d)
         self.layer = nn.Embedding(len(LAYERS), d)
         self.rank = nn.Embedding(MAX_RANKS, d)
         self.cand_kind = nn.Embedding(len(CANDIDATE_KINDS), d)
         self.role = nn.Embedding(3, d)
-        self.token_in = nn.Linear(TOKEN_FLOATS, d)
-        # hashed templates 1..log_vocab, then the request queue's own slot (dataset._queue_floats)
+        self.token_in = nn.Linear(TOKEN.width, d)
+        # hashed templates 1..log_vocab, then the request queue's own slot
         self.template = nn.Embedding(config.log_vocab + 2, d, padding_idx=0)
-        self.log_in = nn.Linear(LOG_FLOATS, d)
+        self.log_in = nn.Linear(LOG.width, d)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(d)
         self.step_head = nn.Linear(d, 1)
@@ -156,7 +156,7 @@ class RootCauseModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(
-        self, batch: dict[str, torch.Tensor], pointed: torch.Tensor | None = None
+        self, batch: Batch[torch.Tensor], pointed: torch.Tensor | None = None
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
         """Outputs (step logit, pointer logits, fault logits), and the losses when labels are given.
 
@@ -164,26 +164,26 @@ class RootCauseModel(nn.Module):
         there is a label (teacher forcing), else the pointer's own choice.
         """
         c = self.config
-        size = batch["step_float"].shape[0]
-        tokens = batch["tok_kind"].clamp(max=c.vocab_size)
+        size = batch.step_float.shape[0]
+        tokens = batch.tok_kind.clamp(max=c.vocab_size)
         trace = (
             self.kind(tokens)
-            + self.layer(batch["tok_layer"])
-            + self.rank(batch["tok_rank"].clamp(0, MAX_RANKS - 1))
-            + self.cand_kind(batch["tok_ckind"])
-            + self.role(batch["tok_role"])
-            + self.token_in(batch["tok_float"])
+            + self.layer(batch.tok_layer)
+            + self.rank(batch.tok_rank.clamp(0, MAX_RANKS - 1))
+            + self.cand_kind(batch.tok_ckind)
+            + self.role(batch.tok_role)
+            + self.token_in(batch.tok_float)
             + self.modality.weight[2]
         )
-        trace_keep = batch["tok_role"] > 0
-        step = (self.step_in(batch["step_float"]) + self.modality.weight[1])[:, None]
+        trace_keep = batch.tok_role > 0
+        step = (self.step_in(batch.step_float) + self.modality.weight[1])[:, None]
         step_keep = torch.full((size, 1), c.use_numeric, dtype=torch.bool)
         logs = (
-            self.template(batch["log_template"])
-            + self.log_in(batch["log_float"])
+            self.template(batch.log_template)
+            + self.log_in(batch.log_float)
             + self.modality.weight[3]
         )
-        log_keep = (batch["log_template"] > 0) & c.use_logs
+        log_keep = (batch.log_template > 0) & c.use_logs
         cls = (self.cls + self.modality.weight[0]).expand(size, 1, -1)
         x = torch.cat([cls, step, trace, logs], dim=1)
         keep = torch.cat([torch.ones_like(step_keep), step_keep, trace_keep, log_keep], dim=1)
@@ -193,22 +193,26 @@ class RootCauseModel(nn.Module):
         summary = x[:, 0]
         trace_out = x[:, 2 : 2 + trace.shape[1]]
         step_logit = self.step_head(summary).squeeze(-1)
-        focus = batch["tok_role"] == ROLE_FOCUS
+        focus = batch.tok_role == ROLE_FOCUS
         pointer = self.pointer_head(trace_out).squeeze(-1).masked_fill(~focus, -1e9)
         if pointed is None:
-            pointed = batch.get("y_ptr", torch.full((size,), -1, dtype=torch.long))
+            pointed = batch.y_ptr
+            if pointed is None:
+                pointed = torch.full((size,), -1, dtype=torch.long)
             pointed = torch.where(pointed >= 0, pointed, pointer.argmax(-1))
         outputs = {"step_logit": step_logit, "pointer": pointer, "summary": summary}
         outputs["trace_out"], outputs["has_focus"] = trace_out, focus.any(-1, keepdim=True)
         outputs.update(self.read_pointed(outputs, pointed))
-        if c.words and "y_words" in batch:  # teacher forcing: the labelled node and fault type
-            rows = (batch["y_step"] > 0) & (batch["y_words"][:, 0] > 0)  # anomalous, worded
+        if (
+            c.words and batch.y_words is not None
+        ):  # teacher forcing: the labelled node and fault type
+            rows = (batch.y_step > 0) & (batch.y_words[:, 0] > 0)  # anomalous, worded
             condition = self.condition_of(
-                summary[rows], outputs["chosen"][rows], batch["y_fault"][rows]
+                summary[rows], outputs["chosen"][rows], batch.y_fault[rows]
             )
             outputs["word_rows"] = rows
-            outputs["word_logits"] = self.decode_step(condition, batch["y_words"][rows, :-1])
-        if "y_step" not in batch:
+            outputs["word_logits"] = self.decode_step(condition, batch.y_words[rows, :-1])
+        if batch.y_step is None:
             return outputs, None
         return outputs, self.losses(outputs, batch)
 
@@ -225,25 +229,25 @@ class RootCauseModel(nn.Module):
         return {"chosen": chosen, "fault_logits": fault_logits}
 
     def losses(
-        self, outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
+        self, outputs: dict[str, torch.Tensor], batch: Batch[torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         c = self.config
         step_loss = F.binary_cross_entropy_with_logits(
             outputs["step_logit"],
-            batch["y_step"],
+            batch.y_step,
             pos_weight=torch.tensor(c.pos_weight),
         )
-        has_target = batch["y_ptr"] >= 0
+        has_target = batch.y_ptr >= 0
         op_loss = (
-            F.cross_entropy(outputs["pointer"][has_target], batch["y_ptr"][has_target])
+            F.cross_entropy(outputs["pointer"][has_target], batch.y_ptr[has_target])
             if has_target.any()
             else outputs["pointer"].sum() * 0.0
         )
         # the fault type only matters on anomalous steps (the step head tells faults from none):
         # fitting it on every step would spend the head on the many normal ones
-        faulty = batch["y_step"] > 0
+        faulty = batch.y_step > 0
         explain_loss = (
-            F.cross_entropy(outputs["fault_logits"][faulty], batch["y_fault"][faulty])
+            F.cross_entropy(outputs["fault_logits"][faulty], batch.y_fault[faulty])
             if faulty.any()
             else outputs["fault_logits"].sum() * 0.0
         )
@@ -251,7 +255,7 @@ class RootCauseModel(nn.Module):
             logits = outputs["word_logits"]
             explain_loss = explain_loss + F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]),
-                batch["y_words"][outputs["word_rows"], 1:].reshape(-1),
+                batch.y_words[outputs["word_rows"], 1:].reshape(-1),
                 ignore_index=0,
             )
         total = c.lambda_step * step_loss + c.lambda_op * op_loss + c.lambda_explain * explain_loss
@@ -289,12 +293,3 @@ class RootCauseModel(nn.Module):
             if done.all():
                 break
         return words
-
-
-def log_bucket(template_id: int, buckets: int) -> int:
-    """Hashed template id in 1..buckets (0 is padding); template ids are already hashes."""
-    return 1 + int(template_id) % buckets
-
-
-def safe_log_ratio(observed: float, normal: float) -> float:
-    return math.log(max(observed, 1.0) / max(normal, 1.0))

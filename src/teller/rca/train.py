@@ -37,14 +37,13 @@ from tqdm import tqdm
 from teller.errors import TellerError
 from teller.layout import labelled_case_dirs
 from teller.rca.dataset import encode, read_case_records, train_vocab
-from teller.rca.model import CANDIDATE_KINDS, FAULT_NAMES, MAX_RANKS, ModelConfig, RootCauseModel
+from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, Batch
+from teller.rca.model import MAX_RANKS, ModelConfig, RootCauseModel
 from teller.rca.words import WordVocab
 from teller.tpe.tokenizer import TPE
 
-# 2: the explanation decoder (words.json); 3: candidates on every step; 4: ensembles ("members"),
-# and substituted or new kernels always among a step's candidates; 5: transfer features and the
-# queue token; 6: the step's transfer as a candidate, and the pointer's kinds per fault type
-# 7: the KV cache's fill in the queue token, and the kernel scatter against the run's usual
+#: The checkpoint format: a checkpoint of another format does not load (its inputs differ;
+#: default_model/README.md says how each format changed them).
 FORMAT = "teller.rca/7"
 
 
@@ -87,8 +86,8 @@ def find_case_dirs(roots: list[str]) -> list[Path]:
     return dirs
 
 
-def load_dataset(config: TrainConfig) -> tuple[dict[str, np.ndarray], TPE, WordVocab, int]:
-    """Encoded arrays, the vocabularies (TPE, explanation words) and the case count; from the
+def load_dataset(config: TrainConfig) -> tuple[Batch[np.ndarray], TPE, WordVocab, int]:
+    """The encoded batch, the vocabularies (TPE, explanation words) and the case count; from the
     cache when it has them.
 
     The cache holds both encodings (TPE and raw nodes) of one read, so the ablations cost no
@@ -101,7 +100,7 @@ def load_dataset(config: TrainConfig) -> tuple[dict[str, np.ndarray], TPE, WordV
     name = "arrays-raw.npz" if config.raw_nodes else "arrays.npz"
     if cache is not None and (cache / name).is_file():
         with np.load(cache / name, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
+            arrays = Batch.from_arrays({k: data[k] for k in data.files})
         return arrays, TPE.load(cache / "tpe.json"), WordVocab.load(cache / "words.json"), len(dirs)
     records = []
     with ProcessPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else _Serial() as pool:
@@ -119,7 +118,7 @@ def load_dataset(config: TrainConfig) -> tuple[dict[str, np.ndarray], TPE, WordV
         words.save(cache / "words.json")
         for raw, file in ((False, "arrays.npz"), (True, "arrays-raw.npz")):
             arrays = encode(records, tpe, raw=raw, log_vocab=log_vocab, words=words)
-            np.savez(cache / file, **arrays)
+            np.savez(cache / file, **arrays.arrays())
     arrays = encode(records, tpe, raw=config.raw_nodes, log_vocab=log_vocab, words=words)
     return arrays, tpe, words, len(dirs)
 
@@ -160,8 +159,8 @@ def train(config: TrainConfig) -> TrainResult:
     return TrainResult(
         out=Path(config.out),
         cases=cases,
-        examples=len(arrays["y_step"]),
-        anomalous=int(arrays["y_step"].sum()),
+        examples=len(arrays),
+        anomalous=int(arrays.y_step.sum()),
         losses=np.mean([losses for _, losses in fitted], axis=0).tolist(),  # members' mean
         seconds=time.perf_counter() - started,
         params=sum(m.num_params() for m in models),
@@ -169,7 +168,7 @@ def train(config: TrainConfig) -> TrainResult:
 
 
 def _fit_member(
-    job: tuple[TrainConfig, dict[str, np.ndarray], int],
+    job: tuple[TrainConfig, Batch[np.ndarray], int],
 ) -> tuple[RootCauseModel, list[float]]:
     """One model trained from `seed` on the encoded arrays: (model, mean loss per epoch).
 
@@ -179,11 +178,11 @@ def _fit_member(
     torch.manual_seed(seed)
     torch.set_num_threads(1)  # bit-for-bit the same weights for the same seed
     model = RootCauseModel(config.model)
-    tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    tensors = arrays.map(torch.from_numpy)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
-    count = len(arrays["y_step"])
+    count = len(arrays)
     generator = torch.Generator().manual_seed(seed)
     losses = []
     show = config.progress and (config.members == 1 or config.jobs == 1)
@@ -194,17 +193,17 @@ def _fit_member(
         order = torch.randperm(count, generator=generator)
         total = 0.0
         for start in range(0, count, config.batch_size):
-            batch = {k: v[order[start : start + config.batch_size]] for k, v in tensors.items()}
+            batch = tensors.rows(order[start : start + config.batch_size])
             if config.log_dropout > 0:
-                drop = torch.rand(len(batch["y_step"]), generator=generator) < config.log_dropout
-                batch["log_template"] = batch["log_template"].masked_fill(drop[:, None], 0)
+                drop = torch.rand(len(batch), generator=generator) < config.log_dropout
+                batch.log_template = batch.log_template.masked_fill(drop[:, None], 0)
             if config.shuffle_ranks:
-                batch["tok_rank"] = relabel_ranks(batch["tok_rank"], generator)
+                batch.tok_rank = relabel_ranks(batch.tok_rank, generator)
             _, loss = model(batch)
             optimizer.zero_grad(set_to_none=True)
             loss["total"].backward()
             optimizer.step()
-            total += float(loss["total"].detach()) * len(batch["y_step"])
+            total += float(loss["total"].detach()) * len(batch)
         losses.append(total / count)
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
     model.eval()
@@ -215,7 +214,7 @@ def _fit_member(
 MIN_KIND_SHARE = 0.05
 
 
-def pointer_kinds(arrays: dict[str, np.ndarray]) -> dict[str, list[str]]:
+def pointer_kinds(arrays: Batch[np.ndarray]) -> dict[str, list[str]]:
     """fault type → the candidate kinds its guilty node had in training (each in at least
     `MIN_KIND_SHARE` of the type's steps with a guilty candidate).
 
@@ -224,10 +223,10 @@ def pointer_kinds(arrays: dict[str, np.ndarray]) -> dict[str, list[str]]:
     never a matmul; the pointer alone, on a step whose transfer grew by microseconds, can settle
     on the step's largest compute and name an operator the explanation's own fault type rules
     out. The table is what the training cases showed, not a rule written by hand."""
-    pointed = (arrays["y_step"] > 0) & (arrays["y_ptr"] >= 0)
+    pointed = (arrays.y_step > 0) & (arrays.y_ptr >= 0)
     rows = np.flatnonzero(pointed)
-    kinds = arrays["tok_ckind"][rows, arrays["y_ptr"][rows]]
-    faults = arrays["y_fault"][rows]
+    kinds = arrays.tok_ckind[rows, arrays.y_ptr[rows]]
+    faults = arrays.y_fault[rows]
     out: dict[str, list[str]] = {}
     for f in np.unique(faults).tolist():
         counts = np.bincount(kinds[faults == f], minlength=len(CANDIDATE_KINDS))
