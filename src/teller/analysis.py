@@ -177,7 +177,9 @@ class Analysis:
                 model = run_model(self.tree, self.alignment, self.model_dir, case_id, self.facts)
             except ModelUnavailable as error:
                 notes.append(unavailable_note(error))
-        return diagnose(self.tree, self.localization, self.alignment, self.inputs, model, notes)
+        return diagnose(
+            self.tree, self.localization, self.alignment, self.inputs, model, notes, self.facts
+        )
 
     def diagnose(self) -> Verdict:
         """Slow steps, the guilty operator and rank for each, the explanation and the evidence.

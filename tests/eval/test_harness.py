@@ -180,6 +180,8 @@ def test_judge_explanation() -> None:
         "cpu_contention", "Rank 1's CPU is contended: aten::mm stretches.", "aten::mm", 1
     )
     assert judge_explanation(right, labels()) == ExplanationVerdict(True, True, True, 1.0)
+    # free text is no plan's sentence: not well-formed, and so not in agreement with the heads
+    assert not judge_explanation(right, labels()).well_formed
     # words that name a rank the pointer did not pick are unfaithful, whatever the pick
     stray = StepExplanation("straggler", "Rank 2 waits for rank 1 in aten::mm.", "aten::mm", 1)
     verdict = judge_explanation(stray, labels())

@@ -10,6 +10,7 @@ from teller.eval.metrics import (
     StepTruth,
     StepVerdict,
     accuracy_at_k,
+    agreement,
     average_at_k,
     false_alarm_rate,
     joint_prf,
@@ -176,3 +177,32 @@ def test_an_operator_name_as_right_as_the_labelled_one_counts() -> None:
     assert position_of(ranked, launches) == 2
     assert position_of(ranked, "cudaLaunchKernel") is None
     assert accuracy_at_k([ranked], [launches], 2) == 1.0
+
+
+def test_agreement_reads_the_plans_fault_rank_and_operator() -> None:
+    from teller.rca.plans import example, render
+
+    observed = render("observed.slow", step=3, kind="decode", dur=9e6, rank=1, expected=3e6)
+    evidence = render(
+        "evidence.temporal_peer",
+        rank=1,
+        op="aten::mm",
+        observed=6e6,
+        normal=1e6,
+        peers=1e6,
+        peer_rank=0,
+    )
+    share = render("share.excess", named=5e6, share=5 / 6, excess=6e6)
+    text = " ".join([observed, evidence, render("cause.cpu_contention", rank=1), share])
+    said = agreement(text, "cpu_contention", "aten::mm", 1)
+    assert said.agrees and said.excess_explained == pytest.approx(0.83)
+    assert names_exactly(text, "aten::mm", 1)  # rank 0 is named only as the peer it is
+    assert not agreement(text, "straggler", "aten::mm", 1).fault
+    assert not agreement(text, "cpu_contention", "aten::mm", 0).rank
+    assert not agreement(text, "cpu_contention", "aten::bmm", 1).operator
+    assert not agreement(
+        text + " It shows in aten::mm.", "cpu_contention", "aten::mm", 1
+    ).well_formed
+    # the share of the operator the rest went to adds to the pointed node's, capped at all of it
+    rest = example("share.rest_operator")  # 81% + 79%
+    assert agreement(rest, None, None, None).excess_explained == 1.0

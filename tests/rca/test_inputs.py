@@ -52,8 +52,9 @@ def test_a_batch_round_trips_through_its_arrays_and_drops_its_labels_for_inferen
     batch.step_float[1, STEP["z"]] = 0.5
     again = Batch.from_arrays(batch.arrays())
     assert all(np.array_equal(v, again.arrays()[k]) for k, v in batch.arrays().items())
-    assert "y_words" not in batch.arrays()  # absent labels are not stored
+    assert "y_mechanism" not in Batch.blank(3, labels=False).arrays()  # absent: not stored
     bare = batch.inputs()
-    assert bare.y_step is None and bare.y_ptr is None and len(bare) == 3
+    assert bare.y_step is None and bare.y_ptr is None and bare.y_mechanism is None
+    assert len(bare) == 3
     picked = batch.rows(np.array([1]))
     assert len(picked) == 1 and picked.step_float[0, STEP["z"]] == 0.5

@@ -12,7 +12,10 @@ is flagged (and, for horizontal faults, the rank is right).
 Methods that explain their flagged steps (`Localization.explanations`, the root-cause model) are
 also judged on their words, over the true-positive steps of fault cases: fault type right,
 faithful (the text names exactly the operator and rank the method picked), grounded right (the
-pick is the labelled operator and rank) and ROUGE-L F against the label's reference sentence.
+pick is the labelled operator and rank), ROUGE-L F against the label's reference sentence,
+well-formed (the text parses under the sentence-plan grammar), agreement (its fault type, rank
+and operator are the method's heads') and excess explained (the share of the step's excess its
+named evidence accounts for, `teller.eval.metrics.agreement`).
 Every other method's explanation figures stay None, so the scoreboard shows them as absent.
 """
 
@@ -32,6 +35,7 @@ from teller.eval.metrics import (
     StepTruth,
     StepVerdict,
     accuracy_at_k,
+    agreement,
     average_at_k,
     false_alarm_rate,
     joint_prf,
@@ -53,6 +57,9 @@ class ExplanationVerdict:
     faithful: bool  # names exactly the operator and rank the method picked, no other rank
     grounded_right: bool  # the pick is the labelled operator and rank (or the label names none)
     rouge_l: float  # F against the label's reference sentence
+    well_formed: bool = False  # parses under the plan grammar (`teller.rca.plans`)
+    agrees: bool = False  # well-formed, and its fault type, rank and operator are the method's
+    excess_explained: float | None = None  # share of the step's excess its evidence accounts for
 
 
 def judge_explanation(
@@ -66,11 +73,15 @@ def judge_explanation(
         explanation.operator in equivalent_operators(labels)
         and (labels.guilty_rank is None or explanation.rank in equivalent_ranks(labels))
     )
+    said = agreement(explanation.text, explanation.fault, explanation.operator, explanation.rank)
     return ExplanationVerdict(
         fault_right=explanation.fault == labels.fault,
         faithful=names_exactly(explanation.text, explanation.operator, explanation.rank),
         grounded_right=grounded,
         rouge_l=rouge_l(explanation.text, labels.explanation),
+        well_formed=said.well_formed,
+        agrees=said.agrees,
+        excess_explained=said.excess_explained,
     )
 
 
@@ -120,6 +131,9 @@ class Row:
     faithful: float | None = None
     grounded_right: float | None = None
     rouge_l: float | None = None
+    well_formed: float | None = None
+    agreement: float | None = None  # text agrees with the heads: fault type, rank, operator
+    excess_explained: float | None = None  # mean over the explanations that state a share
 
 
 @dataclass
@@ -269,6 +283,11 @@ def _explanation_figures(
         "faithful": mean([v.faithful for v in verdicts]),
         "grounded_right": mean([v.grounded_right for v in verdicts]),
         "rouge_l": mean([v.rouge_l for v in verdicts]),
+        "well_formed": mean([v.well_formed for v in verdicts]),
+        "agreement": mean([v.agrees for v in verdicts]),
+        "excess_explained": mean(
+            [v.excess_explained for v in verdicts if v.excess_explained is not None]
+        ),
     }
 
 

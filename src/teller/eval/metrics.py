@@ -18,7 +18,17 @@ difference on the scoreboard is a difference in the method, never in the arithme
   reference ``rouge-score`` tokenizer splits them), P = LCS / candidate tokens, R = LCS / reference
   tokens, F with β = 1. A side without tokens gives 0 (as ``rouge-score`` does).
 * Faithfulness of one explanation: its text names the operator the method picked and the picked
-  rank (as ``rank N`` or ``GPU N``), and no other rank.
+  rank (as ``rank N`` or ``GPU N``), and no other rank. An explanation made of sentence plans
+  (`teller.rca.plans`) names other ranks only in the slots that say whose they are (a peer's time
+  for the operator, the rank that lost the rest of the excess): its faithfulness is read from
+  its parsed slots.
+* Well-formed: the text parses under the plan grammar (`teller.rca.plans.parse`).
+* Agreement with the heads: the text parses, every fault type it states is the method's, every
+  rank slot holds the picked rank and every operator slot the picked operator.
+* Excess explained: the share of the step's excess the named evidence accounts for, as the
+  explanation's share sentence states it (the pointed node's share, plus the share of the
+  operator it says the rest went to), capped at 1; None for an explanation without one (a step
+  no slower than its batch, a hang).
 """
 
 from __future__ import annotations
@@ -26,6 +36,9 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+
+from teller.faults import FAULT_FREE
+from teller.rca.plans import PLANS, Said, operator_text, parse
 
 
 @dataclass(frozen=True)
@@ -209,11 +222,79 @@ def names_exactly(text: str, operator: str | None, rank: int | None) -> bool:
 
     The operator must appear verbatim (when one was picked) and the rank as ``rank N``/``GPU N``
     (when one was picked); any other rank named is unfaithful. Digits inside the operator's own
-    name are not read as a rank.
+    name are not read as a rank. A text made of sentence plans is judged on its slots: the
+    operator and rank slots hold the pick (and some sentence names it), and other ranks appear
+    only in the slots that say whose they are.
     """
+    said = parse(text)
+    if said is not None:
+        return _names_in_slots(said, operator, rank)
     if operator is not None:
         if operator not in text:
             return False
         text = text.replace(operator, " ")
     named = {int(n) for n in RANK_MENTION.findall(text)}
     return named == ({rank} if rank is not None else set())
+
+
+def _slot_values(said: list[Said], name: str) -> set[str]:
+    return {s.slots[name] for s in said if name in s.slots}
+
+
+def _names_in_slots(said: list[Said], operator: str | None, rank: int | None) -> bool:
+    operators, ranks = _slot_values(said, "op"), _slot_values(said, "rank")
+    want_op = {operator_text(operator)} if operator is not None else set()
+    want_rank = {str(rank)} if rank is not None else set()
+    return operators == want_op and ranks == want_rank
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How one explanation's text agrees with the heads that produced it."""
+
+    well_formed: bool
+    fault: bool  # every fault type the text states is the method's
+    rank: bool  # every rank slot holds the picked rank
+    operator: bool  # every operator slot holds the picked operator
+    excess_explained: float | None
+
+    @property
+    def agrees(self) -> bool:
+        return self.well_formed and self.fault and self.rank and self.operator
+
+
+def agreement(text: str, fault: str | None, operator: str | None, rank: int | None) -> Agreement:
+    """Whether `text` parses under the plan grammar and states the heads' fault, rank and
+    operator (module docstring)."""
+    said = parse(text)
+    if said is None:
+        return Agreement(False, False, False, False, None)
+    stated = {PLANS[s.plan].fault for s in said} - {None}
+    head = {fault} if fault is not None and fault not in FAULT_FREE else set()
+    ranks, operators = _slot_values(said, "rank"), _slot_values(said, "op")
+    return Agreement(
+        well_formed=True,
+        fault=stated <= head,
+        rank=ranks <= ({str(rank)} if rank is not None else set()),
+        operator=operators <= ({operator_text(operator)} if operator is not None else set()),
+        excess_explained=_excess_explained(said),
+    )
+
+
+def _share_value(text: str) -> float:
+    if text == "all":
+        return 1.0
+    if text == "<1%":
+        return 0.005
+    return float(text.rstrip("%")) / 100
+
+
+def _excess_explained(said: list[Said]) -> float | None:
+    shares = [s for s in said if s.plan.startswith("share.")]
+    if not shares:
+        return None
+    slots = shares[0].slots
+    total = _share_value(slots["share"])
+    if "other_share" in slots:
+        total += _share_value(slots["other_share"])
+    return min(total, 1.0)

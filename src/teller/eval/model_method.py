@@ -17,11 +17,12 @@ from teller.localize import (
     OperatorCandidate,
     StepExplanation,
     StepScore,
-    hang_explanation,
     unfinished_step,
 )
+from teller.rca.context import RunContext
 from teller.rca.dataset import case_records
-from teller.rca.infer import LoadedModel
+from teller.rca.explain import compose
+from teller.rca.infer import LoadedModel, explain_diagnoses
 
 
 class RootCauseMethod:
@@ -52,9 +53,12 @@ class RootCauseMethod:
         the explanation with the node it names (`Localization.explanations`); `facts`: the
         tree's `RunFacts` where the caller has them."""
         alignment = logs.aligned if logs is not None else None
+        facts = RunFacts.of(tree, facts)
         records = case_records(tree, "", None, alignment, facts)
+        diagnoses = self.model_.diagnose_records(records, pool_faults=self.pool_faults)
+        explain_diagnoses(tree, facts, diagnoses, has_logs=alignment is not None)
         steps, candidates, explanations = [], {}, {}
-        for d in self.model_.diagnose_records(records, pool_faults=self.pool_faults):
+        for d in diagnoses:
             steps.append(
                 StepScore(d.iteration, "", d.dur_ns, d.expected_ns, d.probability, d.anomalous)
             )
@@ -88,9 +92,10 @@ class RootCauseMethod:
             step, candidate = hang
             steps.append(step)
             candidates[step.iteration] = [candidate]
+            hung = RunContext(tree, facts, (), alignment is not None).context(step, candidate)
             explanations[step.iteration] = StepExplanation(
                 fault="collective_hang",
-                text=hang_explanation(step, candidate),
+                text=compose(hung, "collective_hang").text,
                 operator=candidate.operator,
                 rank=candidate.rank,
             )

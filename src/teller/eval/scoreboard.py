@@ -23,7 +23,10 @@ EXPLANATIONS_NOTE = (
     "Explanations are judged on the true-positive steps of fault cases: fault type right; "
     "faithful (the text names exactly the operator and rank the method's pointer picked, and no "
     "other rank); grounded right (the pick is the labelled operator and rank, or the label names "
-    "no operator); ROUGE-L F against the label's reference sentence."
+    "no operator); ROUGE-L F against the label's reference sentence; well-formed (the text "
+    "parses under the sentence-plan grammar, docs/explanations.md); agreement (its fault type, "
+    "rank and operator are the method's heads'); excess explained (the share of the step's "
+    "excess the named evidence accounts for, over the explanations that state one)."
 )
 
 
@@ -36,13 +39,15 @@ def _explanation_table(rows: list[Row]) -> list[str]:
         "",
         "Explanations:",
         "",
-        "| method | steps explained | fault type right | faithful | grounded right | ROUGE-L F |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| method | steps explained | fault type right | faithful | grounded right | ROUGE-L F "
+        "| well-formed | agreement | excess explained |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in explaining:
         lines.append(
             f"| {r.method} | {r.explained_steps} | {_cell(r.fault_type_right)} "
-            f"| {_cell(r.faithful)} | {_cell(r.grounded_right)} | {_cell(r.rouge_l)} |"
+            f"| {_cell(r.faithful)} | {_cell(r.grounded_right)} | {_cell(r.rouge_l)} "
+            f"| {_cell(r.well_formed)} | {_cell(r.agreement)} | {_cell(r.excess_explained)} |"
         )
     return lines
 

@@ -24,17 +24,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from teller.callchain.facts import RunFacts
-from teller.callchain.render import format_ns, short_name
+from teller.callchain.render import short_name
 from teller.callchain.tree import CallTree
 from teller.errors import TellerError
-from teller.faults import view_of
+from teller.faults import FAULTS, view_of
 from teller.ingest.schema import LAYERS
-from teller.localize import (
-    Localization,
-    OperatorCandidate,
-    StepScore,
-    hang_explanation,
-)
+from teller.localize import Localization, OperatorCandidate, StepScore
+from teller.rca.context import RunContext
+from teller.rca.explain import choose_mechanism, compose
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -111,25 +108,30 @@ def diagnose(
     inputs: RunInputs,
     model: ModelOutcome | None = None,
     notes: Sequence[str] = (),
+    facts: RunFacts | None = None,
 ) -> Verdict:
     """The run's verdict: the model's where `model` is given, else the localizer's alone.
 
     Every argument is a stage's output, computed once by whoever runs the pipeline (the
     `Analysis` facade, the evaluation harness); `notes` are warnings the caller adds (the model
-    that could not be loaded)."""
+    that could not be loaded); `facts`: the tree's `RunFacts`, which the explanations read."""
+    has_logs = bool(inputs.log_files) or alignment is not None
     if model is not None:
         # a hang's unfinished step has no step record for the model: the localizer's finding
         unfinished = [s for s in localization.anomalous_steps() if s.kind == "unfinished"]
-        findings = by_incident(
-            _findings(tree, localization, unfinished)
-            + _model_findings(tree, localization, model.diagnoses)
-        )
         flagged = {d.iteration for d in model.diagnoses if d.anomalous}
+        drafts = _drafts(tree, localization, unfinished) + _model_drafts(
+            localization, model.diagnoses
+        )
         produced_by = f"model:{model.name}"
     else:
-        findings = by_incident(_findings(tree, localization))
         flagged = {s.iteration for s in localization.anomalous_steps()}
+        drafts = _drafts(tree, localization)
         produced_by = "localizer"
+    normal = {s.iteration for s in localization.steps if s.iteration not in flagged}
+    context = RunContext(tree, facts, normal, has_logs)
+    one_incident_per_cause(drafts, context)
+    findings = by_incident([_finding(tree, context, d) for d in drafts])
     _attach_logs(alignment, findings)
     return Verdict(
         inputs=[str(p) for p in inputs.trace_files],
@@ -188,46 +190,136 @@ def unavailable_note(error: ModelUnavailable) -> str:
     return f"{MODEL_UNAVAILABLE} ({error}); the verdict is the numeric localizer's alone"
 
 
-def _model_findings(
-    tree: CallTree, localization: Localization, diagnoses: list[StepDiagnosis]
-) -> list[Finding]:
-    """One finding per step the model flags, most probable first: the step and the fault are the
+@dataclass
+class _Draft:
+    """A flagged step before it becomes a finding: its ranked candidates (with the model
+    pointer's probabilities, or None under the localizer), which of them the finding names, the
+    fault type, and the explanation head's mechanism scores (None: the fault's default)."""
+
+    score: StepScore
+    ranked: list[tuple[OperatorCandidate, float | None]]
+    fault: str | None
+    view: str
+    probability: float | None = None
+    mechanism_scores: Sequence[float] | None = None
+    chosen: int = 0  # index into `ranked` of the named candidate
+    order: float = 0.0  # the order findings arrive in (by_incident keeps it within a run)
+
+    @property
+    def top(self) -> OperatorCandidate | None:
+        return self.ranked[self.chosen][0] if self.ranked else None
+
+
+def _model_drafts(localization: Localization, diagnoses: list[StepDiagnosis]) -> list[_Draft]:
+    """One draft per step the model flags, most probable first: the step and the fault are the
     model's, the operator and rank are its pointer's pick among the localizer's candidates, and
     the numbers (step z-score, each candidate's observed time against normal) are the localizer's."""
-    name_of_step = {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
     score_of = {s.iteration: s for s in localization.steps}
     flagged = [d for d in diagnoses if d.anomalous]
     z_of = {
         d.iteration: score_of[d.iteration].z if d.iteration in score_of else 0.0 for d in flagged
     }
-    findings = []
+    drafts = []
     for d in sorted(flagged, key=lambda d: (-d.probability, -z_of[d.iteration])):
-        top = d.candidates[0][0] if d.candidates else None
-        step = score_of.get(d.iteration)
-        head = (
-            f"Step {d.iteration} ({step.kind if step else 'step'}) took {format_ns(d.dur_ns)} "
-            f"against {format_ns(d.expected_ns)} expected for its batch."
+        known = score_of.get(d.iteration)
+        score = StepScore(
+            iteration=d.iteration,
+            kind=known.kind if known else "step",
+            dur_ns=d.dur_ns,
+            expected_ns=d.expected_ns,
+            z=z_of[d.iteration],
+            anomalous=True,
         )
-        findings.append(
-            Finding(
-                step=d.iteration,
-                step_name=name_of_step.get(d.iteration, ""),
-                step_kind=step.kind if step else "step",
-                step_dur_ns=d.dur_ns,
-                step_expected_ns=d.expected_ns,
-                score=_rounded_z(z_of[d.iteration]),
-                probability=round(d.probability, 4),
-                rank=top.rank if top else None,
-                operator=top.operator if top else None,
-                operator_node=top.node if top else None,
-                fault_type=d.fault,
+        drafts.append(
+            _Draft(
+                score=score,
+                ranked=[(c, p) for c, p in d.candidates],
+                fault=d.fault,
                 view=view_of(d.fault),
-                explanation=f"{head} {d.explanation}",
-                candidates=[_candidate(c, probability) for c, probability in d.candidates],
-                evidence=[_evidence(c) for c, _ in d.candidates[:3]],
+                probability=round(d.probability, 4),
+                mechanism_scores=d.mechanism_scores,
+                order=-d.probability,
             )
         )
-    return findings
+    return drafts
+
+
+def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
+    """The finding of one draft, its explanation composed from the step's measured facts."""
+    name_of_step = _step_names(tree)
+    top = draft.top
+    ranked = draft.ranked
+    if draft.chosen:  # the named candidate leads the evidence
+        ranked = [ranked[draft.chosen], *ranked[: draft.chosen], *ranked[draft.chosen + 1 :]]
+    step_context = context.context(draft.score, top, [c for c, _ in ranked])
+    mechanism = choose_mechanism(step_context, draft.fault, draft.mechanism_scores)
+    explanation = compose(step_context, draft.fault, mechanism)
+    return Finding(
+        step=draft.score.iteration,
+        step_name=name_of_step.get(draft.score.iteration, ""),
+        step_kind=draft.score.kind,
+        step_dur_ns=draft.score.dur_ns,
+        step_expected_ns=draft.score.expected_ns,
+        score=_rounded_z(draft.score.z),
+        probability=draft.probability,
+        rank=top.rank if top else None,
+        operator=top.operator if top else None,
+        operator_node=top.node if top else None,
+        fault_type=draft.fault,
+        view=draft.view,
+        explanation=explanation.text,
+        candidates=[_candidate(c, p) for c, p in ranked],
+        evidence=[_evidence(c) for c, _ in ranked[:3]],
+    )
+
+
+def _step_names(tree: CallTree) -> dict[int, str]:
+    return {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
+
+
+#: Fault types whose guilty rank makes its tensor-parallel peers wait at the collectives: in a
+#: lock-stepped group their symptom (a slow step, long collectives) shows on every rank.
+LOCKSTEP_FAULTS = frozenset(f for f, view in FAULTS.items() if view == "V") | {"straggler"}
+
+
+#: A peer keeps its own finding in a step where it was late by this share of the step's excess
+#: (beyond its own wait there): a second cause, not the straggler's symptom.
+OWN_LATENESS = 0.5
+
+
+def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
+    """In a lock-stepped group, one cause is one incident: the drafts of one fault type that
+    blame a rank which, in its step, waited for its peers longer than it was late, are re-pointed
+    at the straggler's best candidate in that step.
+
+    The straggler is the rank that arrives last and waits least over the fault type's flagged
+    steps (lateness minus wait, summed); a rank that was itself late in a step keeps its finding
+    there when that lateness (less its wait) is `OWN_LATENESS` of the step's excess. Why: a peer's collective is long because it waits, and under a CPU-run collective
+    (gloo) its own share of the transfer waits on the straggler too, so a pointer can name the
+    peer's all-reduce; it is the same cause, not a second incident."""
+    by_fault: dict[str, list[_Draft]] = {}
+    for draft in drafts:
+        if draft.top is not None and draft.score.kind != "unfinished" and draft.fault:
+            by_fault.setdefault(draft.fault, []).append(draft)
+    for fault, group in by_fault.items():
+        if fault not in LOCKSTEP_FAULTS or len({d.top.rank for d in group}) < 2:
+            continue
+        totals = context.lateness_and_wait([d.score.iteration for d in group])
+        if not totals:
+            continue
+        straggler = max(totals, key=lambda r: totals[r][0] - totals[r][1])
+        if totals[straggler][0] <= totals[straggler][1]:
+            continue  # no rank is clearly the late one
+        for draft in group:
+            rank = draft.top.rank
+            if rank == straggler:
+                continue
+            late, wait = context.lateness_and_wait([draft.score.iteration]).get(rank, (0.0, 0.0))
+            if late - wait >= OWN_LATENESS * max(draft.score.dur_ns - draft.score.expected_ns, 0):
+                continue
+            theirs = [i for i, (c, _) in enumerate(draft.ranked) if c.rank == straggler]
+            if theirs:
+                draft.chosen = theirs[0]
 
 
 def _candidate(c: OperatorCandidate, probability: float | None = None) -> dict:
@@ -282,12 +374,11 @@ def _step_rows(tree: CallTree, localization: Localization, flagged: set[int]) ->
     return rows
 
 
-def _findings(
+def _drafts(
     tree: CallTree, localization: Localization, steps: list[StepScore] | None = None
-) -> list[Finding]:
-    """One finding per anomalous step of the localizer (or per step of `steps`), worst first."""
-    name_of_step = {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
-    findings = []
+) -> list[_Draft]:
+    """One draft per anomalous step of the localizer (or per step of `steps`), worst first."""
+    drafts = []
     chosen = localization.anomalous_steps() if steps is None else steps
     for step in sorted(chosen, key=lambda s: -s.z):
         candidates = localization.candidates.get(step.iteration, [])
@@ -295,25 +386,16 @@ def _findings(
         fault_type, view = _fault_type(tree, top)
         if step.kind == "unfinished":
             fault_type, view = "collective_hang", "H"
-        findings.append(
-            Finding(
-                step=step.iteration,
-                step_name=name_of_step.get(step.iteration, ""),
-                step_kind=step.kind,
-                step_dur_ns=step.dur_ns,
-                step_expected_ns=step.expected_ns,
-                score=round(step.z, 2),
-                rank=top.rank if top else None,
-                operator=top.operator if top else None,
-                operator_node=top.node if top else None,
-                fault_type=fault_type,
+        drafts.append(
+            _Draft(
+                score=step,
+                ranked=[(c, None) for c in candidates],
+                fault=fault_type,
                 view=view,
-                explanation=_explain(step, top, fault_type, peers=len(set(tree.rank.tolist())) > 1),
-                candidates=[_candidate(c) for c in candidates],
-                evidence=[_evidence(c) for c in candidates[:3]],
+                order=-step.z,
             )
         )
-    return findings
+    return drafts
 
 
 #: Log lines shown per finding, most severe and most surely placed first.
@@ -369,42 +451,6 @@ def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | No
     return "cpu_contention", "V"
 
 
-def _explain(
-    step: StepScore, top: OperatorCandidate | None, fault_type: str | None, peers: bool
-) -> str:
-    """The localizer's words for one flagged step; `peers`: the trace holds other ranks, so
-    they can have waited for this one."""
-    if step.kind == "unfinished" and top is not None:
-        return hang_explanation(step, top)
-    head = f"Step {step.iteration} ({step.kind}) took {format_ns(step.dur_ns)}"
-    if step.dur_ns > step.expected_ns:  # a step flagged by its operators alone was not slow
-        head += f" against {format_ns(step.expected_ns)} expected for its batch"
-    if top is None:
-        return head + "; no single operator stands out, which points to the scheduler or host."
-    operator = short_name(top.operator, 60)
-    if top.kind == "arrival":
-        return (
-            f"{head}; rank {top.rank} reached {operator} {format_ns(top.observed_ns)} after the "
-            "other ranks, so their collective time is waiting for it, not transfer."
-        )
-    if top.kind == "transfer":
-        return (
-            f"{head}; {operator} itself took {format_ns(top.observed_ns)} against "
-            f"{format_ns(top.normal_ns)} normally with no late arrival, which points to the link."
-        )
-    if top.kind == "shift":
-        return (
-            f"{head}; on rank {top.rank}, {operator} took {format_ns(top.observed_ns)} against "
-            f"{format_ns(top.normal_ns)} on its peers in the same step ({top.reference}): that "
-            "operator regressed on this rank."
-        )
-    return (
-        f"{head}; on rank {top.rank}, {operator} took {format_ns(top.observed_ns)} against "
-        f"{format_ns(top.normal_ns)} normally ({top.reference})"
-        + (", and the other ranks waited for it." if fault_type and peers else ".")
-    )
-
-
 def _summary(tree: CallTree, localization: Localization, findings: list[Finding]) -> str:
     total = len(localization.steps)
     if not total:
@@ -416,7 +462,7 @@ def _summary(tree: CallTree, localization: Localization, findings: list[Finding]
         f"{len(findings)} of {total} steps are anomalous (steps {step_ranges([f.step for f in findings])})."
     ]
     for group in incidents(findings)[:SUMMARY_FINDINGS]:
-        worst = group[0]
+        worst = worst_of(group)
         who = f"rank {worst.rank}" if worst.rank is not None else "no single rank"
         kinds = Counter(f.fault_type for f in group if f.fault_type)
         operators = Counter(f.operator for f in group if f.operator)
@@ -471,6 +517,14 @@ def by_incident(findings: list[Finding]) -> list[Finding]:
 
     ordered = sorted(runs, key=lambda run: tuple(-v for v in strength(run)))
     return hung + [f for run in ordered for f in inside(run)]
+
+
+def worst_of(group: list[Finding]) -> Finding:
+    """The finding whose step lost the most time against what its batch predicts (a step a
+    hang left unfinished first); the first of equals."""
+    return max(
+        group, key=lambda f: (f.step_kind == "unfinished", f.step_dur_ns - f.step_expected_ns)
+    )
 
 
 def incidents(findings: list[Finding]) -> list[list[Finding]]:

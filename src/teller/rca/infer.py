@@ -1,10 +1,11 @@
-"""Load a trained root-cause model and diagnose a tree: steps, guilty operator and rank, words.
+"""Load a trained root-cause model and diagnose a tree: steps, guilty operator and rank, and
+the explanation.
 
-The explanation is grounded by construction: the decoder writes plain words and slots only
-(`teller.rca.words`), and the slots are filled from the facts of the node the pointer picked
-(`NodeFacts`: operator, rank, observed and normal time). No other operator or rank reaches the
-text, so it cannot name one the pointer did not pick; a sentence that names no operator gets the
-evidence clause naming the pointed node, and a step without a candidate node gets `NO_NODE`.
+The explanation is composed from sentence plans (`teller.rca.explain`): the fault head names the
+fault type, the explanation head scores the mechanisms (`teller.rca.plans.MECHANISMS`) and the
+best one the step's facts allow is stated; every slot is a measured fact of the pointed node and
+its context, so the text can neither be ill-formed nor name an operator or rank the pointer did
+not pick.
 
 `RootCauseMethod` wraps the model in the scoreboard's estimator shape (`fit`, `score`).
 """
@@ -27,24 +28,14 @@ from teller.callchain.tree import CallTree
 from teller.errors import TraceError
 from teller.faults import FAULT_FREE
 from teller.layout import CaseDir
-from teller.localize import OperatorCandidate
+from teller.localize import OperatorCandidate, StepScore
+from teller.rca.context import RunContext
 from teller.rca.dataset import StepRecord, case_alignment, case_records, encode
+from teller.rca.explain import choose_mechanism, compose
 from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, Batch
 from teller.rca.model import ModelConfig, RootCauseModel
+from teller.rca.plans import MECHANISMS
 from teller.rca.train import FORMAT
-from teller.rca.words import (
-    BOS,
-    EVIDENCE,
-    NORMAL,
-    OBSERVED,
-    OP,
-    PAD,
-    RANK,
-    UNK,
-    WordVocab,
-    fill,
-    pieces,
-)
 from teller.tpe.tokenizer import TPE
 
 if TYPE_CHECKING:
@@ -59,47 +50,15 @@ def threshold(config: ModelConfig) -> float:
     return config.pos_weight / (1.0 + config.pos_weight)
 
 
-#: For a flagged step with no candidate node at all: nothing to name.
-NO_NODE = "Step {step} is slower than its batch predicts; no single operator stands out."
-
-
 @dataclass
 class NodeFacts:
-    """What the explanation may say: the pointed node's facts and nothing else."""
+    """The pointed node's own facts, for `render` and the tests."""
 
     operator: str
     rank: int
     observed_ns: int
     normal_ns: int
     log_line: str | None = None
-
-
-def explain(words: WordVocab, ids: Sequence[int], facts: NodeFacts | None, step: int) -> str:
-    """The decoder's words with their slots filled from the pointed node's facts; a sentence
-    that names no operator, or no rank, gets the evidence clause, so the node it rests on (and
-    its rank) is always named."""
-    if facts is None:
-        return NO_NODE.format(step=step)
-    said = words.decode(ids)
-    # a number after "rank"/"GPU" reads as a rank: only the rank slot may stand there
-    said = [
-        RANK if i and w in (OBSERVED, NORMAL) and said[i - 1].lower() in ("rank", "gpu") else w
-        for i, w in enumerate(said)
-    ]
-    rank_named = any(
-        w == RANK and i and said[i - 1].lower() in ("rank", "gpu") for i, w in enumerate(said)
-    )
-    if OP not in said or not rank_named:  # both named, always: the evidence clause names them
-        said += pieces(EVIDENCE)
-    return fill(
-        said,
-        {
-            OP: facts.operator,
-            RANK: str(facts.rank),
-            OBSERVED: format_ns(facts.observed_ns),
-            NORMAL: format_ns(facts.normal_ns),
-        },
-    )
 
 
 @dataclass
@@ -113,19 +72,20 @@ class StepDiagnosis:
     facts: NodeFacts | None
     explanation: str
     candidates: list[tuple[OperatorCandidate, float]] = field(default_factory=list)
+    #: the explanation head's score per `teller.rca.plans.MECHANISMS` (None: the fault's default)
+    mechanism_scores: list[float] | None = None
 
 
 @dataclass
 class LoadedModel:
     """A checkpoint ready to diagnose. An ensemble's members (`teller train --members K`) vote:
-    their step probabilities, pointer distributions and fault-type probabilities are averaged,
-    and the first member writes the words for the pick they agree on."""
+    their step probabilities, pointer distributions, fault-type and mechanism probabilities are
+    averaged, each member reading the node they agree on."""
 
-    model: RootCauseModel  # the first member: its configuration and decoder are the checkpoint's
+    model: RootCauseModel  # the first member: its configuration is the checkpoint's
     tpe: TPE
     raw_nodes: bool
     path: Path
-    words: WordVocab
     members: list[RootCauseModel] = field(default_factory=list)  # all of them, `model` first
     #: fault type → candidate kinds its guilty node may have (`teller.rca.train.pointer_kinds`)
     pointer_kinds: dict[str, list[str]] = field(default_factory=dict)
@@ -144,7 +104,11 @@ class LoadedModel:
             raise TraceError(path, "not a model directory (no config.json)") from None
         except json.JSONDecodeError as error:
             raise TraceError(path / "config.json", f"not valid JSON ({error.msg})") from None
-        if meta.get("format") != FORMAT or tuple(meta.get("fault_names", ())) != FAULT_NAMES:
+        if (
+            meta.get("format") != FORMAT
+            or tuple(meta.get("fault_names", ())) != FAULT_NAMES
+            or tuple(meta.get("mechanisms", ())) != MECHANISMS
+        ):
             raise TraceError(path / "config.json", f"not a {FORMAT} model for this teller")
         count = meta.get("members", 1)
         if not isinstance(count, int) or count < 1:
@@ -163,13 +127,12 @@ class LoadedModel:
         except (OSError, RuntimeError) as error:
             raise TraceError(path / "model.safetensors", f"unusable weights: {error}") from None
         tpe = TPE.load(path / "tpe.json")
-        words = WordVocab.load(path / "words.json")
         kinds = meta.get("pointer_kinds", {})
         if not isinstance(kinds, dict) or any(
             f not in FAULT_NAMES or not set(v) <= set(CANDIDATE_KINDS) for f, v in kinds.items()
         ):
             raise TraceError(path / "config.json", f"pointer_kinds is not fault → kinds: {kinds!r}")
-        return cls(members[0], tpe, bool(meta["raw_nodes"]), path, words, members, kinds)
+        return cls(members[0], tpe, bool(meta["raw_nodes"]), path, members, kinds)
 
     def diagnose_records(
         self, records: Sequence[StepRecord], pool_faults: bool = True
@@ -192,7 +155,7 @@ class LoadedModel:
             each = [member(batch)[0] for member in self.members]
             probability = torch.stack([torch.sigmoid(o["step_logit"]) for o in each]).mean(0)
             pointer = torch.stack([torch.softmax(o["pointer"], dim=-1) for o in each]).mean(0)
-            if len(each) > 1:  # the fault head and the decoder read the node the members chose
+            if len(each) > 1:  # the fault head reads the node the members chose
                 pointed = pointer.argmax(-1)
                 for member, o in zip(self.members, each, strict=True):
                     o.update(member.read_pointed(o, pointed))
@@ -203,7 +166,6 @@ class LoadedModel:
                 fault_logp.append(torch.log_softmax(o["fault_logits"], dim=-1))
             # the log of the members' mean probability
             fault_logp = torch.logsumexp(torch.stack(fault_logp), 0) - np.log(len(each))
-        outputs = each[0]
         probability, pointer, fault_logp = probability.numpy(), pointer.numpy(), fault_logp.numpy()
         flagged = probability >= threshold(self.model.config)
         faults = fault_logp.argmax(-1)
@@ -212,17 +174,18 @@ class LoadedModel:
             faults[flagged] = int((weights * fault_logp[flagged]).sum(axis=0).argmax())
         if flagged.any() and self.pointer_kinds:
             pointer = self._given_fault(pointer, arrays, faults, flagged)
-            outputs.update(self.model.read_pointed(outputs, torch.from_numpy(pointer.argmax(-1))))
-        sentences = np.zeros((len(records), 1), np.int64)
-        if flagged.any():  # the decoder writes for the flagged steps, given their fault type
+        mechanisms = np.zeros((len(records), len(MECHANISMS)))
+        if flagged.any():  # the explanation head reads the pick and fault type settled above
             rows = torch.from_numpy(np.flatnonzero(flagged))
-            condition = self.model.condition_of(
-                outputs["summary"][rows], outputs["chosen"][rows], torch.from_numpy(faults)[rows]
-            )
-            banned = [self.words.index[w] for w in (PAD, BOS, UNK)]
-            written = self.model.generate(condition, banned).numpy()
-            sentences = np.zeros((len(records), written.shape[1]), np.int64)
-            sentences[rows.numpy()] = written
+            pointed = torch.from_numpy(pointer.argmax(-1))
+            fault_of = torch.from_numpy(faults)[rows]
+            chosen = []
+            with torch.no_grad():
+                for member, o in zip(self.members, each, strict=True):
+                    read = member.read_pointed(o, pointed)["chosen"]
+                    logits = member.mechanism_logits(o["summary"][rows], read[rows], fault_of)
+                    chosen.append(torch.softmax(logits, dim=-1))
+            mechanisms[rows.numpy()] = torch.stack(chosen).mean(0).numpy()
         out = []
         for b, record in enumerate(records):
             focus = arrays.focus_candidate[b]
@@ -251,8 +214,9 @@ class LoadedModel:
                     expected_ns=record.expected_ns,
                     fault=fault,
                     facts=facts,
-                    explanation=explain(self.words, sentences[b], facts, record.iteration),
+                    explanation="",  # composed with the run's facts: `explain_diagnoses`
                     candidates=candidates,
+                    mechanism_scores=mechanisms[b].tolist() if flagged[b] else None,
                 )
             )
         return out
@@ -287,10 +251,32 @@ class LoadedModel:
         case_id: str = "",
         facts: RunFacts | None = None,
     ) -> list[StepDiagnosis]:
-        """Every step of the tree, in step order. `alignment`: the run's logs and spans on its
-        steps, as the pipeline aligned them (None: traces alone); `facts`: the tree's, where the
-        caller has them."""
-        return self.diagnose_records(case_records(tree, case_id, None, alignment, facts))
+        """Every step of the tree, in step order, the flagged ones explained. `alignment`: the
+        run's logs and spans on its steps, as the pipeline aligned them (None: traces alone);
+        `facts`: the tree's, where the caller has them."""
+        facts = RunFacts.of(tree, facts)
+        diagnoses = self.diagnose_records(case_records(tree, case_id, None, alignment, facts))
+        explain_diagnoses(tree, facts, diagnoses, has_logs=alignment is not None)
+        return diagnoses
+
+
+def explain_diagnoses(
+    tree: CallTree, facts: RunFacts | None, diagnoses: list[StepDiagnosis], has_logs: bool
+) -> None:
+    """Each flagged step's explanation, composed from the sentence plans (`teller.rca.explain`)
+    with the fault head's type, the explanation head's mechanism and the pointed node's measured
+    facts."""
+    flagged = {d.iteration for d in diagnoses if d.anomalous}
+    normal = {d.iteration for d in diagnoses} - flagged
+    context = RunContext(tree, facts, normal, has_logs)
+    for d in diagnoses:
+        if not d.anomalous:
+            continue
+        score = StepScore(d.iteration, "", d.dur_ns, d.expected_ns, d.probability, True)
+        ranked = [c for c, _ in d.candidates]
+        step = context.context(score, ranked[0] if ranked else None, ranked)
+        mechanism = choose_mechanism(step, d.fault, d.mechanism_scores)
+        d.explanation = compose(step, d.fault, mechanism).text
 
 
 def variant_dir(name: str) -> Path:

@@ -235,7 +235,7 @@ class Batch(Generic[A]):
     y_step: A | None = None  # (n,) 1 for an anomalous step
     y_ptr: A | None = None  # (n,) the guilty candidate's focus token, -1 none
     y_fault: A | None = None  # (n,) FAULT_NAMES index
-    y_words: A | None = None  # (n, MAX_WORDS + 1) the explanation's word ids, 0-padded
+    y_mechanism: A | None = None  # (n,) `teller.rca.plans.MECHANISMS` index, -1 none
 
     @classmethod
     def blank(cls, n: int, labels: bool = True) -> Batch[np.ndarray]:
@@ -255,6 +255,7 @@ class Batch(Generic[A]):
             y_step=np.zeros(n, np.float32) if labels else None,
             y_ptr=np.full(n, -1, np.int64) if labels else None,
             y_fault=np.zeros(n, np.int64) if labels else None,
+            y_mechanism=np.full(n, -1, np.int64) if labels else None,
         )
 
     def __len__(self) -> int:
@@ -277,4 +278,4 @@ class Batch(Generic[A]):
 
     def inputs(self) -> Batch[A]:
         """The batch without its labels: what inference reads."""
-        return replace(self, y_step=None, y_ptr=None, y_fault=None, y_words=None)
+        return replace(self, y_step=None, y_ptr=None, y_fault=None, y_mechanism=None)

@@ -23,17 +23,18 @@ Heads, trained jointly with ``L = λ_step·L_step + λ_op·L_op + λ_explain·L_
 * **pointer**: a score per token, masked to focus tokens, so it can only ever pick a candidate
   node; the pointed token resolves to that node's operator and rank;
 * **explain**: the fault type, read from ``[CLS]`` and the pointed token together (at inference
-  the flagged steps of a run pool their votes), and a small causal decoder that writes the
-  sentence word by word, conditioned on ``[CLS]``, the pointed token and the fault type. Its
-  vocabulary (`teller.rca.words`) holds plain words and four slots (operator, rank, observed and
-  normal time) that are filled from the pointed node's facts only, so an explanation cannot name
-  an operator or rank the pointer did not pick. L_explain is the fault type's cross-entropy plus
-  the words', both on anomalous steps only.
+  the flagged steps of a run pool their votes), and the mechanism the explanation states, one of
+  the sentence plans `teller.rca.plans.MECHANISMS` (a late arrival with its peers waiting, host
+  operators stretched, kernels slower, a GPU idle for launches, a slower transfer, recomputed
+  prefills, small batches, or none), read from the same two and the fault type. The explanation
+  is then composed from sentence plans whose slots take the pointed node's measured facts only
+  (`teller.rca.explain`), so no sentence can be ill-formed or name an operator or rank the
+  pointer did not pick. L_explain is the fault type's cross-entropy plus the mechanism's, both on
+  anomalous steps only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -50,10 +51,9 @@ from teller.rca.inputs import (
     TOKEN,
     Batch,
 )
-from teller.rca.words import BOS, EOS, MAX_WORDS, SPECIALS
+from teller.rca.plans import MECHANISMS
 
 MAX_RANKS = 64
-BOS_ID, EOS_ID = SPECIALS.index(BOS), SPECIALS.index(EOS)
 
 
 @dataclass
@@ -72,8 +72,7 @@ class ModelConfig:
     lambda_op: float = 1.0
     lambda_explain: float = 1.0
     pos_weight: float = 4.0  # anomalous steps are rare: weight them up in L_step
-    words: int = 0  # explanation vocabulary size (`teller.rca.words`); 0: no decoder
-    decoder_layers: int = 1
+    mechanisms: int = len(MECHANISMS)  # the explanation head's sentence plans
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -135,13 +134,9 @@ class RootCauseModel(nn.Module):
         self.explain_head = nn.Sequential(
             nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, len(FAULT_NAMES))
         )
-        if config.words:
-            self.fault_in = nn.Embedding(len(FAULT_NAMES), d)
-            self.condition = nn.Linear(2 * d, d)
-            self.word = nn.Embedding(config.words, d)
-            self.word_pos = nn.Embedding(MAX_WORDS + 1, d)
-            self.decoder = nn.ModuleList(Block(config) for _ in range(config.decoder_layers))
-            self.ln_words = nn.LayerNorm(d)
+        self.fault_in = nn.Embedding(len(FAULT_NAMES), d)
+        self.condition = nn.Linear(2 * d, d)
+        self.mechanism_head = nn.Linear(d, config.mechanisms)
         self.apply(self._init)
 
     @staticmethod
@@ -203,15 +198,10 @@ class RootCauseModel(nn.Module):
         outputs = {"step_logit": step_logit, "pointer": pointer, "summary": summary}
         outputs["trace_out"], outputs["has_focus"] = trace_out, focus.any(-1, keepdim=True)
         outputs.update(self.read_pointed(outputs, pointed))
-        if (
-            c.words and batch.y_words is not None
-        ):  # teacher forcing: the labelled node and fault type
-            rows = (batch.y_step > 0) & (batch.y_words[:, 0] > 0)  # anomalous, worded
-            condition = self.condition_of(
-                summary[rows], outputs["chosen"][rows], batch.y_fault[rows]
+        if batch.y_fault is not None:  # teacher forcing: the labelled node and fault type
+            outputs["mechanism_logits"] = self.mechanism_logits(
+                summary, outputs["chosen"], batch.y_fault
             )
-            outputs["word_rows"] = rows
-            outputs["word_logits"] = self.decode_step(condition, batch.y_words[rows, :-1])
         if batch.y_step is None:
             return outputs, None
         return outputs, self.losses(outputs, batch)
@@ -251,45 +241,19 @@ class RootCauseModel(nn.Module):
             if faulty.any()
             else outputs["fault_logits"].sum() * 0.0
         )
-        if "word_logits" in outputs and outputs["word_rows"].any():  # the words (anomalous steps)
-            logits = outputs["word_logits"]
+        stated = faulty & (batch.y_mechanism >= 0)  # the mechanism (anomalous steps)
+        if "mechanism_logits" in outputs and stated.any():
             explain_loss = explain_loss + F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                batch.y_words[outputs["word_rows"], 1:].reshape(-1),
-                ignore_index=0,
+                outputs["mechanism_logits"][stated], batch.y_mechanism[stated]
             )
         total = c.lambda_step * step_loss + c.lambda_op * op_loss + c.lambda_explain * explain_loss
         return {"total": total, "step": step_loss, "op": op_loss, "explain": explain_loss}
 
-    # -- the explanation decoder -------------------------------------------------------------
-    def condition_of(
+    # -- the explanation head's mechanism ----------------------------------------------------
+    def mechanism_logits(
         self, summary: torch.Tensor, chosen: torch.Tensor, fault: torch.Tensor
     ) -> torch.Tensor:
-        return self.condition(torch.cat([summary, chosen], dim=-1)) + self.fault_in(fault)
-
-    def decode_step(self, condition: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-        """Next-word logits after each prefix of `words` (which starts with <bos>), the
-        condition sitting at position 0 (a prefix the words attend to)."""
-        length = words.shape[1]
-        x = self.word(words) + self.word_pos(torch.arange(1, length + 1))
-        x = torch.cat([(condition + self.word_pos.weight[0])[:, None], x], dim=1)
-        keep = torch.cat([torch.ones_like(words[:, :1], dtype=torch.bool), words > 0], dim=1)
-        for block in self.decoder:
-            x = block(x, keep, causal=True)
-        return self.ln_words(x[:, 1:]) @ self.word.weight.T  # tied with the word embedding
-
-    @torch.no_grad()
-    def generate(self, condition: torch.Tensor, banned: Sequence[int] = ()) -> torch.Tensor:
-        """Greedy words (ids, <bos> first) for each condition; `banned` ids are never chosen."""
-        size = condition.shape[0]
-        words = torch.full((size, 1), BOS_ID, dtype=torch.long)
-        done = torch.zeros(size, dtype=torch.bool)
-        for _ in range(MAX_WORDS):
-            logits = self.decode_step(condition, words)[:, -1]
-            logits[:, list(banned)] = -torch.inf
-            nxt = logits.argmax(-1).masked_fill(done, 0)
-            words = torch.cat([words, nxt[:, None]], dim=1)
-            done |= nxt == EOS_ID
-            if done.all():
-                break
-        return words
+        """One logit per `MECHANISMS`, read from the summary and the pointed token given the
+        fault type (the labelled one in training, the run's pooled one at inference)."""
+        condition = self.condition(torch.cat([summary, chosen], dim=-1)) + self.fault_in(fault)
+        return self.mechanism_head(F.gelu(condition))

@@ -6,8 +6,8 @@ steps of the training cases. The evaluation cases are a different recipe (differ
 split is by case by construction. Deterministic under `seed` (one thread, seeded shuffles).
 
 A checkpoint is a directory: `model.safetensors` (weights), `config.json` (model and training
-configuration, fault names, input switches), `tpe.json` (the TPE vocabulary) and `words.json` (the
-explanation decoder's words). Nothing is pickled.
+configuration, fault names, the explanation head's mechanisms, input switches) and `tpe.json`
+(the TPE vocabulary). Nothing is pickled.
 
 With `members` > 1 the checkpoint is an ensemble: the same model trained from seeds `seed`,
 `seed + 1`, …, each exactly as a single run with that seed would train it, its weights stored
@@ -39,12 +39,12 @@ from teller.layout import labelled_case_dirs
 from teller.rca.dataset import encode, read_case_records, train_vocab
 from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, Batch
 from teller.rca.model import MAX_RANKS, ModelConfig, RootCauseModel
-from teller.rca.words import WordVocab
+from teller.rca.plans import MECHANISMS
 from teller.tpe.tokenizer import TPE
 
 #: The checkpoint format: a checkpoint of another format does not load (its inputs differ;
 #: default_model/README.md says how each format changed them).
-FORMAT = "teller.rca/7"
+FORMAT = "teller.rca/8"
 
 
 @dataclass
@@ -86,22 +86,24 @@ def find_case_dirs(roots: list[str]) -> list[Path]:
     return dirs
 
 
-def load_dataset(config: TrainConfig) -> tuple[Batch[np.ndarray], TPE, WordVocab, int]:
-    """The encoded batch, the vocabularies (TPE, explanation words) and the case count; from the
-    cache when it has them.
+def load_dataset(config: TrainConfig) -> tuple[Batch[np.ndarray], TPE, int]:
+    """The encoded batch, the TPE vocabulary and the case count; from the cache when it has
+    them.
 
     The cache holds both encodings (TPE and raw nodes) of one read, so the ablations cost no
     second pass over the traces."""
     dirs = find_case_dirs(config.data)
     key = hashlib.sha256(
-        json.dumps([str(d.resolve()) for d in dirs] + [config.tpe_vocab, FORMAT]).encode()
+        json.dumps(
+            [str(d.resolve()) for d in dirs] + [config.tpe_vocab, FORMAT, list(MECHANISMS)]
+        ).encode()
     ).hexdigest()[:16]
     cache = Path(config.cache_dir) / key if config.cache_dir else None
     name = "arrays-raw.npz" if config.raw_nodes else "arrays.npz"
     if cache is not None and (cache / name).is_file():
         with np.load(cache / name, allow_pickle=False) as data:
             arrays = Batch.from_arrays({k: data[k] for k in data.files})
-        return arrays, TPE.load(cache / "tpe.json"), WordVocab.load(cache / "words.json"), len(dirs)
+        return arrays, TPE.load(cache / "tpe.json"), len(dirs)
     records = []
     with ProcessPoolExecutor(max_workers=config.jobs) if config.jobs > 1 else _Serial() as pool:
         results = pool.map(read_case_records, dirs)
@@ -110,17 +112,15 @@ def load_dataset(config: TrainConfig) -> tuple[Batch[np.ndarray], TPE, WordVocab
         ):
             records.extend(case_records)
     tpe = train_vocab(records, config.tpe_vocab)
-    words = WordVocab.build(r.words for r in records if r.anomalous)
     log_vocab = config.model.log_vocab
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
         tpe.save(cache / "tpe.json")
-        words.save(cache / "words.json")
         for raw, file in ((False, "arrays.npz"), (True, "arrays-raw.npz")):
-            arrays = encode(records, tpe, raw=raw, log_vocab=log_vocab, words=words)
+            arrays = encode(records, tpe, raw=raw, log_vocab=log_vocab)
             np.savez(cache / file, **arrays.arrays())
-    arrays = encode(records, tpe, raw=config.raw_nodes, log_vocab=log_vocab, words=words)
-    return arrays, tpe, words, len(dirs)
+    arrays = encode(records, tpe, raw=config.raw_nodes, log_vocab=log_vocab)
+    return arrays, tpe, len(dirs)
 
 
 class _Serial:
@@ -140,9 +140,9 @@ def train(config: TrainConfig) -> TrainResult:
     started = time.perf_counter()
     if config.members < 1:
         raise TellerError(f"members must be at least 1, not {config.members}")
-    arrays, tpe, words, cases = load_dataset(config)
+    arrays, tpe, cases = load_dataset(config)
     config.model.vocab_size = tpe.vocab_size
-    config.model.words = len(words)
+    config.model.mechanisms = len(MECHANISMS)
     seeds = [config.seed + k for k in range(config.members)]
     if config.members > 1 and config.jobs > 1:
         context = multiprocessing.get_context("spawn")  # no forked torch state
@@ -155,7 +155,7 @@ def train(config: TrainConfig) -> TrainResult:
     else:
         fitted = [_fit_member((config, arrays, s)) for s in seeds]
     models = [model for model, _ in fitted]
-    save(models, tpe, words, config, Path(config.out), pointer_kinds(arrays))
+    save(models, tpe, config, Path(config.out), pointer_kinds(arrays))
     return TrainResult(
         out=Path(config.out),
         cases=cases,
@@ -251,7 +251,6 @@ def relabel_ranks(tok_rank: torch.Tensor, generator: torch.Generator) -> torch.T
 def save(
     models: list[RootCauseModel],
     tpe: TPE,
-    words: WordVocab,
     config: TrainConfig,
     out: Path,
     kinds: dict[str, list[str]] | None = None,
@@ -267,13 +266,13 @@ def save(
         weights.update({prefix + n: v.contiguous() for n, v in model.state_dict().items()})
     save_file(weights, tmp / "model.safetensors")
     tpe.save(tmp / "tpe.json")
-    words.save(tmp / "words.json")
     meta = {
         "format": FORMAT,
         "model": config.model.to_json(),
         "raw_nodes": config.raw_nodes,
         "members": len(models),
         "fault_names": list(FAULT_NAMES),
+        "mechanisms": list(MECHANISMS),
         "pointer_kinds": kinds or {},
         "train": {k: v for k, v in asdict(config).items() if k not in ("model", "progress")},
     }

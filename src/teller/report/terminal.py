@@ -11,7 +11,7 @@ from collections import Counter
 from teller.callchain.breakdown import RunBreakdown, StepBreakdown, idle_summary, share
 from teller.callchain.host_activity import IDLE_CAUSES
 from teller.callchain.render import format_ns, short_name
-from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges
+from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges, worst_of
 from teller.rca.verdict import Finding, Verdict
 
 #: Incidents printed in full; the JSON and HTML reports hold every finding.
@@ -31,7 +31,7 @@ def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> 
     lines = [verdict.summary.splitlines()[0] if verdict.summary else "", ""]
     groups = incidents(verdict.findings)
     for group in groups[:SHOWN_INCIDENTS]:
-        worst = group[0]
+        worst = worst_of(group)
         where = f"rank {worst.rank}" if worst.rank is not None else "all ranks"
         counts = Counter(f.operator for f in group if f.operator)
         operator = (

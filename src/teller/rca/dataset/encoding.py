@@ -22,7 +22,7 @@ from teller.rca.inputs import (
     ROLE_FOCUS,
     Batch,
 )
-from teller.rca.words import MAX_WORDS, WordVocab
+from teller.rca.plans import MECHANISMS
 from teller.slices.slice import Slice
 from teller.tpe.tokenizer import TPE
 
@@ -76,11 +76,9 @@ def encode(
     tpe: TPE,
     raw: bool = False,
     log_vocab: int = 64,
-    words: WordVocab | None = None,
 ) -> Batch[np.ndarray]:
-    """The records as one padded batch, labels included; `focus_candidate[b, t]` maps a token to
-    its candidate; with `words`, the explanation targets too (`y_words`: <bos> words <eos>,
-    0-padded)."""
+    """The records as one padded batch, labels included (the explanation head's mechanism on
+    anomalous steps, -1 elsewhere); `focus_candidate[b, t]` maps a token to its candidate."""
     batch = Batch.blank(len(records))
     for b, record in enumerate(records):
         batch.step_float[b] = record.step_float
@@ -112,10 +110,6 @@ def encode(
                 t += 1
         batch.y_step[b] = float(record.anomalous)
         batch.y_fault[b] = FAULT_NAMES.index(record.fault)
-    if words is not None:
-        batch.y_words = np.zeros((len(records), MAX_WORDS + 1), np.int64)
-        for b, record in enumerate(records):
-            if record.anomalous:
-                ids = words.encode(record.words)
-                batch.y_words[b, : len(ids)] = ids
+        if record.anomalous and record.mechanism is not None:
+            batch.y_mechanism[b] = MECHANISMS.index(record.mechanism)
     return batch

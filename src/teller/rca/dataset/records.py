@@ -32,6 +32,7 @@ from teller.localize import (
     keep_top,
     transfer_residuals,
 )
+from teller.rca.context import RunContext
 from teller.rca.dataset.features import (
     add_context,
     kernel_slowdown_shape,
@@ -78,7 +79,7 @@ class StepRecord:
     anomalous: bool = False
     fault: str = "none"
     target: int = -1  # index into candidates of the guilty one, -1 unknown/none
-    words: list[str] = field(default_factory=list)  # the reference explanation, slotted
+    mechanism: str | None = None  # the explanation head's target (`teller.rca.plans.MECHANISMS`)
     meta: dict = field(default_factory=dict)
 
 
@@ -129,10 +130,17 @@ def case_records(
             )
         )
     if labels is not None:
+        normal = (
+            [r.iteration for r in records]
+            if not labels.is_fault
+            else [r.iteration for r in records if r.iteration not in set(labels.steps)]
+        )
+        context = RunContext(tree, facts, normal, has_logs=alignment is not None)
         for record in records:
-            truth = step_labels(record.iteration, record.candidates, labels)
+            score = StepScore(record.iteration, "", record.dur_ns, record.expected_ns, 0.0, True)
+            truth = step_labels(score, record.candidates, labels, context)
             record.anomalous, record.fault = truth.anomalous, truth.fault
-            record.target, record.words = truth.target, truth.words
+            record.target, record.mechanism = truth.target, truth.mechanism
     return records
 
 

@@ -1,18 +1,21 @@
 """The training labels of a case's step records, from its `labels.json`.
 
 A record of a labelled step learns three things: that the step is anomalous, which of its
-candidates is the guilty node (`target`, the pointer's answer), and the reference explanation
-with its operator, rank and times as slots (`words`, the decoder's answer).
+candidates is the guilty node (`target`, the pointer's answer), and the mechanism its
+explanation states (`mechanism`, the explanation head's answer): the labelled fault type's first
+mechanism that the step's measured facts, read for the guilty candidate, allow
+(`teller.rca.explain.default_mechanism`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from teller.labels import CaseLabels, equivalent_operators
-from teller.localize import OperatorCandidate
-from teller.rca.words import target_words
+from teller.localize import OperatorCandidate, StepScore
+from teller.rca.context import RunContext
+from teller.rca.explain import default_mechanism
 
 
 @dataclass(frozen=True)
@@ -22,21 +25,23 @@ class StepLabels:
     anomalous: bool = False
     fault: str = "none"
     target: int = -1  # index into the step's candidates of the guilty one, -1 unknown/none
-    words: list[str] = field(default_factory=list)  # the reference explanation, slotted
+    mechanism: str | None = None  # `teller.rca.plans.MECHANISMS`, None on a normal step
 
 
 def step_labels(
-    iteration: int, candidates: Sequence[OperatorCandidate], labels: CaseLabels
+    score: StepScore,
+    candidates: Sequence[OperatorCandidate],
+    labels: CaseLabels,
+    context: RunContext,
 ) -> StepLabels:
     """Anomalous where `labels` names the step (in a fault case), with the fault, the guilty
-    candidate and the slotted explanation; normal otherwise."""
-    if not labels.is_fault or iteration not in labels.steps:
+    candidate and the mechanism; normal otherwise."""
+    if not labels.is_fault or score.iteration not in labels.steps:
         return StepLabels()
     target = guilty_candidate(candidates, labels)
-    words = target_words(
-        labels.explanation, labels.guilty_operator, labels.guilty_rank, has_node=target >= 0
-    )
-    return StepLabels(True, labels.fault, target, words)
+    guilty = candidates[target] if target >= 0 else None
+    step = context.context(score, guilty, candidates, rank=labels.guilty_rank)
+    return StepLabels(True, labels.fault, target, default_mechanism(step, labels.fault))
 
 
 def guilty_candidate(candidates: Sequence[OperatorCandidate], labels: CaseLabels) -> int:

@@ -1,0 +1,376 @@
+"""The measured facts an explanation may state about one flagged step, and nothing else.
+
+An explanation's slots (`teller.rca.plans`) are filled from a `StepContext`: the step's time on
+the named rank against what its batch predicts, the pointed candidate against its normal, the
+operator's time on the peer ranks in the same step, when and how late the rank reached the step's
+collectives and how long its peers waited there, the rank's host, GPU and idle time against its
+normal steps of the same kind, and the step's batch against the run's. Each is read from the call
+tree and its `RunFacts`; a fact the trace does not hold is None, and a plan that needs it is not
+chosen.
+
+`RunContext` builds the per-run tables once (the arrival table, per-rank work, idle gaps) and
+gives each flagged step its context.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from teller.callchain.facts import RunFacts
+from teller.callchain.tree import CallTree
+from teller.localize import OperatorCandidate, StepScore
+from teller.localize.idle import idle_gaps
+from teller.rca.plans import collective_word
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One quantity in this step against its normal (median over the normal steps)."""
+
+    observed_ns: float
+    normal_ns: float
+
+    @property
+    def excess_ns(self) -> float:
+        return self.observed_ns - self.normal_ns
+
+
+@dataclass(frozen=True)
+class LateArrivals:
+    """The step's collectives the rank reached last, later than its peers."""
+
+    count: int
+    kind: str  # the commonest collective kind among them, as a sentence says it
+    size_bytes: float | None  # their median message size, where the trace records it
+    late_ns: float  # its arrival after the median of its peers', summed
+    usual_late_ns: float  # the same in its normal steps of this kind (median; 0 without any)
+    waited_ns: float  # the peers' wait for it there (median over peers), summed
+    own_ns: float  # its own time in them, summed
+
+
+@dataclass
+class StepContext:
+    """What one flagged step's explanation may say."""
+
+    iteration: int
+    kind: str
+    step_dur_ns: int  # the slowest rank's time for the step
+    expected_ns: int  # what the step's batch predicts
+    rank: int | None  # the named rank (the pointed candidate's)
+    rank_dur_ns: int  # the named rank's own time for the step (the slowest's without a rank)
+    ranks: int  # ranks in the trace
+    candidate: OperatorCandidate | None
+    others: list[OperatorCandidate] = field(default_factory=list)  # the step's other candidates
+    peers_ns: float | None = None  # the pointed operator's time on the peers, this step (median)
+    peer_rank: int | None = None  # the one peer, where there is one
+    arrivals: LateArrivals | None = None
+    host: Measured | None = None
+    gpu: Measured | None = None
+    idle: Measured | None = None
+    transfer: Measured | None = None
+    context_tokens: tuple[int, int] | None = None  # this step's, its normal steps' median
+    batch_tokens: tuple[int, int] | None = None  # this step's, the run's largest step's
+    has_logs: bool = False
+    unfinished: bool = False  # a step a hang never let finish
+
+    @property
+    def excess_ns(self) -> float:
+        """The step's time beyond what its batch predicts, on the named rank (≥ 0)."""
+        return float(max(self.rank_dur_ns - self.expected_ns, 0))
+
+    @property
+    def one_rank(self) -> bool:
+        return self.ranks < 2
+
+
+@dataclass(frozen=True)
+class _CommTable:
+    """One row per (collective instance, rank) inside a step, sorted by instance."""
+
+    iteration: np.ndarray
+    rank: np.ndarray
+    instance: np.ndarray
+    start_ns: np.ndarray
+    own_ns: np.ndarray
+    kind: np.ndarray  # object: the collective kind as a sentence says it
+    size_bytes: np.ndarray  # float, NaN where unknown
+    late_ns: np.ndarray  # after the median of the others' starts, ≥ 0
+    wait_ns: np.ndarray  # before the last arriver's start, ≥ 0
+    last: np.ndarray  # bool: the instance's last arriver
+
+
+def _comm_table(tree: CallTree) -> _CommTable | None:
+    """The run's collective instances with each rank's lateness and wait; arrivals are read on
+    the GPU where collectives run there (as `teller.callchain.facts.arrivals_of` reads them)."""
+    comm = tree.comm
+    if not len(comm):
+        return None
+    use = tree.step[comm.node] >= 0
+    on_gpu = tree.stream[comm.node] >= 0
+    if on_gpu.any():
+        use &= on_gpu
+    rows = np.flatnonzero(use)
+    rows = rows[np.argsort(comm.instance[rows], kind="stable")]
+    if not len(rows):
+        return None
+    instance = comm.instance[rows]
+    start = comm.start_ns[rows].astype(np.int64)
+    late = np.zeros(len(rows))
+    wait = np.zeros(len(rows))
+    last = np.zeros(len(rows), dtype=bool)
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(instance)) + 1, [len(rows)]])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        if hi - lo < 2:
+            continue
+        starts = start[lo:hi]
+        latest = int(np.argmax(starts))
+        last[lo + latest] = True
+        wait[lo:hi] = starts[latest] - starts
+        for k in range(hi - lo):
+            late[lo + k] = max(0.0, float(starts[k] - np.median(np.delete(starts, k))))
+    size = comm.bytes[rows].astype(float)
+    size[size < 0] = np.nan
+    return _CommTable(
+        iteration=tree.steps.index[tree.step[comm.node[rows]]],
+        rank=comm.rank[rows].astype(np.int64),
+        instance=instance,
+        start_ns=start,
+        own_ns=(comm.end_ns[rows] - comm.start_ns[rows]).astype(float),
+        kind=np.array([collective_word(comm.kind[i]) for i in rows.tolist()], dtype=object),
+        size_bytes=size,
+        late_ns=late,
+        wait_ns=wait,
+        last=last,
+    )
+
+
+class RunContext:
+    """A run's per-run tables for explanations, built once; `context` gives one step's facts.
+
+    `normal` holds the iterations the verdict did not flag: a rank's usual host, GPU and idle
+    time is its median over those of the same kind."""
+
+    def __init__(
+        self,
+        tree: CallTree,
+        facts: RunFacts | None,
+        normal: Collection[int],
+        has_logs: bool,
+    ) -> None:
+        self.tree = tree
+        self.facts = RunFacts.of(tree, facts)
+        self.normal = set(normal)
+        self.has_logs = has_logs
+        steps = tree.steps
+        self.ranks = sorted(set(steps.rank.tolist()))
+        self.row_of = {(int(steps.rank[k]), int(steps.index[k])): k for k in range(len(steps))}
+        iterations = self.facts.iterations
+        self.kind_of = dict(
+            zip(iterations.iteration.tolist(), iterations.kind.tolist(), strict=True)
+        )
+        self.context_of = dict(
+            zip(iterations.iteration.tolist(), iterations.context_tokens.tolist(), strict=True)
+        )
+        self.tokens_of = {
+            int(it): int(c + g)
+            for it, c, g in zip(
+                iterations.iteration.tolist(),
+                iterations.context_tokens.tolist(),
+                iterations.generation_tokens.tolist(),
+                strict=True,
+            )
+        }
+        self.comm = self.facts.derived("rca.comm_table", lambda: _comm_table(tree))
+        self.idle_of = self.facts.derived("rca.idle_totals", lambda: _idle_totals(tree))
+        self._late_sums = _late_sums(self.comm)
+
+    # -- per step ----------------------------------------------------------------------------
+    def context(
+        self,
+        score: StepScore,
+        candidate: OperatorCandidate | None,
+        others: Sequence[OperatorCandidate] = (),
+        rank: int | None = None,
+    ) -> StepContext:
+        """The step's facts for `candidate` (the pointed one) on its rank; `rank` names the
+        rank where no candidate is given (a labelled rank whose guilty node is no candidate)."""
+        if candidate is not None:
+            rank = candidate.rank
+        iteration = score.iteration
+        row = self.row_of.get((rank, iteration)) if rank is not None else None
+        rank_dur = int(self.tree.steps.dur_ns[row]) if row is not None else int(score.dur_ns)
+        context = StepContext(
+            iteration=iteration,
+            kind=self.kind_of.get(iteration, score.kind or "step"),
+            step_dur_ns=int(score.dur_ns),
+            expected_ns=int(score.expected_ns),
+            rank=rank,
+            rank_dur_ns=rank_dur,
+            ranks=len(self.ranks),
+            candidate=candidate,
+            others=[c for c in others if c is not candidate],
+            has_logs=self.has_logs,
+            unfinished=score.kind == "unfinished",
+        )
+        if context.unfinished:
+            return context
+        context.transfer = self._transfer(iteration)
+        context.context_tokens, context.batch_tokens = self._tokens(iteration)
+        if rank is None or row is None:
+            return context
+        context.peers_ns, context.peer_rank = self._peers(iteration, candidate)
+        context.arrivals = self.late_arrivals(rank, iteration)
+        work = self.facts.work
+        context.host = self._measured(rank, iteration, lambda k: work.host_without_waits_ns[k])
+        context.gpu = self._measured(rank, iteration, lambda k: work.gpu_ns[k])
+        if any(key[0] == rank for key in self.idle_of):
+            context.idle = self._measured(
+                rank,
+                iteration,
+                lambda k: self.idle_of.get((rank, int(self.tree.steps.index[k])), 0.0),
+            )
+        return context
+
+    def _normal_rows(self, rank: int, iteration: int) -> list[int]:
+        kind = self.kind_of.get(iteration)
+        return [
+            self.row_of[(rank, it)]
+            for it in self.normal
+            if it != iteration and self.kind_of.get(it) == kind and (rank, it) in self.row_of
+        ]
+
+    def _measured(self, rank: int, iteration: int, value) -> Measured | None:
+        normal_rows = self._normal_rows(rank, iteration)
+        if not normal_rows:
+            return None
+        observed = float(value(self.row_of[(rank, iteration)]))
+        normal = float(np.median([float(value(k)) for k in normal_rows]))
+        if observed <= 0 and normal <= 0:
+            return None
+        return Measured(observed, normal)
+
+    def _peers(
+        self, iteration: int, candidate: OperatorCandidate | None
+    ) -> tuple[float | None, int | None]:
+        """The pointed compute operator's self time on the peer ranks in this step."""
+        if candidate is None or candidate.kind not in ("compute", "shift") or len(self.ranks) < 2:
+            return None, None
+        name = int(self.tree.name[candidate.node])
+        totals = self.facts.compute_totals
+        peers = [
+            (r, totals[(r, name, iteration)])
+            for r in self.ranks
+            if r != candidate.rank and (r, name, iteration) in totals
+        ]
+        if not peers:
+            return None, None
+        value = float(np.median([t for _, t in peers]))
+        return value, (peers[0][0] if len(peers) == 1 else None)
+
+    def late_arrivals(self, rank: int, iteration: int) -> LateArrivals | None:
+        """The step's collectives `rank` reached last and late, with its peers' wait there."""
+        table = self.comm
+        if table is None:
+            return None
+        mine = np.flatnonzero(
+            (table.iteration == iteration) & (table.rank == rank) & table.last & (table.late_ns > 0)
+        )
+        if not len(mine):
+            return None
+        instances = table.instance[mine]
+        waited = 0.0
+        for i in instances.tolist():
+            peers = np.flatnonzero((table.instance == i) & (table.rank != rank))
+            waited += float(np.median(table.wait_ns[peers])) if len(peers) else 0.0
+        sizes = table.size_bytes[mine]
+        kind = Counter(table.kind[mine].tolist()).most_common(1)[0][0]
+        kind_now = self.kind_of.get(iteration)
+        usual = [
+            self._late_sums.get((rank, it), 0.0)
+            for it in self.normal
+            if it != iteration and self.kind_of.get(it) == kind_now and (rank, it) in self.row_of
+        ]
+        return LateArrivals(
+            count=len(mine),
+            kind=kind,
+            size_bytes=float(np.median(sizes)) if not np.isnan(sizes).any() else None,
+            late_ns=float(table.late_ns[mine].sum()),
+            usual_late_ns=float(np.median(usual)) if usual else 0.0,
+            waited_ns=waited,
+            own_ns=float(table.own_ns[mine].sum()),
+        )
+
+    def lateness_and_wait(self, iterations: Collection[int]) -> dict[int, tuple[float, float]]:
+        """rank → (its lateness, its wait for others), summed over the steps' collectives: in a
+        lock-stepped group the straggler is late and waits little, its peers the reverse."""
+        table = self.comm
+        if table is None:
+            return {}
+        inside = np.isin(table.iteration, list(iterations))
+        return {
+            r: (
+                float(table.late_ns[inside & (table.rank == r)].sum()),
+                float(table.wait_ns[inside & (table.rank == r)].sum()),
+            )
+            for r in self.ranks
+        }
+
+    def _transfer(self, iteration: int) -> Measured | None:
+        """The step's last arrivers' own collective time (transfer alone) against the normal
+        steps of its kind."""
+        table = self.comm
+        if table is None:
+            return None
+        kind = self.kind_of.get(iteration)
+        last = table.last
+
+        def total(it: int) -> float:
+            return float(table.own_ns[last & (table.iteration == it)].sum())
+
+        normal = [
+            total(it) for it in self.normal if it != iteration and self.kind_of.get(it) == kind
+        ]
+        observed = total(iteration)
+        if not normal or observed <= 0:
+            return None
+        return Measured(observed, float(np.median(normal)))
+
+    def _tokens(self, iteration: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        if not self.tokens_of or max(self.tokens_of.values()) <= 0:
+            return None, None
+        kind = self.kind_of.get(iteration)
+        normal = [
+            self.context_of[it]
+            for it in self.normal
+            if it != iteration and self.kind_of.get(it) == kind and it in self.context_of
+        ]
+        context = (
+            (int(self.context_of.get(iteration, 0)), int(np.median(normal))) if normal else None
+        )
+        batch = (self.tokens_of.get(iteration, 0), max(self.tokens_of.values()))
+        return context, batch
+
+
+def _late_sums(table: _CommTable | None) -> dict[tuple[int, int], float]:
+    """(rank, iteration) → its lateness where it arrived last, summed (`late_arrivals`)."""
+    if table is None:
+        return {}
+    late = table.last & (table.late_ns > 0)
+    out: dict[tuple[int, int], float] = {}
+    for r, it, ns in zip(
+        table.rank[late].tolist(),
+        table.iteration[late].tolist(),
+        table.late_ns[late].tolist(),
+        strict=True,
+    ):
+        out[(r, it)] = out.get((r, it), 0.0) + ns
+    return out
+
+
+def _idle_totals(tree: CallTree) -> dict[tuple[int, int], float]:
+    """(rank, iteration) → GPU idle ns the host caused (`teller.localize.idle.idle_gaps`)."""
+    return {key: float(sum(per_name.values())) for key, per_name in idle_gaps(tree).items()}

@@ -1,0 +1,389 @@
+"""One flagged step's explanation, composed from sentence plans and the step's measured facts.
+
+The order is fixed (`teller.rca.plans.FAMILIES`): what was observed, the pointed node's evidence,
+the mechanism, the fault type's cause, the share of the step's excess the evidence explains (and
+where the rest went when that is under a third), and what the trace cannot tell. Which plan of each
+family is used follows from the facts (a one-rank trace never gets a sentence about peers; a step
+no slower than its batch predicts gets no share), except the mechanism, which the root-cause
+model's explanation head chooses (`mechanism=`) among those its facts allow; the localizer, which
+has no such head, states its fault type's first mechanism the facts allow (`default_mechanism`).
+
+Every slot is a measured fact of `StepContext`; nothing is generated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from teller.faults import FAULT_FREE
+from teller.localize import FRESH, NEW_OPERATOR, SUBSTITUTED
+from teller.rca.context import StepContext
+from teller.rca.plans import MECHANISMS, PLANS, Collectives, render
+
+#: Under this share of the step's excess, the evidence is said to explain little, and the
+#: explanation says where the rest went.
+SMALL_SHARE = 1 / 3
+#: A candidate named as where the rest went must take at least this share of the step's excess.
+REST_SHARE = 0.1
+#: A mechanism is stated only where its measure moved: at least this far above (or, for a
+#: batch, below) its normal.
+MECHANISM_RISE = 1.1
+#: A late arrival this much beyond the rank's usual is still the group's skew, not a mechanism.
+MIN_LATE_NS = 20_000.0
+
+#: Fault type → the mechanisms a person would state for it, most telling first. The model's
+#: explanation head chooses among them (and "none"); the localizer takes the first one the facts
+#: allow. Its training target is that same first one (`teller.rca.dataset.targets`).
+FAULT_MECHANISMS: dict[str, tuple[str, ...]] = {
+    "straggler": ("late_arrival", "host_slower", "gpu_slower"),
+    "cpu_contention": ("host_slower", "late_arrival"),
+    "host_stall": ("launch_gaps", "late_arrival", "host_slower"),
+    "memory_pressure": ("host_slower", "late_arrival"),
+    "slow_operator": ("late_arrival",),
+    "kernel_regression": ("gpu_slower", "late_arrival"),
+    "gpu_throttle": ("gpu_slower", "late_arrival"),
+    "gpu_contention": ("gpu_slower", "late_arrival"),
+    "host_cpu_contention": ("launch_gaps", "host_slower", "late_arrival"),
+    "kv_pressure": ("recompute", "gpu_slower"),
+    "scheduler_misconfig": ("small_batches",),
+    "net_delay": ("transfer_slower",),
+    "bandwidth_throttle": ("transfer_slower",),
+    "net_throttle": ("transfer_slower",),
+    "link_contention": ("transfer_slower",),
+    "collective_hang": (),
+}
+#: Fault type → what the trace cannot tell about it.
+CAVEATS: dict[str, str] = {
+    "straggler": "caveat.cpu",
+    "cpu_contention": "caveat.cpu",
+    "host_cpu_contention": "caveat.cpu",
+    "host_stall": "caveat.stall",
+    "memory_pressure": "caveat.memory",
+    "gpu_throttle": "caveat.gpu",
+    "gpu_contention": "caveat.gpu",
+    "slow_operator": "caveat.kernel",
+    "kernel_regression": "caveat.kernel",
+    "net_delay": "caveat.link",
+    "bandwidth_throttle": "caveat.link",
+    "net_throttle": "caveat.link",
+    "link_contention": "caveat.link",
+}
+#: Faults whose cause sentence says the peers waited: a one-rank trace gets the `_alone` plan.
+_ALONE = {"straggler", "cpu_contention", "host_stall", "slow_operator"}
+#: Faults the logs confirm (preemptions, the request queue).
+_LOGGED = {"kv_pressure", "scheduler_misconfig"}
+_SHIFTED_FOR = re.compile(r"shifted for (\d+) steps")
+_LAYER_OF = re.compile(r"this is layer (\d+) of (\d+)")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    plan: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The sentences of one explanation, with the excess its named evidence accounts for."""
+
+    sentences: tuple[Sentence, ...]
+    explained_ns: float  # the excess of everything it names (the evidence, the rest's operator)
+    excess_ns: float  # the step's excess on the named rank
+
+    @property
+    def text(self) -> str:
+        return " ".join(s.text for s in self.sentences)
+
+    @property
+    def plans(self) -> tuple[str, ...]:
+        return tuple(s.plan for s in self.sentences)
+
+
+def available_mechanisms(context: StepContext) -> list[str]:
+    """The mechanisms whose facts the step holds and whose measure moved."""
+    found = ["none"]
+    if context.unfinished:
+        return found
+    late = context.arrivals
+    if (
+        late is not None
+        and context.rank is not None
+        and not context.one_rank
+        and late.late_ns > MECHANISM_RISE * late.usual_late_ns
+        and late.late_ns - late.usual_late_ns >= MIN_LATE_NS
+    ):
+        found.append("late_arrival")
+    per_rank = context.rank is not None  # a rank's own work needs a rank to name
+    for name, measured in (
+        ("host_slower", context.host if per_rank else None),
+        ("gpu_slower", context.gpu if per_rank else None),
+        ("launch_gaps", context.idle if per_rank else None),
+        ("transfer_slower", context.transfer),
+    ):
+        if measured is not None and measured.observed_ns > MECHANISM_RISE * measured.normal_ns:
+            found.append(name)
+    if context.context_tokens is not None:
+        now, usual = context.context_tokens
+        if now > MECHANISM_RISE * usual and now > 0:
+            found.append("recompute")
+    if context.batch_tokens is not None:
+        now, largest = context.batch_tokens
+        if 0 < now * MECHANISM_RISE < largest:
+            found.append("small_batches")
+    return [m for m in MECHANISMS if m in found]
+
+
+def allowed_mechanisms(context: StepContext, fault: str | None) -> list[str]:
+    """What the explanation head may choose for this step: "none", and the fault type's
+    mechanisms whose facts the step holds."""
+    available = set(available_mechanisms(context))
+    return ["none", *(m for m in FAULT_MECHANISMS.get(fault or "", ()) if m in available)]
+
+
+def default_mechanism(context: StepContext, fault: str | None) -> str:
+    """The fault type's first mechanism the facts allow ("none" without one)."""
+    allowed = allowed_mechanisms(context, fault)
+    return allowed[1] if len(allowed) > 1 else "none"
+
+
+def choose_mechanism(
+    context: StepContext, fault: str | None, scores: Sequence[float] | None
+) -> str:
+    """The explanation head's choice (`scores`: one per `MECHANISMS`) among the allowed
+    mechanisms; the default without scores."""
+    if scores is None:
+        return default_mechanism(context, fault)
+    allowed = allowed_mechanisms(context, fault)
+    return max(allowed, key=lambda m: scores[MECHANISMS.index(m)])
+
+
+def compose(context: StepContext, fault: str | None, mechanism: str | None = None) -> Explanation:
+    """The explanation of one step: `fault` is the fault head's (or the localizer's) type,
+    `mechanism` the head's choice (None: `default_mechanism`)."""
+    if fault in FAULT_FREE:
+        fault = None
+    if mechanism is None:
+        mechanism = default_mechanism(context, fault)
+    if mechanism not in allowed_mechanisms(context, fault):
+        raise ValueError(f"mechanism {mechanism!r} is not allowed for this step ({fault})")
+    said: list[tuple[str, dict]] = []
+    c = context
+    top = c.candidate
+    if c.unfinished and top is not None:
+        said.append(
+            (
+                "observed.hang",
+                dict(step=c.iteration, rank=top.rank, op=top.operator, waited=c.step_dur_ns),
+            )
+        )
+        if fault is not None:
+            said += _cause(c, fault)
+        return _explanation(said, 0.0, 0.0)
+    kind = c.kind.replace("_", " ")
+    slower = c.rank_dur_ns > c.expected_ns
+    if top is None:
+        said.append(
+            (
+                "observed.no_rank",
+                dict(step=c.iteration, kind=kind, dur=c.step_dur_ns, expected=c.expected_ns),
+            )
+        )
+        said.append(("evidence.none", {}))
+    elif slower:
+        said.append(
+            (
+                "observed.slow",
+                dict(
+                    step=c.iteration,
+                    kind=kind,
+                    dur=c.rank_dur_ns,
+                    rank=top.rank,
+                    expected=c.expected_ns,
+                ),
+            )
+        )
+    else:
+        said.append(
+            ("observed.within", dict(step=c.iteration, kind=kind, dur=c.rank_dur_ns, rank=top.rank))
+        )
+    named = 0.0
+    if top is not None:
+        evidence, named = _evidence(c)
+        said.append(evidence)
+    said += _mechanism(c, mechanism)
+    if fault is not None:
+        said += _cause(c, fault)
+    explained = 0.0
+    if top is not None and slower and c.excess_ns > 0:
+        share_said, explained = _share(c, named, mechanism)
+        said.append(share_said)
+    said += _caveats(c, fault)
+    return _explanation(said, explained, c.excess_ns)
+
+
+def _explanation(said: list[tuple[str, dict]], explained: float, excess: float) -> Explanation:
+    return Explanation(
+        tuple(Sentence(plan, render(plan, **facts)) for plan, facts in said),
+        explained_ns=explained,
+        excess_ns=excess,
+    )
+
+
+def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
+    """The pointed node's sentence, and its excess over its normal."""
+    top = c.candidate
+    assert top is not None
+    base = dict(rank=top.rank, op=top.operator, observed=top.observed_ns)
+    excess = float(max(top.observed_ns - top.normal_ns, 0))
+    with_normal = dict(base, normal=top.normal_ns)
+    if top.kind == "arrival":
+        if top.normal_ns <= 0:
+            return ("evidence.arrival_first", base), excess
+        return ("evidence.arrival", with_normal), excess
+    if top.kind == "transfer":
+        return ("evidence.transfer", with_normal), excess
+    if top.kind == "idle":
+        return ("evidence.idle", with_normal), excess
+    if top.kind == "forward":
+        return ("evidence.forward", with_normal), excess
+    if top.kind == "shift":
+        shifted = _SHIFTED_FOR.search(top.reference)
+        if shifted:
+            return ("evidence.shift", dict(with_normal, steps=int(shifted.group(1)))), excess
+        return ("evidence.peers", with_normal), excess
+    if top.reference == NEW_OPERATOR:
+        return ("evidence.new_operator", base), float(top.observed_ns)
+    if top.reference == SUBSTITUTED:
+        return ("evidence.substituted", base), float(top.observed_ns)
+    layer = _LAYER_OF.search(top.reference)
+    if layer:
+        where = dict(with_normal, layer=int(layer.group(1)), layers=int(layer.group(2)))
+        return ("evidence.layer", where), excess
+    if top.reference.startswith("same operator on peer ranks"):
+        return ("evidence.peers", with_normal), excess
+    if c.peers_ns is not None and c.peer_rank is not None:
+        return (
+            "evidence.temporal_peer",
+            dict(with_normal, peers=c.peers_ns, peer_rank=c.peer_rank),
+        ), excess
+    if c.peers_ns is not None:
+        return ("evidence.temporal_peers", dict(with_normal, peers=c.peers_ns)), excess
+    return ("evidence.temporal", with_normal), excess
+
+
+def _mechanism(c: StepContext, mechanism: str) -> list[tuple[str, dict]]:
+    if mechanism == "none":
+        return []
+    plan = f"mechanism.{mechanism}"
+    if mechanism == "late_arrival":
+        late = c.arrivals
+        assert late is not None
+        collectives = Collectives(late.count, late.kind, late.size_bytes)
+        facts = dict(
+            rank=c.rank,
+            late=late.late_ns,
+            collectives=str(collectives),
+            waited=late.waited_ns,
+            own=late.own_ns,
+        )
+        if late.usual_late_ns <= 0:
+            return [(f"{plan}_first", facts)]
+        return [(plan, dict(facts, normal=late.usual_late_ns))]
+    measured = {
+        "host_slower": c.host,
+        "gpu_slower": c.gpu,
+        "launch_gaps": c.idle,
+        "transfer_slower": c.transfer,
+    }.get(mechanism)
+    if measured is not None:
+        facts = dict(observed=measured.observed_ns, normal=measured.normal_ns)
+        if mechanism != "transfer_slower":
+            facts["rank"] = c.rank
+        return [(plan, facts)]
+    if mechanism == "recompute":
+        assert c.context_tokens is not None
+        return [(plan, dict(tokens=c.context_tokens[0], normal_tokens=c.context_tokens[1]))]
+    assert mechanism == "small_batches" and c.batch_tokens is not None
+    return [(plan, dict(tokens=c.batch_tokens[0], largest_tokens=c.batch_tokens[1]))]
+
+
+def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
+    plan = f"cause.{fault}"
+    if fault in _ALONE and c.one_rank:
+        plan += "_alone"
+    if plan not in PLANS:
+        return []
+    needs_rank = "rank" in PLANS[plan].slots
+    if needs_rank and c.rank is None:
+        return []
+    return [(plan, dict(rank=c.rank) if needs_rank else {})]
+
+
+def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dict], float]:
+    """How much of the step's excess the evidence accounts for, and where the rest went: the
+    late arrivals where the mechanism states them, else the pointed node's excess; when the
+    pointed node's own excess is under `SMALL_SHARE`, the other candidate that took most."""
+    excess = c.excess_ns
+    rest = _largest_other(c) if named < SMALL_SHARE * excess else None
+    rest_facts = {}
+    rest_excess = 0.0
+    if rest is not None:
+        rest_excess = float(max(rest.observed_ns - rest.normal_ns, 0))
+        rest_facts = dict(
+            other_share=rest_excess / excess,
+            other_op=rest.operator,
+            other_rank=rest.rank,
+            other_observed=rest.observed_ns,
+            other_normal=rest.normal_ns,
+        )
+    late = c.arrivals
+    if mechanism == "late_arrival" and late is not None:
+        beyond = late.late_ns - late.usual_late_ns
+        if beyond > named:
+            facts = dict(named=beyond, share=beyond / excess, excess=excess)
+            if rest is not None:
+                return ("share.late_rest_operator", dict(facts, **rest_facts)), min(beyond, excess)
+            return ("share.late", facts), min(beyond, excess)
+    share = named / excess
+    facts = dict(named=named, share=share, excess=excess)
+    if share >= SMALL_SHARE:
+        return ("share.excess", facts), min(named, excess)
+    if rest is not None:
+        return ("share.rest_operator", dict(facts, **rest_facts)), min(named + rest_excess, excess)
+    return ("share.rest_none", dict(facts, rest=excess - named)), named
+
+
+def _largest_other(c: StepContext):
+    """The step's other candidate with the largest excess, where it takes `REST_SHARE` of the
+    step's excess; on the named rank first (its time is that rank's), else any rank."""
+
+    def excess(candidate) -> float:
+        if candidate.reference in FRESH:
+            return float(candidate.observed_ns)
+        return float(candidate.observed_ns - candidate.normal_ns)
+
+    top = c.candidate
+    others = [
+        o
+        for o in c.others
+        if o.kind != "forward"
+        and (top is None or (o.operator, o.rank) != (top.operator, top.rank))
+        and excess(o) >= REST_SHARE * c.excess_ns
+    ]
+    if not others:
+        return None
+    same_rank = [o for o in others if top is not None and o.rank == top.rank]
+    return max(same_rank or others, key=excess)
+
+
+def _caveats(c: StepContext, fault: str | None) -> list[tuple[str, dict]]:
+    out = []
+    if fault in CAVEATS:
+        out.append((CAVEATS[fault], {}))
+    if fault in _LOGGED and not c.has_logs:
+        out.append(("caveat.no_logs", {}))
+    if c.one_rank and c.rank is not None and fault is not None:
+        out.append(("caveat.one_rank", {}))
+    return out

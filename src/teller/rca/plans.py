@@ -1,0 +1,662 @@
+"""Sentence plans: every sentence an explanation can hold, as a grammatical template with typed slots.
+
+An explanation is a few sentences in a fixed order of families: what was observed (the step and
+its time), the evidence (the pointed node against its normal), the mechanism (what the rank's work
+did: a late arrival with its peers waiting, host operators stretched, a GPU idle for launches...),
+the cause (the fault type's own sentence), the share of the step's excess that the evidence
+explains (and where the rest went when that is under a third) and what the trace cannot tell.
+
+Why templates and not free words: a template is grammatical once, for every value its slots take,
+and each slot takes only a measured fact (a duration, a rank, an operator name, a count with the
+noun it agrees with). `render` writes a sentence from a plan and its facts; `parse` reads a text
+back into plans and slot values, or says it does not parse, which is what the scoreboard's
+well-formedness and agreement figures check. docs/explanations.md lists every plan with an example
+(`tests/rca/test_plans.py` keeps the two in step).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from teller.callchain.render import format_ns, short_name
+
+#: Families in the order their sentences appear; an explanation holds at most one sentence of
+#: each, but for what the trace cannot tell (`REPEATED`).
+FAMILIES = ("observed", "evidence", "mechanism", "cause", "share", "caveat")
+REPEATED = frozenset({"caveat"})
+#: Longest operator name an explanation shows (kernel names run to kilobytes of templates).
+OPERATOR_CHARS = 90
+
+_DURATION = r"\d+(?:\.\d+)? (?:ns|µs|ms|s)"
+_COUNT_WORDS = r"(?:1 {noun}|(?:0|[2-9]|\d{{2,}}) {noun}s)"
+#: How a collective's kind reads in a sentence (`CommInstances.kind`, lower-cased, no separators).
+COLLECTIVE_WORDS = {
+    "allreduce": "all-reduce",
+    "allgather": "all-gather",
+    "reducescatter": "reduce-scatter",
+    "broadcast": "broadcast",
+    "alltoall": "all-to-all",
+    "reduce": "reduce",
+    "barrier": "barrier",
+    "send": "send",
+    "recv": "receive",
+    "gather": "gather",
+    "scatter": "scatter",
+}
+_COLLECTIVE = (
+    "(?:" + "|".join(re.escape(w) for w in sorted(set(COLLECTIVE_WORDS.values()))) + "|collective)"
+)
+_SIZE = r"\d+(?:\.\d+)? (?:B|kB|MB|GB|TB)"
+
+
+def collective_word(kind: str) -> str:
+    """A collective kind ("allreduce", "all_reduce", "AllReduce") as a sentence says it."""
+    key = re.sub(r"[^a-z]", "", kind.lower())
+    return COLLECTIVE_WORDS.get(key, "collective")
+
+
+def plural(count: int, noun: str) -> str:
+    """'1 step', '3 steps'."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def format_bytes(value: float) -> str:
+    """142 kB, 1.5 MB (decimal units, three significant digits)."""
+    value = float(value)
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            shown = value / scale
+            return f"{shown:.3g} {unit}" if shown < 100 else f"{shown:.0f} {unit}"
+    return f"{value:.0f} B"
+
+
+def format_share(share: float) -> str:
+    """A share of an excess: 'all', '<1%' or a whole percentage below 100."""
+    if share >= 0.995:
+        return "all"
+    if share < 0.005:
+        return "<1%"
+    return f"{min(round(share * 100), 99)}%"
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """How many collectives of one kind a sentence names, with their size when the trace has it."""
+
+    count: int
+    kind: str  # as `collective_word` says it
+    size_bytes: float | None = None
+
+    def __str__(self) -> str:
+        text = plural(self.count, self.kind)
+        if self.size_bytes is not None:
+            text += f" of {format_bytes(self.size_bytes)}" + (" each" if self.count != 1 else "")
+        return text
+
+
+@dataclass(frozen=True)
+class SlotType:
+    """What a slot holds: how a value is written, and the pattern `parse` reads it back with."""
+
+    pattern: str
+    render: Callable[[object], str] = str
+
+
+def operator_text(value: object) -> str:
+    """An operator's name as an explanation shows it (long kernel names keep their head)."""
+    return short_name(str(value), OPERATOR_CHARS)
+
+
+_INT = SlotType(r"\d+", lambda v: str(int(v)))  # type: ignore[call-overload]
+_NS = SlotType(_DURATION, lambda v: format_ns(float(v)))  # type: ignore[arg-type]
+SLOT_TYPES: dict[str, SlotType] = {
+    "step": _INT,
+    "kind": SlotType(r"[A-Za-z][\w\- ]*"),
+    "rank": _INT,
+    "other_rank": _INT,
+    "peer_rank": _INT,
+    "layer": _INT,
+    "layers": _INT,
+    "op": SlotType(r".+?", operator_text),
+    "other_op": SlotType(r".+?", operator_text),
+    "steps": SlotType(
+        _COUNT_WORDS.format(noun="step"),
+        lambda v: plural(int(v), "step"),  # type: ignore[call-overload]
+    ),
+    **{
+        name: SlotType(
+            _COUNT_WORDS.format(noun="token"),
+            lambda v: plural(int(v), "token"),  # type: ignore[call-overload]
+        )
+        for name in ("tokens", "normal_tokens", "largest_tokens")
+    },
+    "collectives": SlotType(
+        _COUNT_WORDS.format(noun=_COLLECTIVE) + rf"(?: of {_SIZE}(?: each)?)?",
+    ),
+    "share": SlotType(r"all|<1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
+    "other_share": SlotType(r"all|<1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
+    **{
+        name: _NS
+        for name in (
+            "dur",
+            "expected",
+            "observed",
+            "normal",
+            "peers",
+            "late",
+            "waited",
+            "own",
+            "excess",
+            "named",
+            "rest",
+            "other_observed",
+            "other_normal",
+        )
+    },
+}
+
+_SLOT = re.compile(r"\{(\w+)\}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One sentence: its id (family.name), template, and the fault type it states (None: any)."""
+
+    id: str
+    template: str
+    fault: str | None = None
+    note: str = ""  # when the plan is chosen, for docs/explanations.md
+    slots: tuple[str, ...] = field(init=False)
+    regex: re.Pattern[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        slots = tuple(_SLOT.findall(self.template))
+        unknown = [s for s in slots if s not in SLOT_TYPES]
+        if unknown:
+            raise ValueError(f"plan {self.id}: unknown slots {unknown}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"plan {self.id}: unknown family {self.family}")
+        pattern = ""
+        position = 0
+        for match in _SLOT.finditer(self.template):
+            pattern += re.escape(self.template[position : match.start()])
+            name = match.group(1)
+            pattern += f"(?P<{name}>{SLOT_TYPES[name].pattern})"
+            position = match.end()
+        pattern += re.escape(self.template[position:])
+        object.__setattr__(self, "slots", slots)
+        object.__setattr__(self, "regex", re.compile(pattern))
+
+    @property
+    def family(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    def render(self, **facts: object) -> str:
+        missing = [s for s in self.slots if s not in facts or facts[s] is None]
+        if missing:
+            raise ValueError(f"plan {self.id} needs {missing}")
+        return _SLOT.sub(lambda m: SLOT_TYPES[m.group(1)].render(facts[m.group(1)]), self.template)
+
+
+_PLANS = (
+    # -- what was observed ---------------------------------------------------------------------
+    Plan(
+        "observed.slow",
+        "Step {step} ({kind}) took {dur} on rank {rank}, against {expected} expected for its batch.",
+        note="a step slower than its batch predicts; the duration is the named rank's own",
+    ),
+    Plan(
+        "observed.within",
+        "Step {step} ({kind}) took {dur} on rank {rank}, no more than its batch predicts, "
+        "but one of its operators stands out.",
+        note="a step flagged by an operator alone (a persistent shift, a layer outlier)",
+    ),
+    Plan(
+        "observed.no_rank",
+        "Step {step} ({kind}) took {dur}, against {expected} expected for its batch.",
+        note="a slow step with no candidate node, so no rank to name",
+    ),
+    Plan(
+        "observed.hang",
+        "Step {step} never finished: rank {rank} never reached {op}, and its peers waited in it "
+        "for {waited} until a watchdog or the profiler stopped them.",
+        note="the step a hang left unfinished",
+    ),
+    # -- the pointed node against its normal ---------------------------------------------------
+    Plan(
+        "evidence.temporal",
+        "On rank {rank}, {op} took {observed} against {normal} in the nearest normal steps.",
+        note="an operator measured against the same instance in the rank's nearest normal steps",
+    ),
+    Plan(
+        "evidence.temporal_peer",
+        "On rank {rank}, {op} took {observed} against {normal} in the nearest normal steps, "
+        "and {peers} on rank {peer_rank} in this step.",
+        note="the same, with the one peer rank's time for the operator in this step",
+    ),
+    Plan(
+        "evidence.temporal_peers",
+        "On rank {rank}, {op} took {observed} against {normal} in the nearest normal steps, "
+        "and {peers} on its peers in this step (median).",
+        note="the same, with the peer ranks' median time for the operator in this step",
+    ),
+    Plan(
+        "evidence.peers",
+        "On rank {rank}, {op} took {observed} against {normal} on its peers in this step.",
+        note="an operator measured against its peers in the same step (no normal step had it)",
+    ),
+    Plan(
+        "evidence.layer",
+        "On rank {rank}, {op} took {observed} in layer {layer} of {layers}, against {normal} at "
+        "the same place in the step's other layers.",
+        note="an instance far slower than the same slot in the step's other repeated layers",
+    ),
+    Plan(
+        "evidence.new_operator",
+        "On rank {rank}, {op} ran for {observed}, although most normal steps never run it.",
+        note="an operator the usual work does not run (a fallback path, a swapped-in kernel)",
+    ),
+    Plan(
+        "evidence.substituted",
+        "On rank {rank}, {op} ran for {observed} where its peers launch another kernel.",
+        note="a kernel one rank launches where its tensor-parallel peers launch another",
+    ),
+    Plan(
+        "evidence.shift",
+        "On rank {rank}, {op} took {observed} against {normal} on its peers, and has been slower "
+        "for {steps}.",
+        note="a persistent shift: one rank's operator slower than its peers' step after step",
+    ),
+    Plan(
+        "evidence.idle",
+        "On rank {rank}, the GPU sat idle for {observed} while {op} ran on the host before the "
+        "next launch, against {normal} in the nearest normal steps.",
+        note="host work that kept the GPU idle",
+    ),
+    Plan(
+        "evidence.arrival",
+        "Rank {rank} reached {op} {observed} after its peers, against {normal} usually.",
+        note="a late arrival at a collective, against the rank's usual skew",
+    ),
+    Plan(
+        "evidence.arrival_first",
+        "Rank {rank} reached {op} {observed} after its peers, where it is usually on time.",
+        note="the same, for a rank that is never late there in the normal steps",
+    ),
+    Plan(
+        "evidence.transfer",
+        "On rank {rank}, the last to arrive, {op} itself took {observed} against {normal} "
+        "normally.",
+        note="a collective's own time on its last arriver (no waiting in it)",
+    ),
+    Plan(
+        "evidence.forward",
+        "On rank {rank}, the whole forward ({op}) took {observed} against {normal} expected for "
+        "the batch.",
+        note="the model's outermost module scope, when every operator grew alike",
+    ),
+    Plan("evidence.none", "No single operator stands out.", note="no candidate node"),
+    # -- what the rank's work did (the model's explanation head chooses among these) -----------
+    Plan(
+        "mechanism.late_arrival",
+        "Rank {rank} arrived {late} late in total at {collectives}, against {normal} in its "
+        "normal steps of this kind; its peers waited {waited} there, while its own time there "
+        "was {own}.",
+        note="the rank arrived last at collectives of the step, measured on every rank",
+    ),
+    Plan(
+        "mechanism.late_arrival_first",
+        "Rank {rank} arrived {late} late in total at {collectives}, where it is usually on time; "
+        "its peers waited {waited} there, while its own time there was {own}.",
+        note="the same, for a rank never late in its normal steps of this kind",
+    ),
+    Plan(
+        "mechanism.host_slower",
+        "Rank {rank}'s host operators took {observed} in this step, against {normal} in its "
+        "normal steps of this kind.",
+        note="the rank's host self time (operators and runtime calls, waits left out)",
+    ),
+    Plan(
+        "mechanism.gpu_slower",
+        "Rank {rank}'s kernels took {observed} in this step, against {normal} in its normal "
+        "steps of this kind.",
+        note="the rank's GPU work (kernels and copies)",
+    ),
+    Plan(
+        "mechanism.launch_gaps",
+        "Rank {rank}'s GPU sat idle for {observed} waiting for the host's launches, against "
+        "{normal} in its normal steps of this kind.",
+        note="GPU idle time whose next launch came after the GPU went idle",
+    ),
+    Plan(
+        "mechanism.transfer_slower",
+        "The step's collectives spent {observed} moving data on their last arrivers, against "
+        "{normal} in normal steps of this kind.",
+        note="the last arrivers' own collective time, which has no waiting in it",
+    ),
+    Plan(
+        "mechanism.recompute",
+        "The step ran {tokens} of context, against a median of {normal_tokens} in its normal "
+        "steps of this kind.",
+        note="more context tokens than usual, as recomputed prefills add",
+    ),
+    Plan(
+        "mechanism.small_batches",
+        "The step batched {tokens}, against {largest_tokens} in the run's largest step.",
+        note="a batch far below what the engine ran earlier in the run",
+    ),
+    # -- the cause: the fault head's ----------------------------------------------------------
+    Plan(
+        "cause.straggler",
+        "So rank {rank} is a straggler: its own work ran late, and its peers' collective time is "
+        "waiting for it, not transfer.",
+        fault="straggler",
+    ),
+    Plan(
+        "cause.straggler_alone",
+        "So rank {rank}'s own work ran late, as a throttled or descheduled process's does.",
+        fault="straggler",
+        note="one rank in the trace",
+    ),
+    Plan(
+        "cause.cpu_contention",
+        "So rank {rank}'s host lost CPU time to other processes: its operators stretched, and "
+        "its peers waited for it at the collectives.",
+        fault="cpu_contention",
+    ),
+    Plan(
+        "cause.cpu_contention_alone",
+        "So rank {rank}'s host lost CPU time to other processes, and its operators stretched.",
+        fault="cpu_contention",
+        note="one rank in the trace",
+    ),
+    Plan(
+        "cause.host_cpu_contention",
+        "So rank {rank}'s host CPU was contended: its kernel launches lagged and its GPU idled.",
+        fault="host_cpu_contention",
+    ),
+    Plan(
+        "cause.host_stall",
+        "So rank {rank}'s host stalled between operators, as a garbage-collection pause does, "
+        "and its peers waited for it.",
+        fault="host_stall",
+    ),
+    Plan(
+        "cause.host_stall_alone",
+        "So rank {rank}'s host stalled between operators, as a garbage-collection pause does.",
+        fault="host_stall",
+        note="one rank in the trace",
+    ),
+    Plan(
+        "cause.memory_pressure",
+        "So rank {rank} ran short of memory: page faults slowed its host operators.",
+        fault="memory_pressure",
+    ),
+    Plan(
+        "cause.slow_operator",
+        "So an operator on rank {rank} ran a slower implementation than on its peers.",
+        fault="slow_operator",
+    ),
+    Plan(
+        "cause.slow_operator_alone",
+        "So an operator on rank {rank} ran a slower implementation than usual.",
+        fault="slow_operator",
+        note="one rank in the trace",
+    ),
+    Plan(
+        "cause.kernel_regression",
+        "So a kernel regressed on rank {rank}: a slower kernel, or kernels no longer replayed from "
+        "a CUDA graph, run where the fast path ran.",
+        fault="kernel_regression",
+    ),
+    Plan(
+        "cause.gpu_throttle",
+        "So GPU {rank} ran at lower clocks, as under a power cap or a thermal limit: its kernels "
+        "slowed alike.",
+        fault="gpu_throttle",
+    ),
+    Plan(
+        "cause.gpu_contention",
+        "So another process shared GPU {rank}: its kernels slowed unevenly.",
+        fault="gpu_contention",
+    ),
+    Plan(
+        "cause.kv_pressure",
+        "So the KV cache ran short: requests were preempted and their prefills recomputed.",
+        fault="kv_pressure",
+    ),
+    Plan(
+        "cause.scheduler_misconfig",
+        "So the scheduler's batch and token limits held work back: requests queued while "
+        "batches stayed small.",
+        fault="scheduler_misconfig",
+    ),
+    Plan(
+        "cause.net_delay",
+        "So rank {rank}'s network link added latency to its collectives.",
+        fault="net_delay",
+    ),
+    Plan(
+        "cause.bandwidth_throttle",
+        "So rank {rank}'s network link lost bandwidth: its transfers grew with message size.",
+        fault="bandwidth_throttle",
+    ),
+    Plan(
+        "cause.net_throttle",
+        "So rank {rank}'s network link was rate-limited: its transfers grew with message size.",
+        fault="net_throttle",
+    ),
+    Plan(
+        "cause.link_contention",
+        "So the link between rank {rank} and its ring neighbour was contended, and their "
+        "transfers slowed.",
+        fault="link_contention",
+    ),
+    Plan(
+        "cause.collective_hang",
+        "So a collective never completed, and the run could not go on.",
+        fault="collective_hang",
+    ),
+    # -- how much of the step's excess the evidence explains -----------------------------------
+    Plan(
+        "share.excess",
+        "That is {named} beyond normal, {share} of the step's {excess} excess.",
+        note="the evidence's excess over its normal, against the step's on the named rank",
+    ),
+    Plan(
+        "share.late",
+        "Those late arrivals, {named} beyond its usual, are {share} of the step's {excess} excess.",
+        note="the mechanism's lateness beyond the rank's usual, when it arrived late",
+    ),
+    Plan(
+        "share.late_rest_operator",
+        "Those late arrivals, {named} beyond its usual, are {share} of the step's {excess} "
+        "excess; rank {other_rank} lost {other_share} of it in {other_op}, which took "
+        "{other_observed} against {other_normal} normally.",
+        note="the same, when the pointed operator's own excess is under a third of the step's: "
+        "the rank's other candidate with the largest excess",
+    ),
+    Plan(
+        "share.rest_operator",
+        "That is {named} beyond normal, only {share} of the step's {excess} excess; rank "
+        "{other_rank} lost {other_share} of it in {other_op}, which took {other_observed} "
+        "against {other_normal} normally.",
+        note="under a third explained: the step's other candidate with the largest excess",
+    ),
+    Plan(
+        "share.rest_none",
+        "That is {named} beyond normal, only {share} of the step's {excess} excess; the other "
+        "{rest} is under no single operator the trace measures.",
+        note="under a third explained and no other candidate takes a tenth of the excess",
+    ),
+    # -- what the trace cannot tell -----------------------------------------------------------
+    Plan(
+        "caveat.cpu",
+        "No host metrics in the trace: CPU throttling and CPU contention look alike here.",
+        note="straggler, cpu_contention, host_cpu_contention",
+    ),
+    Plan(
+        "caveat.stall",
+        "No host metrics in the trace: a garbage-collection pause and a descheduled process look "
+        "alike here.",
+        note="host_stall",
+    ),
+    Plan(
+        "caveat.memory",
+        "No memory counters in the trace: page faults are inferred from slower host operators, "
+        "not counted.",
+        note="memory_pressure",
+    ),
+    Plan(
+        "caveat.gpu",
+        "No GPU clock or power readings in the trace: a power cap and a co-tenant are told apart "
+        "only by how evenly the kernels slowed.",
+        note="gpu_throttle, gpu_contention",
+    ),
+    Plan(
+        "caveat.kernel",
+        "The trace shows which kernels ran, not which setting changed them.",
+        note="slow_operator, kernel_regression",
+    ),
+    Plan(
+        "caveat.link",
+        "No link counters in the trace: the link is judged by collective times alone.",
+        note="net_delay, bandwidth_throttle, net_throttle, link_contention",
+    ),
+    Plan(
+        "caveat.no_logs",
+        "No engine logs: preemptions and the request queue cannot be confirmed.",
+        note="kv_pressure, scheduler_misconfig, when the run has no engine logs",
+    ),
+    Plan(
+        "caveat.one_rank",
+        "One rank in the trace: its effect on peer ranks cannot be seen.",
+        note="any rank-specific fault on a one-rank trace",
+    ),
+)
+
+#: Every plan, by id.
+PLANS: dict[str, Plan] = {plan.id: plan for plan in _PLANS}
+if len(PLANS) != len(_PLANS):
+    raise ValueError("two plans share an id")
+
+#: The mechanism plans the model's explanation head chooses among, in its output order; "none"
+#: states no mechanism (the evidence and the cause say it all).
+MECHANISMS: tuple[str, ...] = (
+    "none",
+    "late_arrival",
+    "host_slower",
+    "gpu_slower",
+    "launch_gaps",
+    "transfer_slower",
+    "recompute",
+    "small_batches",
+)
+#: The mechanism plan(s) that state each mechanism (a variant for a rank usually on time).
+MECHANISM_PLANS: dict[str, tuple[str, ...]] = {
+    m: tuple(p.id for p in _PLANS if p.id.split(".", 1)[1].split("_first")[0] == m)
+    for m in MECHANISMS[1:]
+}
+if sorted(p for plans in MECHANISM_PLANS.values() for p in plans) != sorted(
+    p.id for p in _PLANS if p.family == "mechanism"
+):
+    raise ValueError("every mechanism plan states one of MECHANISMS")
+
+
+def render(plan_id: str, **facts: object) -> str:
+    """One sentence: the plan's template with its slots filled from `facts`."""
+    return PLANS[plan_id].render(**facts)
+
+
+@dataclass(frozen=True)
+class Said:
+    """One parsed sentence: its plan and the text of each slot."""
+
+    plan: str
+    slots: dict[str, str]
+
+
+def parse(text: str) -> list[Said] | None:
+    """The plans `text` is made of, in order, or None when some part of it is no plan's sentence
+    or the families are out of order (in `FAMILIES` order, each once but for `REPEATED`)."""
+    return _parse(text.strip(), 0, -1)
+
+
+def _parse(text: str, position: int, family: int) -> list[Said] | None:
+    if position >= len(text):
+        return []
+    for plan in _PLANS:
+        rank = FAMILIES.index(plan.family)
+        if rank < family or (rank == family and plan.family not in REPEATED):
+            continue
+        match = plan.regex.match(text, position)
+        if match is None:
+            continue
+        end = match.end()
+        if end < len(text) and text[end] != " ":
+            continue
+        rest = _parse(text, end + 1 if end < len(text) else end, rank)
+        if rest is not None:
+            return [Said(plan.id, match.groupdict()), *rest]
+    return None
+
+
+def well_formed(text: str) -> bool:
+    return parse(text) is not None
+
+
+#: A value for every slot, for the examples docs/explanations.md shows under each plan.
+EXAMPLE_FACTS: dict[str, object] = {
+    "step": 45,
+    "kind": "decode",
+    "rank": 1,
+    "other_rank": 1,
+    "peer_rank": 0,
+    "layer": 7,
+    "layers": 24,
+    "op": "aten::mm",
+    "other_op": "aten::cat",
+    "steps": 12,
+    "tokens": 16,
+    "normal_tokens": 120,
+    "largest_tokens": 1_024,
+    "collectives": str(Collectives(24, "all-reduce", 142_848)),
+    "share": 0.81,
+    "other_share": 0.79,
+    "dur": 509e6,
+    "expected": 55.6e6,
+    "observed": 6.07e6,
+    "normal": 4.79e6,
+    "peers": 6.1e6,
+    "late": 597e6,
+    "waited": 597e6,
+    "own": 79.9e6,
+    "excess": 454e6,
+    "named": 367e6,
+    "rest": 87e6,
+    "other_observed": 372e6,
+    "other_normal": 4.74e6,
+}
+
+
+def example(plan_id: str) -> str:
+    """The plan rendered with `EXAMPLE_FACTS`."""
+    plan = PLANS[plan_id]
+    return plan.render(**{s: EXAMPLE_FACTS[s] for s in plan.slots})
+
+
+def plans_markdown() -> str:
+    """The plan catalogue as docs/explanations.md lists it: per family, each plan's id, the
+    fault type it states, when it is used, and an example."""
+    lines = []
+    for family in FAMILIES:
+        lines += [f"### {family}", "", "| plan | fault | used for | example |", "|---|---|---|---|"]
+        for plan in _PLANS:
+            if plan.family == family:
+                lines.append(
+                    f"| `{plan.id}` | {plan.fault or '—'} | {plan.note or '—'} | {example(plan.id)} |"
+                )
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""Sentence plans: every plan renders and parses back, the docs list them all, and whatever the
+heads say, every explanation is made of plans whose fault, rank and operator are the heads'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from teller.faults import FAULT_FREE
+from teller.localize import NEW_OPERATOR, SUBSTITUTED, OperatorCandidate
+from teller.rca.context import LateArrivals, Measured, StepContext
+from teller.rca.explain import (
+    FAULT_MECHANISMS,
+    allowed_mechanisms,
+    choose_mechanism,
+    compose,
+)
+from teller.rca.inputs import FAULT_NAMES
+from teller.rca.plans import (
+    FAMILIES,
+    MECHANISMS,
+    PLANS,
+    Collectives,
+    example,
+    format_share,
+    operator_text,
+    parse,
+    plans_markdown,
+    plural,
+    render,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "explanations.md"
+
+
+@pytest.mark.parametrize("plan_id", sorted(PLANS))
+def test_every_plan_renders_and_parses_back_to_itself(plan_id):
+    text = example(plan_id)
+    said = parse(text)
+    assert said is not None and [s.plan for s in said] == [plan_id]
+    assert "{" not in text and text.endswith(".") and text[0].isupper()
+
+
+def test_the_docs_list_every_plan_with_its_example():
+    docs = DOCS.read_text()
+    assert plans_markdown() in docs  # regenerate the listing with plans_markdown()
+    for plan_id in PLANS:
+        assert f"`{plan_id}`" in docs and example(plan_id) in docs
+
+
+def test_counts_agree_with_their_nouns():
+    assert plural(1, "step") == "1 step" and plural(3, "step") == "3 steps"
+    assert str(Collectives(1, "all-reduce", 142_848)) == "1 all-reduce of 143 kB"
+    assert str(Collectives(24, "all-reduce")) == "24 all-reduces"
+    one = render("evidence.shift", rank=0, op="aten::mm", observed=2e6, normal=1e6, steps=1)
+    assert one.endswith("for 1 step.") and parse(one) is not None
+    assert parse(one.replace("1 step.", "1 steps.")) is None
+    assert [format_share(v) for v in (1.4, 0.999, 0.5, 0.001)] == ["all", "all", "50%", "<1%"]
+
+
+def test_broken_text_and_families_out_of_order_do_not_parse():
+    slow = example("observed.slow")
+    cause = example("cause.straggler")
+    assert parse(f"{slow} {cause}") is not None
+    assert parse(f"{cause} {slow}") is None  # the cause before the observation
+    assert parse(f"{slow} {slow}") is None  # one observation per explanation
+    assert parse(slow.replace(" took ", " was throttled to takes ")) is None
+    assert parse(f"{slow} It shows in aten::mm.") is None
+
+
+# -- random heads over random facts -------------------------------------------------------------
+
+OPERATORS = [
+    "aten::mm",
+    "gloo:all_reduce",
+    "nn.Module: Qwen2ForCausalLM_0",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)",
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+    "cudaLaunchKernel",
+]
+REFERENCES = [
+    "nearest-composition normal steps, same rank",
+    "same operator on peer ranks, same step",
+    NEW_OPERATOR,
+    SUBSTITUTED,
+    "same operator at the same place in the step's other 23 repeated layers; this is layer 5 of 24",
+    "same operator on peer ranks, same step; shifted for 1 steps",
+]
+
+
+def _measured(rng) -> Measured | None:
+    if rng.random() < 0.3:
+        return None
+    return Measured(float(rng.integers(1, 10**9)), float(rng.integers(0, 10**9)))
+
+
+def _random_context(rng) -> StepContext:
+    ranks = int(rng.choice([1, 2, 4]))
+    rank = int(rng.integers(0, ranks))
+    kinds = ["compute", "idle", "forward"] + (["shift", "arrival", "transfer"] if ranks > 1 else [])
+    references = REFERENCES if ranks > 1 else [REFERENCES[0], NEW_OPERATOR, REFERENCES[4]]
+
+    def candidate(on_rank: int) -> OperatorCandidate:
+        kind = str(rng.choice(kinds))
+        return OperatorCandidate(
+            iteration=7,
+            rank=on_rank,
+            operator=str(rng.choice(OPERATORS)),
+            score=float(rng.integers(0, 10**8)),
+            observed_ns=int(rng.integers(1, 10**9)),
+            normal_ns=int(rng.integers(0, 10**9)) if rng.random() < 0.8 else 0,
+            z=5.0,
+            node=1,
+            reference=str(rng.choice(references)) if kind == "compute" else "vs normal",
+            kind=kind,
+        )
+
+    top = candidate(rank) if rng.random() < 0.9 else None
+    others = [candidate(int(rng.integers(0, ranks))) for _ in range(int(rng.integers(0, 4)))]
+    late = None
+    if ranks > 1 and top is not None and rng.random() < 0.6:
+        count = int(rng.integers(1, 40))
+        late = LateArrivals(
+            count=count,
+            kind=str(rng.choice(["all-reduce", "all-gather", "collective"])),
+            size_bytes=float(rng.integers(1, 10**9)) if rng.random() < 0.5 else None,
+            late_ns=float(rng.integers(1, 10**9)),
+            usual_late_ns=float(rng.integers(0, 10**7)),
+            waited_ns=float(rng.integers(1, 10**9)),
+            own_ns=float(rng.integers(1, 10**9)),
+        )
+    expected = int(rng.integers(1, 10**9))
+    unfinished = ranks > 1 and top is not None and rng.random() < 0.05
+    return StepContext(
+        iteration=7,
+        kind=str(rng.choice(["decode", "prefill", "mixed", "profiler_step"])),
+        step_dur_ns=int(rng.integers(1, 2 * 10**9)),
+        expected_ns=expected,
+        rank=top.rank if top is not None else None,
+        rank_dur_ns=int(expected * rng.uniform(0.8, 10)),
+        ranks=ranks,
+        candidate=top,
+        others=others,
+        peers_ns=float(rng.integers(1, 10**9)) if ranks > 1 and rng.random() < 0.5 else None,
+        peer_rank=(1 - rank if ranks == 2 else None),
+        arrivals=late,
+        host=_measured(rng),
+        gpu=_measured(rng),
+        idle=_measured(rng),
+        transfer=_measured(rng) if ranks > 1 else None,
+        context_tokens=(int(rng.integers(0, 4000)), int(rng.integers(1, 4000)))
+        if rng.random() < 0.7
+        else None,
+        batch_tokens=(int(rng.integers(1, 4000)), 4000) if rng.random() < 0.7 else None,
+        has_logs=bool(rng.random() < 0.5),
+        unfinished=unfinished,
+    )
+
+
+def test_random_head_outputs_always_give_explanations_of_plans_that_agree_with_the_heads():
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        context = _random_context(rng)
+        fault = str(rng.choice(FAULT_NAMES))
+        scores = rng.normal(size=len(MECHANISMS)).tolist()
+        mechanism = choose_mechanism(context, fault, scores)
+        assert mechanism in allowed_mechanisms(context, fault)
+        explanation = compose(context, fault, mechanism)
+        text = explanation.text
+        said = parse(text)
+        assert said is not None, text
+        assert [s.plan for s in said] == list(explanation.plans)
+        families = [FAMILIES.index(s.plan.split(".")[0]) for s in said]
+        assert families == sorted(families)
+        # the fault type it states is the fault head's
+        stated = {PLANS[s.plan].fault for s in said} - {None}
+        assert stated <= ({fault} if fault not in FAULT_FREE else set()), text
+        # the rank it names is the pointer's, the operator the pointer's
+        top = context.candidate
+        for s in said:
+            if "rank" in s.slots:
+                assert top is not None and s.slots["rank"] == str(top.rank), text
+            if "op" in s.slots:
+                assert top is not None and s.slots["op"] == operator_text(top.operator), text
+        if context.one_rank:
+            assert "peers" not in text and "other ranks" not in text, text
+        if mechanism != "none":
+            assert mechanism in FAULT_MECHANISMS[fault]
+        assert 0.0 <= explanation.explained_ns <= explanation.excess_ns + 1e-6
