@@ -55,7 +55,7 @@ def test_every_explanation_is_plans_stating_the_heads_fault_and_rank(straggler):
     right = [f for f in window if f.fault_type == "straggler"]
     assert right and all(f.rank == labels.guilty_rank for f in right)
     for f in right:
-        assert f"So rank {f.rank} is a straggler" in f.explanation
+        assert f"This points to rank {f.rank} as a straggler" in f.explanation
         assert re.search(rf"Rank {f.rank} arrived \S+ \S+ late in total at \d+ ", f.explanation)
         assert "its peers waited" in f.explanation
 

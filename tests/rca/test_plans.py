@@ -167,7 +167,7 @@ def test_random_head_outputs_always_give_explanations_of_plans_that_agree_with_t
         scores = rng.normal(size=len(MECHANISMS)).tolist()
         mechanism = choose_mechanism(context, fault, scores)
         assert mechanism in allowed_mechanisms(context, fault)
-        explanation = compose(context, fault, mechanism)
+        explanation = compose(context, fault, mechanism, state_cause=bool(rng.random() < 0.8))
         text = explanation.text
         said = parse(text)
         assert said is not None, text

@@ -203,7 +203,9 @@ class _Draft:
     probability: float | None = None
     mechanism_scores: Sequence[float] | None = None
     chosen: int = 0  # index into `ranked` of the named candidate
-    order: float = 0.0  # the order findings arrive in (by_incident keeps it within a run)
+    #: whether the explanation states the fault type's cause: the model's head names it; the
+    #: localizer's type rests on evidence only for arrivals, transfers, shifts and hangs
+    state_cause: bool = True
 
     @property
     def top(self) -> OperatorCandidate | None:
@@ -238,7 +240,6 @@ def _model_drafts(localization: Localization, diagnoses: list[StepDiagnosis]) ->
                 view=view_of(d.fault),
                 probability=round(d.probability, 4),
                 mechanism_scores=d.mechanism_scores,
-                order=-d.probability,
             )
         )
     return drafts
@@ -253,7 +254,7 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
         ranked = [ranked[draft.chosen], *ranked[: draft.chosen], *ranked[draft.chosen + 1 :]]
     step_context = context.context(draft.score, top, [c for c, _ in ranked])
     mechanism = choose_mechanism(step_context, draft.fault, draft.mechanism_scores)
-    explanation = compose(step_context, draft.fault, mechanism)
+    explanation = compose(step_context, draft.fault, mechanism, draft.state_cause)
     return Finding(
         step=draft.score.iteration,
         step_name=name_of_step.get(draft.score.iteration, ""),
@@ -392,7 +393,7 @@ def _drafts(
                 ranked=[(c, None) for c in candidates],
                 fault=fault_type,
                 view=view,
-                order=-step.z,
+                state_cause=step.kind == "unfinished" or _grounded(top),
             )
         )
     return drafts
@@ -431,6 +432,12 @@ def _attach_logs(aligned: AlignResult | None, findings: list[Finding]) -> None:
         ]
         in_step = memberships.request[memberships.step == finding.step]
         finding.requests = sorted({memberships.requests.key[i] for i in in_step.tolist()})
+
+
+def _grounded(top: OperatorCandidate | None) -> bool:
+    """Whether the localizer's fault type for this candidate rests on its pattern (a late
+    arrival, a slower transfer, a persistent shift), not on the layer a slower operator ran on."""
+    return top is not None and top.kind in ("arrival", "transfer", "shift")
 
 
 def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | None, str]:

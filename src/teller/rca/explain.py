@@ -159,9 +159,16 @@ def choose_mechanism(
     return max(allowed, key=lambda m: scores[MECHANISMS.index(m)])
 
 
-def compose(context: StepContext, fault: str | None, mechanism: str | None = None) -> Explanation:
+def compose(
+    context: StepContext,
+    fault: str | None,
+    mechanism: str | None = None,
+    state_cause: bool = True,
+) -> Explanation:
     """The explanation of one step: `fault` is the fault head's (or the localizer's) type,
-    `mechanism` the head's choice (None: `default_mechanism`)."""
+    `mechanism` the head's choice (None: `default_mechanism`). Without `state_cause` the fault
+    type's own sentences (its cause and caveat) are left out: the localizer's type for an
+    operator that is merely slower is a guess from the layer it ran on, not evidence."""
     if fault in FAULT_FREE:
         fault = None
     if mechanism is None:
@@ -213,13 +220,13 @@ def compose(context: StepContext, fault: str | None, mechanism: str | None = Non
         evidence, named = _evidence(c)
         said.append(evidence)
     said += _mechanism(c, mechanism)
-    if fault is not None:
+    if fault is not None and state_cause:
         said += _cause(c, fault)
     explained = 0.0
     if top is not None and slower and c.excess_ns > 0:
         share_said, explained = _share(c, named, mechanism)
         said.append(share_said)
-    said += _caveats(c, fault)
+    said += _caveats(c, fault, state_cause)
     return _explanation(said, explained, c.excess_ns)
 
 
@@ -378,9 +385,9 @@ def _largest_other(c: StepContext):
     return max(same_rank or others, key=excess)
 
 
-def _caveats(c: StepContext, fault: str | None) -> list[tuple[str, dict]]:
+def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple[str, dict]]:
     out = []
-    if fault in CAVEATS:
+    if fault in CAVEATS and state_cause:
         out.append((CAVEATS[fault], {}))
     if fault in _LOGGED and not c.has_logs:
         out.append(("caveat.no_logs", {}))

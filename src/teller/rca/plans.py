@@ -350,113 +350,120 @@ _PLANS = (
     # -- the cause: the fault head's ----------------------------------------------------------
     Plan(
         "cause.straggler",
-        "So rank {rank} is a straggler: its own work ran late, and its peers' collective time is "
-        "waiting for it, not transfer.",
+        "This points to rank {rank} as a straggler: its own work ran late, and its peers' "
+        "collective time is waiting for it, not transfer.",
         fault="straggler",
     ),
     Plan(
         "cause.straggler_alone",
-        "So rank {rank}'s own work ran late, as a throttled or descheduled process's does.",
+        "This points to rank {rank}'s own work running late, as a throttled or descheduled "
+        "process's does.",
         fault="straggler",
         note="one rank in the trace",
     ),
     Plan(
         "cause.cpu_contention",
-        "So rank {rank}'s host lost CPU time to other processes: its operators stretched, and "
-        "its peers waited for it at the collectives.",
+        "This points to other processes taking CPU time from rank {rank}: its operators "
+        "stretched, and its peers waited for it at the collectives.",
         fault="cpu_contention",
     ),
     Plan(
         "cause.cpu_contention_alone",
-        "So rank {rank}'s host lost CPU time to other processes, and its operators stretched.",
+        "This points to other processes taking CPU time from rank {rank}, stretching its "
+        "operators.",
         fault="cpu_contention",
         note="one rank in the trace",
     ),
     Plan(
         "cause.host_cpu_contention",
-        "So rank {rank}'s host CPU was contended: its kernel launches lagged and its GPU idled.",
+        "This points to a contended host CPU on rank {rank}: its kernel launches lagged and its "
+        "GPU idled.",
         fault="host_cpu_contention",
     ),
     Plan(
         "cause.host_stall",
-        "So rank {rank}'s host stalled between operators, as a garbage-collection pause does, "
-        "and its peers waited for it.",
+        "This points to rank {rank}'s host stalling between operators, as a garbage-collection "
+        "pause does, while its peers waited for it.",
         fault="host_stall",
     ),
     Plan(
         "cause.host_stall_alone",
-        "So rank {rank}'s host stalled between operators, as a garbage-collection pause does.",
+        "This points to rank {rank}'s host stalling between operators, as a garbage-collection "
+        "pause does.",
         fault="host_stall",
         note="one rank in the trace",
     ),
     Plan(
         "cause.memory_pressure",
-        "So rank {rank} ran short of memory: page faults slowed its host operators.",
+        "This points to memory pressure on rank {rank}: page faults slowed its host operators.",
         fault="memory_pressure",
     ),
     Plan(
         "cause.slow_operator",
-        "So an operator on rank {rank} ran a slower implementation than on its peers.",
+        "This points to an operator on rank {rank} running a slower implementation than on its "
+        "peers.",
         fault="slow_operator",
     ),
     Plan(
         "cause.slow_operator_alone",
-        "So an operator on rank {rank} ran a slower implementation than usual.",
+        "This points to an operator on rank {rank} running a slower implementation than usual.",
         fault="slow_operator",
         note="one rank in the trace",
     ),
     Plan(
         "cause.kernel_regression",
-        "So a kernel regressed on rank {rank}: a slower kernel, or kernels no longer replayed from "
-        "a CUDA graph, run where the fast path ran.",
+        "This points to a kernel regression on rank {rank}: a slower kernel, or kernels no "
+        "longer replayed from a CUDA graph, running where the fast path ran.",
         fault="kernel_regression",
     ),
     Plan(
         "cause.gpu_throttle",
-        "So GPU {rank} ran at lower clocks, as under a power cap or a thermal limit: its kernels "
-        "slowed alike.",
+        "This points to GPU {rank} running at lower clocks, as under a power cap or a thermal "
+        "limit, which slows all its kernels alike.",
         fault="gpu_throttle",
     ),
     Plan(
         "cause.gpu_contention",
-        "So another process shared GPU {rank}: its kernels slowed unevenly.",
+        "This points to another process sharing GPU {rank}, which slows its kernels unevenly.",
         fault="gpu_contention",
     ),
     Plan(
         "cause.kv_pressure",
-        "So the KV cache ran short: requests were preempted and their prefills recomputed.",
+        "This points to a KV cache too small for the load: requests were preempted and their "
+        "prefills recomputed.",
         fault="kv_pressure",
     ),
     Plan(
         "cause.scheduler_misconfig",
-        "So the scheduler's batch and token limits held work back: requests queued while "
-        "batches stayed small.",
+        "This points to scheduler limits too small for the load: requests queued while batches "
+        "stayed small.",
         fault="scheduler_misconfig",
     ),
     Plan(
         "cause.net_delay",
-        "So rank {rank}'s network link added latency to its collectives.",
+        "This points to added latency on rank {rank}'s network link.",
         fault="net_delay",
     ),
     Plan(
         "cause.bandwidth_throttle",
-        "So rank {rank}'s network link lost bandwidth: its transfers grew with message size.",
+        "This points to lost bandwidth on rank {rank}'s network link: its transfers grow with "
+        "message size.",
         fault="bandwidth_throttle",
     ),
     Plan(
         "cause.net_throttle",
-        "So rank {rank}'s network link was rate-limited: its transfers grew with message size.",
+        "This points to a rate limit on rank {rank}'s network link: its transfers grow with "
+        "message size.",
         fault="net_throttle",
     ),
     Plan(
         "cause.link_contention",
-        "So the link between rank {rank} and its ring neighbour was contended, and their "
-        "transfers slowed.",
+        "This points to contention on the link between rank {rank} and its ring neighbour.",
         fault="link_contention",
     ),
     Plan(
         "cause.collective_hang",
-        "So a collective never completed, and the run could not go on.",
+        "This points to a collective hang: a rank that never arrived, not a slow one.",
         fault="collective_hang",
     ),
     # -- how much of the step's excess the evidence explains -----------------------------------
