@@ -6,6 +6,7 @@ person wants one paragraph per cause, not per step.
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 
 from teller.callchain.breakdown import RunBreakdown, StepBreakdown, idle_summary, share
@@ -57,7 +58,7 @@ def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> 
             else ""
         )
         lines.append(f"  suspect: {operator} on {where}{fault}")
-        lines.append(f"  why: {worst.explanation}")
+        lines.extend(_wrapped("  why: ", worst.explanation))
         for evidence in worst.evidence[:2]:
             normal = format_ns(evidence.normal_ns) if evidence.normal_ns else "—"
             lines.append(
@@ -147,6 +148,23 @@ def render_breakdown(breakdown: RunBreakdown) -> list[str]:
             for item in items
         )
     return lines
+
+
+#: Width the explanation is wrapped to: it runs to several sentences.
+WHY_WIDTH = 100
+
+
+def _wrapped(lead: str, text: str) -> list[str]:
+    """`text` wrapped after `lead`, continued under its first word; words are never broken (a
+    kernel name stays whole)."""
+    return textwrap.wrap(
+        text,
+        WHY_WIDTH,
+        initial_indent=lead,
+        subsequent_indent=" " * len(lead),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def _idle_share(breakdown: StepBreakdown) -> float:
