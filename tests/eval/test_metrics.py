@@ -206,3 +206,6 @@ def test_agreement_reads_the_plans_fault_rank_and_operator() -> None:
     # the share of the operator the rest went to adds to the pointed node's, capped at all of it
     rest = example("share.rest_operator")  # 81% + 79%
     assert agreement(rest, None, None, None).excess_explained == 1.0
+    # a mechanism's rise already holds the time its rank lost in the other operator
+    rise = example("share.rise_rest_operator")
+    assert agreement(rise, None, None, None).excess_explained == pytest.approx(0.81)

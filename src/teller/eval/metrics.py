@@ -26,9 +26,9 @@ difference on the scoreboard is a difference in the method, never in the arithme
 * Agreement with the heads: the text parses, every fault type it states is the method's, every
   rank slot holds the picked rank and every operator slot the picked operator.
 * Excess explained: the share of the step's excess the named evidence accounts for, as the
-  explanation's share sentence states it (the pointed node's share, plus the share of the
-  operator it says the rest went to), capped at 1; None for an explanation without one (a step
-  no slower than its batch, a hang).
+  explanation's share sentence states it (the mechanism's rise, or the pointed node's share
+  plus the share of the operator it says the rest went to), capped at 1; None for an
+  explanation without one (a step no slower than its batch, a hang).
 """
 
 from __future__ import annotations
@@ -293,8 +293,12 @@ def _excess_explained(said: list[Said]) -> float | None:
     shares = [s for s in said if s.plan.startswith("share.")]
     if not shares:
         return None
-    slots = shares[0].slots
-    total = _share_value(slots["share"])
-    if "other_share" in slots:
-        total += _share_value(slots["other_share"])
+    share = shares[0]
+    total = _share_value(share.slots["share"])
+    if share.plan in _ADDS_THE_REST:  # else the rest's operator is where the rise went
+        total += _share_value(share.slots["other_share"])
     return min(total, 1.0)
+
+
+#: Share plans whose other operator explains excess beyond the pointed node's.
+_ADDS_THE_REST = frozenset({"share.rest_operator"})

@@ -330,8 +330,10 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
 
 def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dict], float]:
     """How much of the step's excess the evidence accounts for, and where the rest went: the
-    late arrivals where the mechanism states them, else the pointed node's excess; when the
-    pointed node's own excess is under `SMALL_SHARE`, the other candidate that took most."""
+    mechanism's rise (late arrivals beyond the rank's usual, its host or GPU time, idle or
+    transfer beyond normal) where it exceeds the pointed node's excess, else the pointed node's;
+    when the pointed node's own excess is under `SMALL_SHARE`, the other candidate that took
+    most."""
     excess = c.excess_ns
     rest = _largest_other(c) if named < SMALL_SHARE * excess else None
     rest_facts = {}
@@ -345,14 +347,12 @@ def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dic
             other_observed=rest.observed_ns,
             other_normal=rest.normal_ns,
         )
-    late = c.arrivals
-    if mechanism == "late_arrival" and late is not None:
-        beyond = late.late_ns - late.usual_late_ns
-        if beyond > named:
-            facts = dict(named=beyond, share=beyond / excess, excess=excess)
-            if rest is not None:
-                return ("share.late_rest_operator", dict(facts, **rest_facts)), min(beyond, excess)
-            return ("share.late", facts), min(beyond, excess)
+    rise, plan = _mechanism_rise(c, mechanism)
+    if rise > named:
+        facts = dict(named=rise, share=rise / excess, excess=excess)
+        if rest is not None:
+            return (f"{plan}_rest_operator", dict(facts, **rest_facts)), min(rise, excess)
+        return (plan, facts), min(rise, excess)
     share = named / excess
     facts = dict(named=named, share=share, excess=excess)
     if share >= SMALL_SHARE:
@@ -360,6 +360,21 @@ def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dic
     if rest is not None:
         return ("share.rest_operator", dict(facts, **rest_facts)), min(named + rest_excess, excess)
     return ("share.rest_none", dict(facts, rest=excess - named)), named
+
+
+def _mechanism_rise(c: StepContext, mechanism: str) -> tuple[float, str]:
+    """The stated mechanism's measure beyond its normal, and the share plan that says it."""
+    if mechanism == "late_arrival" and c.arrivals is not None:
+        return c.arrivals.late_ns - c.arrivals.usual_late_ns, "share.late"
+    measured = {
+        "host_slower": c.host,
+        "gpu_slower": c.gpu,
+        "launch_gaps": c.idle,
+        "transfer_slower": c.transfer,
+    }.get(mechanism)
+    if measured is None:
+        return 0.0, "share.rise"
+    return measured.excess_ns, "share.rise"
 
 
 def _largest_other(c: StepContext):

@@ -332,8 +332,8 @@ _PLANS = (
     ),
     Plan(
         "mechanism.transfer_slower",
-        "The step's collectives spent {observed} moving data on their last arrivers, against "
-        "{normal} in normal steps of this kind.",
+        "The step's collectives took {observed} of transfer on the ranks that arrived last, "
+        "against {normal} in normal steps of this kind.",
         note="the last arrivers' own collective time, which has no waiting in it",
     ),
     Plan(
@@ -484,6 +484,18 @@ _PLANS = (
         "{other_observed} against {other_normal} normally.",
         note="the same, when the pointed operator's own excess is under a third of the step's: "
         "the rank's other candidate with the largest excess",
+    ),
+    Plan(
+        "share.rise",
+        "That rise of {named} is {share} of the step's {excess} excess.",
+        note="the mechanism's rise over its normal (host, GPU, idle or transfer time)",
+    ),
+    Plan(
+        "share.rise_rest_operator",
+        "That rise of {named} is {share} of the step's {excess} excess; rank {other_rank} lost "
+        "{other_share} of it in {other_op}, which took {other_observed} against {other_normal} "
+        "normally.",
+        note="the same, when the pointed operator's own excess is under a third of the step's",
     ),
     Plan(
         "share.rest_operator",
