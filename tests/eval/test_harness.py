@@ -131,11 +131,11 @@ class ExplainingLocalizer:
 def test_explanation_figures_only_for_the_method_that_explains(cases: Path) -> None:
     found = find_cases([cases])
     split = split_cases(found, test_share=0.67, seed=0)
-    methods = {"localizer": METHODS["localizer"], "explaining": ExplainingLocalizer}
+    methods = {"threshold": METHODS["threshold"], "explaining": ExplainingLocalizer}
     result = evaluate(methods, found, split, progress=False)
     rows = {(r.method, r.group): r for r in result.rows}
     for r in result.rows:
-        if r.method == "localizer":
+        if r.method == "threshold":
             assert r.explained_steps is None and r.rouge_l is None and r.faithful is None
     vertical, horizontal = rows["explaining", "vertical"], rows["explaining", "horizontal"]
     # cpu cases: two flagged steps each; straggler cases: one. The localizer is right on every one.
@@ -155,8 +155,8 @@ def test_explanation_figures_only_for_the_method_that_explains(cases: Path) -> N
     board = render_markdown(result, "teller eval", "test cases")
     tables = board.split("Explanations:")[1:]
     assert tables and all("| explaining |" in t.split("##")[0] for t in tables)
-    assert all("| localizer |" not in t.split("##")[0] for t in tables)
-    assert result.to_json()["rows"][0]["rouge_l"] is None  # localizer rows come first
+    assert all("| threshold |" not in t.split("##")[0] for t in tables)
+    assert result.to_json()["rows"][0]["rouge_l"] is None  # threshold rows come first
 
 
 def labels(operator: str | None = "aten::mm", rank: int | None = 1) -> CaseLabels:
@@ -240,3 +240,14 @@ def test_model_variants_share_one_cases_step_records_through_its_facts(
     for _ in range(2):
         RootCauseMethod().fit([]).score(tree, logs=case.logs(tree))
     assert len(computed) == 3
+
+
+def test_the_localizer_is_scored_on_its_verdicts_explanations(cases: Path) -> None:
+    """The localizer row judges the words its verdict writes: sentence plans that agree with its
+    fault type, operator and rank."""
+    found = find_cases([cases])
+    split = split_cases(found, test_share=0.67, seed=0)
+    result = evaluate({"localizer": METHODS["localizer"]}, found, split, progress=False)
+    overall = next(r for r in result.rows if r.group == "overall")
+    assert overall.explained_steps and overall.explained_steps > 0
+    assert overall.well_formed == 1.0 and overall.agreement == 1.0 and overall.faithful == 1.0

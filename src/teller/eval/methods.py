@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from teller.eval.baselines import FixedThreshold, GaussianMixtureBaseline, StepZScore
+from teller.eval.localizer_method import ExplainedLocalizer
 from teller.eval.log_baseline import LogOnlyBaseline
-from teller.localize import NumericLocalizer
 
 
 def _model(variant: str, pool_faults: bool = True) -> Callable[[], object]:
@@ -22,7 +22,7 @@ def _model(variant: str, pool_faults: bool = True) -> Callable[[], object]:
 
 
 METHODS: dict[str, Callable[[], object]] = {
-    "localizer": NumericLocalizer,
+    "localizer": ExplainedLocalizer,  # with its verdict's explanations
     "threshold": FixedThreshold,
     "zscore": StepZScore,
     "gmm": GaussianMixtureBaseline,

@@ -29,7 +29,7 @@ from teller.callchain.tree import CallTree
 from teller.errors import TellerError
 from teller.faults import FAULTS, view_of
 from teller.ingest.schema import LAYERS
-from teller.localize import Localization, OperatorCandidate, StepScore
+from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.rca.context import RunContext
 from teller.rca.explain import choose_mechanism, compose
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
@@ -210,6 +210,29 @@ class _Draft:
     @property
     def top(self) -> OperatorCandidate | None:
         return self.ranked[self.chosen][0] if self.ranked else None
+
+
+def localizer_explanations(
+    tree: CallTree,
+    localization: Localization,
+    facts: RunFacts | None = None,
+    has_logs: bool = False,
+) -> dict[int, StepExplanation]:
+    """The localizer's explanation of each flagged step, as its verdict words it (the same
+    plans, the same one-incident rule), with the fault type and the node it names: what the
+    scoreboard judges the localizer's words by."""
+    drafts = _drafts(tree, localization)
+    flagged = {s.iteration for s in localization.anomalous_steps()}
+    normal = {s.iteration for s in localization.steps} - flagged
+    context = RunContext(tree, facts, normal, has_logs)
+    one_incident_per_cause(drafts, context)
+    out = {}
+    for draft in drafts:
+        finding = _finding(tree, context, draft)
+        out[finding.step] = StepExplanation(
+            finding.fault_type or "none", finding.explanation, finding.operator, finding.rank
+        )
+    return out
 
 
 def _model_drafts(localization: Localization, diagnoses: list[StepDiagnosis]) -> list[_Draft]:
