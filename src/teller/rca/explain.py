@@ -354,7 +354,9 @@ def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dic
             return (f"{plan}_rest_operator", dict(facts, **rest_facts)), min(rise, excess)
         return (plan, facts), min(rise, excess)
     share = named / excess
-    facts = dict(named=named, share=share, excess=excess)
+    top = c.candidate
+    assert top is not None
+    facts = dict(op=top.operator, rank=top.rank, named=named, share=share, excess=excess)
     if share >= SMALL_SHARE:
         return ("share.excess", facts), min(named, excess)
     if rest is not None:

@@ -469,7 +469,7 @@ _PLANS = (
     # -- how much of the step's excess the evidence explains -----------------------------------
     Plan(
         "share.excess",
-        "That is {named} beyond normal, {share} of the step's {excess} excess.",
+        "The excess of {op} on rank {rank}, {named}, is {share} of the step's {excess} excess.",
         note="the evidence's excess over its normal, against the step's on the named rank",
     ),
     Plan(
@@ -499,15 +499,15 @@ _PLANS = (
     ),
     Plan(
         "share.rest_operator",
-        "That is {named} beyond normal, only {share} of the step's {excess} excess; rank "
-        "{other_rank} lost {other_share} of it in {other_op}, which took {other_observed} "
-        "against {other_normal} normally.",
+        "The excess of {op} on rank {rank}, {named}, is only {share} of the step's {excess} "
+        "excess; rank {other_rank} lost {other_share} of it in {other_op}, which took "
+        "{other_observed} against {other_normal} normally.",
         note="under a third explained: the step's other candidate with the largest excess",
     ),
     Plan(
         "share.rest_none",
-        "That is {named} beyond normal, only {share} of the step's {excess} excess; the other "
-        "{rest} is under no single operator the trace measures.",
+        "The excess of {op} on rank {rank}, {named}, is only {share} of the step's {excess} "
+        "excess; the other {rest} is under no single operator the trace measures.",
         note="under a third explained and no other candidate takes a tenth of the excess",
     ),
     # -- what the trace cannot tell -----------------------------------------------------------
@@ -660,10 +660,18 @@ EXAMPLE_FACTS: dict[str, object] = {
 }
 
 
+#: Where a plan's example needs other values to read as it would be used.
+EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
+    "share.rest_operator": {"named": 1.28e6, "share": 0.003},
+    "share.rest_none": {"named": 1.28e6, "share": 0.003, "rest": 453e6},
+}
+
+
 def example(plan_id: str) -> str:
-    """The plan rendered with `EXAMPLE_FACTS`."""
+    """The plan rendered with `EXAMPLE_FACTS` (and its `EXAMPLE_OVERRIDES`)."""
     plan = PLANS[plan_id]
-    return plan.render(**{s: EXAMPLE_FACTS[s] for s in plan.slots})
+    facts = {**EXAMPLE_FACTS, **EXAMPLE_OVERRIDES.get(plan_id, {})}
+    return plan.render(**{s: facts[s] for s in plan.slots})
 
 
 def plans_markdown() -> str:
