@@ -488,19 +488,25 @@ def _summary(tree: CallTree, localization: Localization, findings: list[Finding]
     if not findings:
         noun = "step" if total == 1 else "steps"
         return f"No anomalous step among {total} {noun}: every step took what its batch predicts."
-    lines = [
-        f"{len(findings)} of {total} steps are anomalous (steps {step_ranges([f.step for f in findings])})."
-    ]
+    flagged = [f.step for f in findings]
+    verb = "step is" if len(findings) == 1 and total == 1 else "steps are"
+    if len(findings) == 1 and total > 1:
+        verb = "steps is"
+    noun = "step" if len(set(flagged)) == 1 else "steps"
+    lines = [f"{len(findings)} of {total} {verb} anomalous ({noun} {step_ranges(flagged)})."]
     for group in incidents(findings)[:SUMMARY_FINDINGS]:
         worst = worst_of(group)
         who = f"rank {worst.rank}" if worst.rank is not None else "no single rank"
         kinds = Counter(f.fault_type for f in group if f.fault_type)
         operators = Counter(f.operator for f in group if f.operator)
-        pattern = f", mostly {kinds.most_common(1)[0][0]}" if kinds else ""
+        pattern = (
+            f", {'mostly ' if len(group) > 1 else ''}{kinds.most_common(1)[0][0]}" if kinds else ""
+        )
         ops = ", ".join(short_name(op, 50) for op, _ in operators.most_common(2))
+        where = f" in {len(group)} of them" if len(findings) > 1 else ""
         lines.append(
-            f"Suspect {who} in {len(group)} of them{pattern}"
-            + (f"; operators: {ops}." if ops else ".")
+            f"Suspect {who}{where}{pattern}"
+            + (f"; {'operators' if len(operators) > 1 else 'operator'}: {ops}." if ops else ".")
             + f" Worst: {worst.explanation}"
         )
     return "\n".join(lines)
