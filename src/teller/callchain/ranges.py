@@ -11,8 +11,11 @@ candidate becomes the steps only when it is clearly the iteration (`work.py`):
 * the usual instance closes as an iteration does and keeps the GPU busy for some of its time
   (`work.py`: layers of one forward do neither the first).
 
-When several pass, the outermost wins (an iteration range holds its sub-ranges, which can pass
-too when they hold nearly all of its work), then the one holding more work. Every candidate is
+A part can pass all three (a backward holds most of a training step's GPU time and the fused
+optimizer's step), so a candidate with a sibling (another repeated range at its level holding
+real work, as `## forward ##` is to `## backward ##`) is a part of the loop's body, not its
+iteration. When several pass, the outermost wins (an iteration range holds its sub-ranges, which
+can pass too when they hold nearly all of its work), then the one holding more work. Every candidate is
 offered by name either way, so a user can pass it as the step regex.
 
 Kineto records an annotation twice, on the host and as `gpu_user_annotation` on the stream its
@@ -33,6 +36,9 @@ from teller.ingest.schema import LAYER_CODE
 MIN_REPEATS = 2
 #: Share of the rank's work an iteration range's instances hold together: most of it.
 MIN_WORK_SHARE = 0.5
+#: A repeated range beside the candidate, at its level, holding this share of the work makes both
+#: parts of the iteration (a backward can hold most of a training step's GPU time by itself).
+SIBLING_WORK_SHARE = 0.1
 #: Consecutive instances may overlap by this share of their usual length (timestamps rounded to
 #: µs put one range's start a tick before the previous one's end) and still be one after another.
 OVERLAP_SHARE = 0.01
@@ -129,6 +135,8 @@ def pick_iteration_ranges(
     for candidate in candidates:
         if not candidate.is_iteration(rank_has_gpu.get(candidate.rank, False)):
             continue
+        if any(_is_sibling_part(other, candidate) for other in candidates):
+            continue
         best = picked.get(candidate.rank)
         if best is None or (candidate.level, -candidate.work_share) < (
             best.level,
@@ -136,6 +144,18 @@ def pick_iteration_ranges(
         ):
             picked[candidate.rank] = candidate
     return picked
+
+
+def _is_sibling_part(other: RepeatedRange, candidate: RepeatedRange) -> bool:
+    """Another repeated range beside the candidate, at its level, holding real work: both are
+    parts of one loop's body (`## forward ##` beside `## backward ##`), neither its iteration."""
+    return (
+        other.rank == candidate.rank
+        and other.level == candidate.level
+        and other.on_gpu == candidate.on_gpu
+        and other.name != candidate.name
+        and other.work_share >= SIBLING_WORK_SHARE
+    )
 
 
 def describe_candidates(candidates: list[RepeatedRange], limit: int = 6) -> str:
@@ -169,21 +189,35 @@ def instance_of_nodes(tree: Forest, candidate: RepeatedRange, work: NodeWork) ->
 def _owners(
     tree: Forest, nodes: np.ndarray, ends: np.ndarray, gpu_range: bool, work: NodeWork
 ) -> np.ndarray:
-    """Per node, the instance that holds it: its subtree (host ranges) and, for GPU activity no
-    host call launched (or any, for a GPU range), the instance its start falls in."""
+    """Per node, the instance that holds it: a host range's subtree; any other host node of the
+    rank whose start falls in an instance (a worker thread's ops, the autograd thread's
+    backward), with everything under it; GPU work by the host call that launched it, and GPU work
+    nothing traced launched by where its start falls. (A GPU range holds what ran inside it.)
+
+    GPU work joins through its launch, not its own start: the GPU runs behind the host, so a
+    window on the host clock would take in the previous part's kernels."""
     rank, stream, start, parent = tree.rank, tree.stream, tree.start, tree.parent
-    starts = start[nodes]
+    mine = rank == rank[nodes[0]]
     owner = np.full(len(parent), -1, dtype=np.int64)
-    r = rank[nodes[0]]
-    if not gpu_range:
-        owner[nodes] = np.arange(len(nodes))
-        owner = work.owners(parent, owner)
-    by_time = (rank == r) & (stream >= 0) & (owner < 0)
-    if not gpu_range:
-        by_time &= parent < 0
-    candidates = np.flatnonzero(by_time)
-    position = np.searchsorted(starts, start[candidates], side="right") - 1
-    valid = position >= 0
-    inside = valid & (start[candidates] < ends[np.maximum(position, 0)])
-    owner[candidates[inside]] = position[inside]
+    if gpu_range:
+        _by_window(owner, np.flatnonzero(mine & (stream >= 0)), start, start[nodes], ends)
+        return owner
+    owner[nodes] = np.arange(len(nodes))
+    owner = work.owners(parent, owner)
+    _by_window(owner, np.flatnonzero(mine & (stream < 0) & (owner < 0)), start, start[nodes], ends)
+    owner = work.owners(parent, owner)
+    unlaunched = np.flatnonzero(mine & (stream >= 0) & (parent < 0) & (owner < 0))
+    _by_window(owner, unlaunched, start, start[nodes], ends)
     return owner
+
+
+def _by_window(
+    owner: np.ndarray,
+    candidates: np.ndarray,
+    start: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+) -> None:
+    position = np.searchsorted(starts, start[candidates], side="right") - 1
+    inside = (position >= 0) & (start[candidates] < ends[np.maximum(position, 0)])
+    owner[candidates[inside]] = position[inside]
