@@ -8,8 +8,10 @@ removed (the same loop with nothing naming its steps), so the true steps are kno
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +35,7 @@ SGLANG = "tracelens/sglang_Qwen3-8B_prefilldecode.json.gz"
 RESNET = "hta/ns_resolution_v100_resnet_rank0.pt.trace.json.gz"
 HTA_ANNOTATIONS = "hta/gpu_user_annotation_steps.json.gz"
 ALEXNET = "hta/critical_path_alexnet.json.gz"
+MI300 = "tracelens/more/mi300_resnet_act_checkpoint.json.gz"
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
@@ -119,6 +122,72 @@ def test_a_user_range_around_each_iteration_becomes_the_steps() -> None:
     assert any("steps are the repeated range '## train step ##' (×5" in w for w in tree.warnings)
 
 
+def gpu_annotated_loop(path: Path, iterations: int = 3) -> Path:
+    """A loop whose only range is a GPU one (`gpu_user_annotation` with no host copy, as some
+    tools write): per iteration two GEMMs and the result copied back, the GPU behind the host."""
+    events: list[dict] = []
+    correlation = 0
+    for k in range(iterations):
+        host, gpu = 1000.0 + k * 1000.0, 1300.0 + k * 1000.0
+        gpu_start = gpu
+        for name, dur, cat in (("gemm", 300.0, "kernel"), ("gemm", 300.0, "kernel")):
+            correlation += 1
+            events.append(runtime("cudaLaunchKernel", host, correlation))
+            events.append(gpu_event(name, cat, gpu, dur, correlation))
+            host, gpu = host + 20.0, gpu + dur + 5.0
+        correlation += 1
+        events.append(runtime("cudaMemcpyAsync", host, correlation))
+        events.append(
+            gpu_event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", gpu, 10.0, correlation)
+        )
+        events.append(
+            gpu_event("iteration", "gpu_user_annotation", gpu_start, gpu + 10 - gpu_start, -1)
+        )
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def runtime(name: str, ts: float, correlation: int) -> dict:
+    args = {"correlation": correlation}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "dur": 8.0,
+        "args": args,
+    }
+
+
+def gpu_event(name: str, cat: str, ts: float, dur: float, correlation: int) -> dict:
+    args = {"device": 0, "stream": 7, "correlation": correlation}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 0,
+        "tid": 7,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def test_a_gpu_annotation_without_a_host_range_names_the_steps(tmp_path: Path) -> None:
+    tree = build_tree(read_trace(gpu_annotated_loop(tmp_path / "gpu_ranges.json")))
+    steps = tree.steps
+    assert len(steps) == 3
+    assert steps.found_by == [found_by_range("iteration")] * 3
+    assert (tree.stream[steps.node] >= 0).all()
+    gpu_work = np.flatnonzero((tree.stream >= 0) & (tree.name != tree.name[steps.node[0]]))
+    # each GEMM and copy in the step whose GPU range it ran in, two GEMMs and a copy each, and
+    # the host call that launched each in the same step (the host ran 300 µs ahead)
+    assert np.bincount(tree.step[gpu_work], minlength=3).tolist() == [3, 3, 3]
+    assert np.array_equal(tree.step[tree.parent[gpu_work]], tree.step[gpu_work])
+
+
 def test_ranges_around_parts_of_the_iteration_are_offered_not_taken() -> None:
     """HTA's trace marks only the optimizer's calls: each is a small part of the iteration."""
     tree = build_tree(read_trace(real_trace(HTA_ANNOTATIONS)))
@@ -162,7 +231,7 @@ def test_benchmark_forwards_from_the_period_of_alexnet() -> None:
         (RESNET, 5),
         ("hta/queue_len_rank0_of16.json.gz", 5),
         ("hta/sampled_rank0_of128.json.gz", 2),
-        ("tracelens/more/mi300_resnet_act_checkpoint.json.gz", 3),
+        (MI300, 3),
     ],
 )
 def test_the_period_finds_the_profilers_steps_when_they_are_removed(

@@ -20,7 +20,8 @@ offered by name either way, so a user can pass it as the step regex.
 
 Kineto records an annotation twice, on the host and as `gpu_user_annotation` on the stream its
 GPU work ran on; the GPU copy hangs under the host one and is the same candidate. A GPU range with
-no host range is a candidate of its own and holds the GPU work that ran inside it.
+no host range is a candidate of its own and holds the GPU work that ran inside it, with the host
+operations that launched that work.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ def _owners(
     """Per node, the instance that holds it: a host range's subtree; any other host node of the
     rank whose start falls in an instance (a worker thread's ops, the autograd thread's
     backward), with everything under it; GPU work by the host call that launched it, and GPU work
-    nothing traced launched by where its start falls. (A GPU range holds what ran inside it.)
+    nothing traced launched by where its start falls. (A GPU range holds the GPU work that ran
+    inside it and the top-level host operations that launched it.)
 
     GPU work joins through its launch, not its own start: the GPU runs behind the host, so a
     window on the host clock would take in the previous part's kernels."""
@@ -201,7 +203,11 @@ def _owners(
     owner = np.full(len(parent), -1, dtype=np.int64)
     if gpu_range:
         _by_window(owner, np.flatnonzero(mine & (stream >= 0)), start, start[nodes], ends)
-        return owner
+        # the host operation that launched an instance's first GPU work comes with it
+        launched = np.flatnonzero((owner >= 0) & (stream >= 0) & (work.top >= 0))
+        latest_first = launched[np.argsort(start[launched], kind="stable")[::-1]]
+        owner[work.top[latest_first]] = owner[latest_first]
+        return work.owners(parent, owner)
     owner[nodes] = np.arange(len(nodes))
     owner = work.owners(parent, owner)
     _by_window(owner, np.flatnonzero(mine & (stream < 0) & (owner < 0)), start, start[nodes], ends)

@@ -12,8 +12,8 @@ and decode requests and tokens) is what later stages compare steps by:
 A user-supplied regex overrides them. Only the outermost match on a thread is a step; a nested
 match (SGLang writes both shapes, one inside the other) enriches its batch facts.
 
-A trace without them still has iterations, found in this order (each step records how, in
-`StepTable.found_by`):
+A trace without them still has iterations. Steps are found by the first of these rules that
+finds any (each step records which, in `StepTable.found_by`):
 
 1. engine annotations and `ProfilerStep#N`, as above ("engine annotation", "ProfilerStep"), or the
    user's regex ("step regex");
