@@ -53,7 +53,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    from teller.callchain.render import render_tree
+    from teller.callchain.render import render_step, render_tree
     from teller.callchain.tree import build_tree
     from teller.ingest import read_run
 
@@ -70,12 +70,12 @@ def cmd_tree(args: argparse.Namespace) -> int:
             raise TellerError(
                 f"{args.path}: rank {rank} has no step {args.step} ({available} steps found)"
             )
-        roots = [int(steps.node[match[0]])]
-    else:
-        roots = [r for r in tree.roots().tolist() if tree.rank[r] == rank and tree.stream[r] < 0]
-        if not roots:
-            raise TellerError(f"{args.path}: rank {rank} has no call-chain nodes")
-        roots = sorted(roots, key=lambda r: -int(tree.dur[r]))[: args.roots]
+        print(render_step(tree, match[0], max_depth=args.depth, show_python=args.python))
+        return EXIT_OK
+    roots = [r for r in tree.roots().tolist() if tree.rank[r] == rank and tree.stream[r] < 0]
+    if not roots:
+        raise TellerError(f"{args.path}: rank {rank} has no call-chain nodes")
+    roots = sorted(roots, key=lambda r: -int(tree.dur[r]))[: args.roots]
     for root in roots:
         print(render_tree(tree, root, max_depth=args.depth, show_python=args.python))
     return EXIT_OK

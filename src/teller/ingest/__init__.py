@@ -14,6 +14,7 @@ from pathlib import Path
 
 from teller.errors import TraceError
 from teller.ingest import kineto
+from teller.ingest.files import NSYS_REPORT_SUFFIXES
 from teller.ingest.schema import EventTable, concat
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -22,9 +23,9 @@ _SNIFF_BYTES = 1 << 16
 
 
 def read_trace(path: str | Path) -> EventTable:
-    """Read one trace file (Kineto JSON / .json.gz, or Nsight Systems SQLite export)."""
+    """Read one trace file (Kineto JSON / .json.gz, Nsight Systems SQLite export or report)."""
     path = Path(path)
-    if _is_sqlite(path):
+    if _is_sqlite(path) or path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
         from teller.ingest import nsys  # local: sqlite is only needed for nsys exports
 
         return nsys.read(path)
@@ -37,7 +38,9 @@ def read_run(paths: Iterable[str | Path], progress: bool = False) -> EventTable:
     files = find_trace_files(paths)
     if not files:
         shown = ", ".join(str(p) for p in paths)
-        raise TraceError(shown, "no trace files found (looked for *.json, *.json.gz, *.sqlite)")
+        raise TraceError(
+            shown, "no trace files found (looked for *.json, *.json.gz, *.sqlite, *.nsys-rep)"
+        )
     iterator: Iterable[Path] = files
     if progress and len(files) > 1:
         from tqdm import tqdm
@@ -63,6 +66,8 @@ def looks_like_trace(path: Path) -> bool:
     name = path.name.lower()
     if name.endswith((".sqlite", ".sqlite3")):
         return _is_sqlite(path)
+    if name.endswith(NSYS_REPORT_SUFFIXES):
+        return True
     if not name.endswith((".json", ".json.gz")):
         return False
     head = _head(path)

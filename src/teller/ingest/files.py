@@ -6,6 +6,9 @@ from pathlib import Path
 
 from teller.errors import TraceError
 
+#: File names of Nsight Systems reports (`.qdrep` before 2021.3), read through `nsys export`.
+NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+
 
 def read_bytes(path: Path, expected: str, size: int = -1) -> bytes:
     """The file's first `size` bytes (all of them by default).
