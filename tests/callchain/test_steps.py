@@ -19,6 +19,7 @@ import pytest
 
 from conftest import real_trace
 from teller.callchain.steps import (
+    FOUND_BY_CAPTURE,
     FOUND_BY_ENGINE,
     FOUND_BY_PERIOD,
     FOUND_BY_PROFILER_STEP,
@@ -266,7 +267,8 @@ def test_one_forward_is_not_cut_into_its_layers(relative: str) -> None:
     drop = np.array([bool(annotation.match(n)) for n in names])
     bare = events.table.filter(pa.array(~drop[column.indices.to_numpy()]))
     tree = build_tree(EventTable(table=bare, sources=events.sources))
-    assert len(tree.steps) == 0
+    assert tree.steps.found_by == [FOUND_BY_CAPTURE]  # the whole forward is one step
+    assert (tree.step >= 0).all()
     assert any("does not repeat as a loop does" in w for w in tree.warnings)
 
 
@@ -282,9 +284,10 @@ def test_one_forward_is_not_cut_into_its_layers(relative: str) -> None:
         "nsys_ai/healthy_1pct.sqlite",
     ],
 )
-def test_repetition_that_is_no_loop_gives_no_steps(relative: str) -> None:
+def test_repetition_that_is_no_loop_is_one_capture_step_per_rank(relative: str) -> None:
     tree = build_tree(read_trace(real_trace(relative)))
-    assert len(tree.steps) == 0
+    assert tree.steps.found_by == [FOUND_BY_CAPTURE] * len(np.unique(tree.rank))
+    assert (tree.step >= 0).all()
 
 
 # -- how users see it ------------------------------------------------------------------------------

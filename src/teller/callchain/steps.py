@@ -61,6 +61,7 @@ FOUND_BY_ENGINE = "engine annotation"
 FOUND_BY_PROFILER_STEP = "ProfilerStep"
 FOUND_BY_REGEX = "step regex"
 FOUND_BY_PERIOD = "period of top-level sequence"
+FOUND_BY_CAPTURE = "whole capture (nothing repeats)"
 BUILT_IN_STEPS = "ProfilerStep#N, vLLM execute_…, SGLang step[…]"
 
 
@@ -245,10 +246,11 @@ def find_steps(
         )
     if not found:
         notes = [
-            f"{missing}; and the top-level operation sequence does not repeat as a loop does; "
+            f"{missing}; and the top-level operation sequence does not repeat as a loop does: "
+            "the whole capture is one step on each rank (its layers and ranks are still compared); "
             "pass --step-regex naming the step's range"
         ]
-        return table, step, notes
+        found = [_capture_step(tree, r) for r in np.unique(tree.rank).tolist()]
     table, step = _assemble(tree, found)
     return table, step, notes
 
@@ -293,6 +295,23 @@ def _period_steps(tree: Forest, iterations: RankIterations, work: NodeWork) -> _
         end_ns=iterations.end_ns,
         name=["iteration"] * len(iterations.node),
         found_by=FOUND_BY_PERIOD,
+        member_of=member_of,
+    )
+
+
+def _capture_step(tree: Forest, rank: int) -> _FoundSteps:
+    """All of one rank's capture as one step: what a single forward (or a capture cut mid-loop)
+    is, so that the comparisons inside a step, across its layers and ranks, still run."""
+    mine = tree.rank == rank
+    nodes = np.flatnonzero(mine)
+    ends = tree.start[nodes] + tree.dur[nodes]
+    member_of = np.where(mine, 0, -1).astype(np.int64)
+    return _FoundSteps(
+        node=nodes[:1],
+        start_ns=np.asarray([tree.start[nodes].min()]),
+        end_ns=np.asarray([ends.max()]),
+        name=["whole capture"],
+        found_by=FOUND_BY_CAPTURE,
         member_of=member_of,
     )
 
