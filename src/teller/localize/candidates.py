@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from teller.callchain.facts import Arrivals, RunFacts, StepNodes
+from teller.callchain.facts import Arrivals, RunFacts, StepNodes, packed_keys
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import COMPUTE_CODES
 from teller.localize.collectives import collective_candidates
@@ -55,7 +56,6 @@ class RunTables:
 
     tree: CallTree
     nodes: StepNodes
-    key_rows: dict[NodeKey, dict[int, int]]  # key → {iteration: position in `nodes`}
     history: SelfTimeHistory
     step_totals: dict[tuple[int, int, int], float]  # (rank, name, iteration) → self ns
     gaps: dict[tuple[int, int], dict[int, float]]  # `idle_gaps`
@@ -64,12 +64,16 @@ class RunTables:
     waiting: frozenset[int]  # name ids of calls that mostly wait: never candidates
     ranks: list[int]
 
+    @cached_property
+    def key_rows(self) -> dict[NodeKey, dict[int, int]]:
+        """key → {iteration: position in `nodes`}; built on first need (a peer reference)."""
+        return keyed_rows(self.nodes)
+
     @classmethod
     def of(cls, facts: RunFacts) -> RunTables:
         return cls(
             tree=facts.tree,
             nodes=facts.step_nodes,
-            key_rows=keyed_rows(facts.step_nodes),
             history=SelfTimeHistory.of(facts.step_nodes),
             step_totals=facts.compute_totals,
             gaps=idle_gaps(facts.tree),
@@ -94,10 +98,8 @@ class SelfTimeHistory:
         count = len(nodes.node)
         if not count:
             return cls(np.zeros(0, dtype=np.int64), np.zeros((0, 0)))
-        keys = np.stack(
-            [nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu.astype(np.int64)], axis=1
-        )
-        _, key_of = np.unique(keys, axis=0, return_inverse=True)
+        keys = packed_keys(nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu)
+        _, key_of = np.unique(keys, return_inverse=True)
         key_of = key_of.reshape(-1)
         table = np.full((int(key_of.max()) + 1, int(nodes.iteration.max()) + 1), np.nan)
         table[key_of, nodes.iteration] = nodes.self_ns
