@@ -299,6 +299,14 @@ def _period_steps(tree: Forest, iterations: RankIterations, work: NodeWork) -> _
     )
 
 
+def ordinal_per_rank(rank: np.ndarray) -> np.ndarray:
+    """Each step's ordinal on its rank, for steps sorted by rank then time."""
+    index = np.zeros(len(rank), dtype=np.int64)
+    for k in range(1, len(rank)):
+        index[k] = index[k - 1] + 1 if rank[k] == rank[k - 1] else 0
+    return index
+
+
 def _capture_step(tree: Forest, rank: int) -> _FoundSteps:
     """All of one rank's capture as one step: what a single forward (or a capture cut mid-loop)
     is, so that the comparisons inside a step, across its layers and ranks, still run."""
@@ -335,9 +343,7 @@ def _assemble(tree: Forest, found: list[_FoundSteps]) -> tuple[StepTable, np.nda
         offset += len(f.node)
     node, start_ns, dur_ns, rank = node[order], start_ns[order], dur_ns[order], rank[order]
     _assign_by_window(step, tree.rank, tree.start, node, start_ns, dur_ns)
-    index = np.zeros(len(node), dtype=np.int64)
-    for k in range(1, len(node)):
-        index[k] = index[k - 1] + 1 if rank[k] == rank[k - 1] else 0
+    index = ordinal_per_rank(rank)
     unknown = np.full(len(node), -1, dtype=np.int64)
     table = StepTable(
         rank=rank,
@@ -405,9 +411,7 @@ def _annotated_steps(
     _assign_by_window(step, rank, start, node, start[node], dur[node])
     facts_sorted = [step_facts[k] for k in order.tolist()]
     step_rank = rank[node].astype(np.int32)
-    index = np.zeros(len(node), dtype=np.int64)
-    for k in range(1, len(node)):
-        index[k] = index[k - 1] + 1 if step_rank[k] == step_rank[k - 1] else 0
+    index = ordinal_per_rank(step_rank)
     table = StepTable(
         rank=step_rank,
         index=index,
