@@ -227,7 +227,7 @@ def summarize(records: list[Record], clean: list[dict], methods: tuple[str, ...]
         for family in ("kernel", "host_gap", "straggler"):
             for label, _, _ in BUCKETS:
                 chosen = [
-                    r.scores[method]
+                    {**r.scores[method], "_visible": made_later(r.truth)}
                     for r in records
                     if r.truth["family"] == family
                     and bucket_of(r.truth["fraction"]) == label
@@ -298,6 +298,15 @@ def summarize(records: list[Record], clean: list[dict], methods: tuple[str, ...]
     return {"rows": rows, "false_steps": false_steps, "targets": targets}
 
 
+def made_later(truth: dict) -> bool:
+    """Whether the fault made anything end later by at least half its size: the step, the
+    device's GPU work, or (stragglers) the peer's collective. The rest was absorbed by slack in
+    the capture (a host-bound GPU catching up, a wait on communication) and shows only in the
+    slowed op itself."""
+    moved = max(truth["step_growth_ns"], truth["gpu_growth_ns"], truth["peer_wait_added_ns"])
+    return moved >= 0.5 * truth["added_ns"]
+
+
 def _rates(scores: list[dict]) -> dict:
     out: dict[str, object] = {"n": len(scores)}
     for label, key in RATES:
@@ -306,6 +315,7 @@ def _rates(scores: list[dict]) -> dict:
             out[label] = _share([s["operator_hit"] for s in found])
             continue
         out[label] = _share([s[key] for s in scores if s[key] is not None])
+    out["made later"] = _share([s["_visible"] for s in scores])
     out["other steps flagged"] = round(
         sum(s["other_steps_flagged"] for s in scores) / len(scores), 2
     )
@@ -320,6 +330,7 @@ def _share(values: list[bool]) -> float | None:
 # -- output --------------------------------------------------------------------------------------
 COLUMNS = (
     "n",
+    "made later",
     "step recall",
     "headline",
     "op AC@1",
@@ -385,7 +396,7 @@ def print_tables(summary: dict, markdown: bool) -> None:
             for row in (head, *rows):
                 print("  ".join(f"{cell:>12}" for cell in row))
         return
-    console = Console()
+    console = Console(width=max(Console().width, 150))
     for title, head, rows in tables:
         table = Table(title=title)
         for column in head:

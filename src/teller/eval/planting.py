@@ -10,9 +10,10 @@ constraints that held in the capture and lets the delay flow through them.
   ops it waited on (cross-stream waits, where the trace shows them) end. Slack in the capture is
   slack in the replay: a kernel that sat idle 30 µs behind a late launch absorbs 30 µs of an
   upstream delay; one that ran back to back absorbs none.
-* A host thread moves only after a blocking call (`cudaStreamSynchronize`, `cudaDeviceSynchronize`,
-  `cudaEventSynchronize`, a synchronous or pageable device-to-host copy, as behind `aten::item`
-  and `.cpu()`) that returns later because the GPU work it waited on now ends later; from that
+* A host thread moves only after a call that waits on the GPU returns later: a blocking call
+  (`cudaStreamSynchronize`, `cudaDeviceSynchronize`, `cudaEventSynchronize`, a synchronous or
+  pageable device-to-host copy, as behind `aten::item` and `.cpu()`) whose GPU work now ends
+  later, or a launch into a full launch queue whose oldest entry now starts later. From that
   return on, everything the thread does, and the GPU work it launches, moves by the same amount.
 * A host delay moves everything after it on its thread; its GPU work moves by what the queue
   ahead of each launch does not absorb.
@@ -22,8 +23,8 @@ survives (an enclosing range grows by what happened inside it) and no two ops of
 that did not overlap before. The format readers and writers (`planting_kineto`, `planting_nsys`)
 build a `Timeline` from a file and write a moved copy; nothing here knows a file format.
 
-What the replay cannot see it leaves alone, and says so in `Replayed.notes`: cross-stream waits the
-trace does not record, a launch queue that fills and blocks the host, polling loops
+What the replay cannot see it leaves alone: cross-stream waits that leave no mark in the timing,
+other threads that wait on a delayed one (a thread moves only on its own calls), polling loops
 (`cudaEventQuery`) that spin until the GPU is done.
 """
 
@@ -65,7 +66,14 @@ KERNEL_KINDS: dict[str, re.Pattern[str]] = {
 }
 #: An op that starts within this of an op on another stream ending, and not sooner although it
 #: was ready, is taken to have waited on it.
-WAIT_GAP_NS = 10_000
+WAIT_GAP_NS = 30_000
+#: A gap up to this between two ops of a stream, the second already queued, is the device's
+#: dispatch overhead, not idle time.
+DISPATCH_GAP_NS = 10_000
+#: Launched-but-not-started operations a device's launch queue holds (CUDA's default push
+#: buffer), and how soon after the oldest starts a launch into a full queue returns.
+LAUNCH_QUEUE_DEPTH = 1024
+QUEUE_WAKE_NS = 50_000
 #: Timestamp tolerance: a blocking call that returns within this of a GPU op's end waited on it.
 TIE_NS = 2_000
 
@@ -243,7 +251,10 @@ class _Jumps:
         position = bisect.bisect_right(self.times, at_ns)
         self.times.insert(position, at_ns)
         self.amounts.insert(position, amount)
-        self.totals = np.cumsum(self.amounts).tolist()
+        if position == len(self.totals):  # the usual case: calls resolve in time order
+            self.totals.append((self.totals[-1] if self.totals else 0) + amount)
+        else:
+            self.totals = np.cumsum(self.amounts).tolist()
 
     def at(self, at_ns: int) -> int:
         position = bisect.bisect_right(self.times, at_ns)
@@ -264,20 +275,15 @@ def replay(
     count = len(t.gpu_start)
     order = np.lexsort((np.arange(count), t.gpu_start))
     previous = _stream_predecessors(t, order)
-    gap_before = np.where(previous >= 0, t.gpu_start - t.gpu_end[np.maximum(previous, 0)], 0)
-    gap_before = np.maximum(gap_before, 0)
+    stream_slack, launch_slack = _slack(t, previous)
     launch = t.gpu_launch
     gpu_thread = t.gpu_thread
     launch_at = np.where(launch >= 0, t.host_start[np.maximum(launch, 0)], 0)
-    queued = np.where(
-        launch >= 0, np.maximum(t.gpu_start - t.host_end[np.maximum(launch, 0)], 0), 0
-    )
     waits_on: dict[int, list[int]] = {}
     for before, after in t.deps:
         waits_on.setdefault(after, []).append(before)
     member_of = {row: k for k, rows in enumerate(t.collectives) for row in rows}
-    syncs = _blocking_calls(t)
-    waited = _waited_sets(t, syncs, gpu_thread)
+    blocks = _blocking_calls(t, gpu_thread)
     start_shift = np.zeros(count, dtype=np.int64)
     end_shift = np.zeros(count, dtype=np.int64)
     notes: list[str] = []
@@ -287,18 +293,18 @@ def replay(
         for delay in delays:
             jumps[delay.thread].add(delay.at_ns, delay.added_ns)
         sync_delays: list[tuple[int, int]] = []
-        next_sync = 0
+        next_block = 0
         for row in order.tolist():
-            while next_sync < len(syncs) and t.host_end[syncs[next_sync]] < t.gpu_start[row]:
-                _resolve(t, syncs[next_sync], waited[next_sync], end_shift, jumps, sync_delays)
-                next_sync += 1
+            while next_block < len(blocks) and blocks[next_block].returned < t.gpu_start[row]:
+                blocks[next_block].resolve(t, start_shift, end_shift, jumps, sync_delays)
+                next_block += 1
             shift = 0
             if launch[row] >= 0:
                 shift = max(
-                    shift, jumps[int(gpu_thread[row])].at(int(launch_at[row])) - queued[row]
+                    shift, jumps[int(gpu_thread[row])].at(int(launch_at[row])) - launch_slack[row]
                 )
             if previous[row] >= 0:
-                shift = max(shift, int(end_shift[previous[row]] - gap_before[row]))
+                shift = max(shift, int(end_shift[previous[row]] - stream_slack[row]))
             for dep in waits_on.get(row, ()):
                 shift = max(shift, int(t.gpu_end[dep] + end_shift[dep] - t.gpu_start[row]))
             start_shift[row] = shift
@@ -309,9 +315,9 @@ def replay(
                 )
                 end = last + t.collective_base_ns - int(t.gpu_end[row])
             end_shift[row] = end
-        while next_sync < len(syncs):
-            _resolve(t, syncs[next_sync], waited[next_sync], end_shift, jumps, sync_delays)
-            next_sync += 1
+        while next_block < len(blocks):
+            blocks[next_block].resolve(t, start_shift, end_shift, jumps, sync_delays)
+            next_block += 1
         if np.array_equal(before[0], start_shift) and np.array_equal(before[1], end_shift):
             break
     else:
@@ -338,15 +344,80 @@ def _stream_predecessors(t: Timeline, order: np.ndarray) -> np.ndarray:
     return previous
 
 
-def _blocking_calls(t: Timeline) -> list[int]:
-    rows = np.flatnonzero(t.host_sync)
-    return rows[np.lexsort((rows, t.host_end[rows]))].tolist()
+def _slack(t: Timeline, previous: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """How much later each GPU op's stream predecessor could end, and how much later its launch
+    could return, without the op starting later.
+
+    An op that was launched before its predecessor ended sat in the queue: the gap between the
+    two is the device's dispatch overhead (a few µs, which a later start keeps), and the time it
+    sat queued is slack for a late launch. An op launched after its predecessor ended ran as soon
+    as the launch let it: the GPU's idle time before the launch is slack for a late predecessor,
+    and none is left for a late launch. A gap wider than `DISPATCH_GAP_NS` in front of a queued
+    op (or one of unknown launch) is a wait on something else, and slack too."""
+    linked = t.gpu_launch >= 0
+    ready = np.where(linked, t.host_end[np.maximum(t.gpu_launch, 0)], np.iinfo(np.int64).min)
+    has_previous = previous >= 0
+    previous_end = np.where(has_previous, t.gpu_end[np.maximum(previous, 0)], t.gpu_start)
+    gap = np.maximum(t.gpu_start - previous_end, 0)
+    queued = ready <= previous_end
+    stream_slack = np.where(
+        queued,
+        np.where(gap > DISPATCH_GAP_NS, gap, 0),
+        np.minimum(gap, np.maximum(ready - previous_end, 0)),
+    )
+    launch_slack = np.where(linked & queued, np.maximum(t.gpu_start - ready, 0), 0)
+    return stream_slack.astype(np.int64), launch_slack.astype(np.int64)
 
 
-def _waited_sets(t: Timeline, syncs: list[int], gpu_thread: np.ndarray) -> list[np.ndarray]:
-    """For each blocking call, the GPU ops it can have waited on: launched by its process before
-    it began (ops of unknown launch: on a device its process drives), on its stream if the call
-    names one, ended by the time it returned."""
+@dataclass
+class _Block:
+    """A host call that cannot return before some GPU ops are done (a blocking sync) or have
+    started (a launch into a full queue). `latency` is how long after that it returned."""
+
+    call: int
+    returned: int
+    waited: np.ndarray
+    on_start: bool
+    latency: int
+
+    def resolve(
+        self,
+        t: Timeline,
+        start_shift: np.ndarray,
+        end_shift: np.ndarray,
+        jumps: dict[int, _Jumps],
+        delays: list[tuple[int, int]],
+    ) -> None:
+        """If what the call waits on now happens later than it returned in the capture, its
+        thread moves from the return on."""
+        if not len(self.waited):
+            return
+        rows = self.waited
+        done = (
+            (t.gpu_start[rows] + start_shift[rows])
+            if self.on_start
+            else (t.gpu_end[rows] + end_shift[rows])
+        )
+        thread = int(t.host_thread[self.call])
+        already = jumps[thread].at(int(t.host_start[self.call]))
+        late = int(done.max()) + self.latency - (self.returned + already)
+        if late > 0:
+            jumps[thread].add(self.returned, late)
+            delays.append((self.call, late))
+
+
+def _blocking_calls(t: Timeline, gpu_thread: np.ndarray) -> list[_Block]:
+    """Every blocking call and every launch into a full queue, in the order they returned."""
+    blocks = _sync_blocks(t, gpu_thread) + _queue_blocks(t)
+    blocks.sort(key=lambda b: (b.returned, b.call))
+    return blocks
+
+
+def _sync_blocks(t: Timeline, gpu_thread: np.ndarray) -> list[_Block]:
+    """A blocking call waits on the GPU ops launched by its process before it began (ops of
+    unknown launch: on a device its process drives), on its stream if the call names one, that
+    ended by the time it returned. It returned `latency` after the last of them ended, or, if
+    they were all done before it began, its own duration after they end."""
     pid_code: dict[object, int] = {}
     thread_pid = np.array([pid_code.setdefault(pid, len(pid_code)) for pid, _ in t.threads])
     gpu_pid = np.where(gpu_thread >= 0, thread_pid[np.maximum(gpu_thread, 0)], -1)
@@ -359,40 +430,51 @@ def _waited_sets(t: Timeline, syncs: list[int], gpu_thread: np.ndarray) -> list[
     ):
         driven.setdefault(pid, set()).add(device)
     out = []
-    for sync in syncs:
-        pid = int(thread_pid[t.host_thread[sync]])
+    for call in np.flatnonzero(t.host_sync).tolist():
+        pid = int(thread_pid[t.host_thread[call]])
+        began, returned = int(t.host_start[call]), int(t.host_end[call])
         ours = (gpu_pid == pid) | (
             (gpu_thread < 0) & np.isin(t.gpu_device, list(driven.get(pid, ())))
         )
-        mask = ours & (launched_at < t.host_start[sync]) & (t.gpu_end <= t.host_end[sync] + TIE_NS)
-        if t.host_sync_stream[sync] >= 0:
-            mask &= t.gpu_stream == t.host_sync_stream[sync]
-        out.append(np.flatnonzero(mask))
+        mask = ours & (launched_at < began) & (t.gpu_end <= returned + TIE_NS)
+        if t.host_sync_stream[call] >= 0:
+            mask &= t.gpu_stream == t.host_sync_stream[call]
+        waited = np.flatnonzero(mask)
+        if not len(waited):
+            continue
+        done = int(t.gpu_end[waited].max())
+        latency = returned - done if done >= began - TIE_NS else returned - began
+        out.append(_Block(call, returned, waited, False, max(latency, 0)))
     return out
 
 
-def _resolve(
-    t: Timeline,
-    sync: int,
-    waited: np.ndarray,
-    end_shift: np.ndarray,
-    jumps: dict[int, _Jumps],
-    sync_delays: list[tuple[int, int]],
-) -> None:
-    """A blocking call returns when the work it waited on is done: if that is now later than it
-    returned in the capture, its thread moves from the return on."""
-    if not len(waited):
-        return
-    thread = int(t.host_thread[sync])
-    began, returned = int(t.host_start[sync]), int(t.host_end[sync])
-    done_before = int(t.gpu_end[waited].max())
-    done_now = int((t.gpu_end[waited] + end_shift[waited]).max())
-    wake = returned - done_before if done_before >= began - TIE_NS else returned - began
-    already = jumps[thread].at(began)
-    late = max(returned + already, done_now + max(wake, 0)) - (returned + already)
-    if late > 0:
-        jumps[thread].add(returned, late)
-        sync_delays.append((sync, late))
+def _queue_blocks(t: Timeline) -> list[_Block]:
+    """Launches that must wait for room in the device's launch queue.
+
+    CUDA queues at most about `LAUNCH_QUEUE_DEPTH` launched-but-not-started operations per
+    device; a launch into a full queue returns only when the oldest one starts (the long
+    `cudaLaunchKernel` calls of a GPU-bound capture). The depth taken is the larger of that and
+    the deepest backlog the capture itself shows, so the capture satisfies it everywhere."""
+    out = []
+    linked = np.flatnonzero(t.gpu_launch >= 0)
+    for device in np.unique(t.gpu_device[linked]).tolist():
+        rows = linked[t.gpu_device[linked] == device]
+        calls = t.gpu_launch[rows]
+        order = np.lexsort((rows, t.host_start[calls]))
+        rows, calls = rows[order], calls[order]
+        _, first = np.unique(calls, return_index=True)
+        keep = np.sort(first)
+        rows, calls = rows[keep], calls[keep]
+        started = np.sort(t.gpu_start[rows])
+        backlog = np.arange(len(rows)) - np.searchsorted(started, t.host_start[calls], side="right")
+        depth = max(LAUNCH_QUEUE_DEPTH, int(backlog.max(initial=0)) + 1)
+        for k in range(depth, len(rows)):
+            blocker, call = int(rows[k - depth]), int(calls[k])
+            returned = int(t.host_end[call])
+            waited_for = returned - int(t.gpu_start[blocker])
+            latency = waited_for if 0 <= waited_for <= QUEUE_WAKE_NS else 0
+            out.append(_Block(call, returned, np.array([blocker]), True, latency))
+    return out
 
 
 def step_windows(t: Timeline, pattern: re.Pattern[str]) -> list[tuple[int, int, int, str]]:
