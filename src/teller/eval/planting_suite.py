@@ -268,7 +268,7 @@ class Planter:
         names = [t.host_name[after], t.host_name[before] if before >= 0 else None]
         if enclosing >= 0 and not STEP_ANNOTATION.match(t.host_name[enclosing]):
             names.append(t.host_name[enclosing])
-        truth.accept_operators = [n for n in names if n]
+        truth.accept_operators = list(dict.fromkeys(n for n in names if n))
         return Variant(truth, self.trace, replayed)
 
     def straggler(
@@ -542,14 +542,14 @@ def score(truth: Planted, verdict: dict, tree, events_table) -> Score:
     if truth.family == "control":
         return Score(None, None, None, None, None, len(flagged), shown, rank, top_brief)
     on_step = [f for f in findings if f["step"] in planted]
-    instance = _instance_nodes(tree, node) if node >= 0 else set()
     operator_hit = operator_instance = None
+    pick = on_step[0] if on_step else None
     if truth.accept_operators:
-        pick = on_step[0] if on_step else None
+        operator_hit = bool(pick) and pick.get("operator") in truth.accept_operators
+    if truth.family == "kernel":  # the planted instance is a node of the tree
+        instance = _instance_nodes(tree, node) if node >= 0 else set()
         operator_instance = bool(pick) and pick.get("operator_node") in instance
-        operator_hit = bool(pick) and (
-            pick.get("operator") in truth.accept_operators or operator_instance
-        )
+        operator_hit = operator_hit or operator_instance
     device_hit = None
     if truth.family == "straggler":
         device_hit = bool(top) and rank is not None and top.get("rank") == rank
