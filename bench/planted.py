@@ -255,6 +255,18 @@ def summarize(records: list[Record], clean: list[dict], methods: tuple[str, ...]
                     "other steps flagged": sum(s["other_steps_flagged"] for s in controls),
                 }
             )
+    shapes = []
+    for method in methods:
+        for shape in SHAPES:
+            chosen = [
+                {**r.scores[method], "_visible": made_later(r.truth)}
+                for r in records
+                if r.truth["family"] == "kernel"
+                and shape_of(r.truth) == shape
+                and method in r.scores
+            ]
+            if chosen:
+                shapes.append({"method": method, "shape": shape, **_rates(chosen)})
     false_steps = {}
     for method in methods:
         ran = [c["methods"][method] for c in clean if method in c["methods"]]
@@ -298,7 +310,15 @@ def summarize(records: list[Record], clean: list[dict], methods: tuple[str, ...]
                 "met": flagged == 0 and false_steps[method]["errors"] == 0,
             }
         )
-    return {"rows": rows, "false_steps": false_steps, "targets": targets}
+    return {"rows": rows, "shapes": shapes, "false_steps": false_steps, "targets": targets}
+
+
+SHAPES = ("several steps", "one step", "no step annotation")
+
+
+def shape_of(truth: dict) -> str:
+    steps = truth["steps_in_trace"]
+    return SHAPES[0] if steps > 1 else SHAPES[1] if steps == 1 else SHAPES[2]
 
 
 def made_later(truth: dict) -> bool:
@@ -377,18 +397,25 @@ def print_tables(summary: dict, markdown: bool) -> None:
         )
         for t in summary["targets"]
     ]
+    shape_columns = ("n", "made later", "step recall", "headline", "op AC@1", "op instance")
+    shape_header = ("method", "trace", *shape_columns)
+    shape_body = [
+        (row["method"], row["shape"], *(_cell(row.get(c)) for c in shape_columns))
+        for row in summary.get("shapes", [])
+    ]
     tables = (
         ("planted faults", header, body),
+        ("kernel faults by trace shape, all sizes", shape_header, shape_body),
         ("unmodified traces (false steps)", clean_header, clean_body),
         ("issue 19 targets", target_header, target_body),
     )
     if markdown:
         for title, head, rows in tables:
             print(f"\n**{title}**\n")
-            print("| " + " | ".join(head) + " |")
+            print("| " + " | ".join(cell.replace("|", "\\|") for cell in head) + " |")
             print("|" + "|".join("---" for _ in head) + "|")
             for row in rows:
-                print("| " + " | ".join(row) + " |")
+                print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
         return
     try:
         from rich.console import Console
@@ -404,7 +431,7 @@ def print_tables(summary: dict, markdown: bool) -> None:
         table = Table(title=title)
         for column in head:
             table.add_column(
-                column, justify="left" if column in ("method", "family", "target") else "right"
+                column, justify="left" if column in ("method", "family", "target", "trace") else "right"
             )
         for row in rows:
             table.add_row(*row)
@@ -458,7 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     args.methods = tuple(args.methods)
     if args.report:
         document = json.loads(args.report.read_text())
-        print_tables(document["summary"], args.markdown)
+        records = [Record(r["truth"], r["scores"], r["seconds"]) for r in document["records"]]
+        methods = tuple(m for m in METHODS if any(m in r.scores for r in records))
+        print_tables(summarize(records, document["clean"], methods), args.markdown)
         print(
             f"{document['command']}: {len(document['records'])} variants, {document['elapsed_s']} s, commit {document['commit']}"
         )
