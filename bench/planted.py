@@ -431,7 +431,8 @@ def print_tables(summary: dict, markdown: bool) -> None:
         table = Table(title=title)
         for column in head:
             table.add_column(
-                column, justify="left" if column in ("method", "family", "target", "trace") else "right"
+                column,
+                justify="left" if column in ("method", "family", "target", "trace") else "right",
             )
         for row in rows:
             table.add_row(*row)
