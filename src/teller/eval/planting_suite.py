@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 
 from teller.eval.planting import (
     KERNEL,
@@ -39,6 +40,7 @@ from teller.eval.planting import (
 )
 from teller.eval.planting_kineto import KinetoTrace
 from teller.eval.planting_nsys import COLLECTIVE_KERNEL, NsysTrace
+from teller.ingest.schema import LAYER_CODE
 
 #: Step annotations the suite's truth is measured in (the engines' and PyTorch's own names).
 STEP_ANNOTATION = re.compile(
@@ -491,8 +493,6 @@ class Score:
 
 def rank_of_pid(events_table, pid: object) -> int | None:
     """The rank teller gave the process `pid` (host rows carry the process id)."""
-    import pyarrow.compute as pc
-
     table = events_table.table
     ranks = np.unique(table.column("rank").to_numpy())
     if len(ranks) == 1:
@@ -590,8 +590,6 @@ def _planted_step(truth: Planted, tree, node: int, rank: int | None) -> int | No
 def _instance_nodes(tree, node: int) -> set[int]:
     """The planted kernel's node, the call that launched it and the innermost operator above
     that call."""
-    from teller.ingest.schema import LAYER_CODE
-
     out = {node}
     current = int(tree.parent[node])
     while current >= 0 and tree.stream[current] < 0:
