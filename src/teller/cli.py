@@ -343,6 +343,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         interval_s=args.interval,
         window_s=args.window,
         min_samples=args.min_samples,
+        sustain_s=getattr(args, "for"),
         capture_s=args.capture,
         min_interval_s=args.min_interval,
         keep=args.keep,
@@ -535,6 +536,12 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument("--window", type=_seconds, default=60.0, help="quantile window (60s)")
     watch.add_argument(
         "--min-samples", type=int, default=20, help="observations before a window is judged"
+    )
+    watch.add_argument(
+        "--for",
+        type=_seconds,
+        default=15.0,
+        help="broken this long before a capture, as an alert's for: (15s)",
     )
     watch.add_argument("--capture", type=_seconds, default=5.0, help="profiler on for (5s)")
     watch.add_argument(

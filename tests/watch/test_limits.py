@@ -1,4 +1,5 @@
-"""A capture at most once per interval, the last K cases on disk, and never a half-written one."""
+"""A capture at most once per interval and only after a sustained breach, the last K cases on
+disk, and never a half-written one."""
 
 from __future__ import annotations
 
@@ -62,3 +63,24 @@ def test_finishing_a_capture_is_one_rename(tmp_path):
     final = disk.finish(partial, tmp_path / "x")
     assert final.is_dir() and not partial.exists()
     assert disk.case_dirs(tmp_path) == [final]
+
+
+def test_an_objective_must_stay_broken_for_a_while_before_it_counts():
+    from teller.watch.persistence import StateDurations
+    from teller.watch.slo import BROKEN, HELD, Check, parse_slo
+
+    (objective,) = parse_slo("itl_p99<50ms")
+    clock = Clock()
+    durations = StateDurations(clock)
+    held, broken = Check(objective, HELD, 0.02, 100), Check(objective, BROKEN, 0.2, 100)
+    assert durations.update([held]) == [held]
+    clock.now += 30.0
+    assert durations.update([held]) == [] and durations.lasted_s(held) == 30.0
+    assert durations.update([broken]) == [broken] and durations.lasted_s(broken) == 0.0
+    clock.now += 14.0
+    durations.update([broken])
+    assert durations.lasted_s(broken) == 14.0
+    durations.update([held])  # a burst that passed: the clock starts again
+    clock.now += 1.0
+    durations.update([broken])
+    assert durations.lasted_s(broken) == 0.0

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from teller.watch.disk import INCIDENT_FILE, PARTIAL_PREFIX, case_dirs
-from teller.watch.reference import REFERENCE_DIR
 from watch.servers import OtlpReceiver, attributes
 
 TELLER = [sys.executable, "-c", "import sys; from teller.cli import main; sys.exit(main())"]
@@ -78,8 +77,8 @@ def test_watch_reports_a_straggler_switched_on_part_way(tmp_path):
     # started beside the engine, before it answers: the watcher waits for it
     watch = [*TELLER, "watch", "--engine", f"http://127.0.0.1:{port}", "--out", str(out)]
     watch += ["--slo", OBJECTIVE, "--profile-dir", str(serve_dir / "profiles")]
-    watch += ["--logs", str(serve_log), "--interval", "1s", "--window", "5s"]
-    watch += ["--capture", "6s", "--reference-capture", "3s", "--min-interval", "0"]
+    watch += ["--logs", str(serve_log), "--interval", "1s", "--window", "4s", "--for", "6s"]
+    watch += ["--capture", "8s", "--reference-capture", "3s", "--min-interval", "0"]
     watch += ["--otlp", receiver.url, "--metrics-port", "0"]
     watcher = subprocess.Popen(
         watch, stdout=(tmp_path / "watch.out").open("wb"), stderr=watch_err.open("wb")
@@ -92,13 +91,14 @@ def test_watch_reports_a_straggler_switched_on_part_way(tmp_path):
         time.sleep(max(0.0, t0_s + FAULT_AT_S - 0.5 - time.time()))
         assert watcher.poll() is None, watch_err.read_text()
         assert case_dirs(out) == [] and "objective broken" not in watch_err.read_text()
-        assert (out / REFERENCE_DIR / "traces").is_dir(), watch_err.read_text()
-        assert profiler_starts(serve_log) == 1
+        assert profiler_starts(serve_log) == 1, watch_err.read_text()  # the reference's
 
         (case,) = wait_for(lambda: case_dirs(out), REPORT_TIMEOUT_S, "the first report")
         incident = json.loads((case / INCIDENT_FILE).read_text())
         assert (incident["fault_type"], incident["rank"]) == ("straggler", 1), incident
         assert incident["capture_start_ns"] / 1e9 > t0_s + FAULT_AT_S
+        assert incident["reference_end_ns"] / 1e9 < t0_s + FAULT_AT_S  # its steps were normal
+        assert any(p.name.startswith("reference-") for p in (case / "traces").iterdir())
         report = json.loads((case / "report.json").read_text())
         assert report["findings"] and (case / "report.txt").is_file()
         (span,) = receiver.spans

@@ -65,6 +65,7 @@ def watcher_for(engine: FakeEngine, out: Path, receiver: OtlpReceiver | None = N
         interval_s=0.0,
         window_s=0.0,  # each scrape against the one before
         min_samples=20,
+        sustain_s=0.0,
         capture_s=0.05,
         min_interval_s=600.0,
         method="localizer",

@@ -11,6 +11,7 @@ metrics on its own `/metrics`, and as an optional webhook. One module per job:
     quantiles   Prometheus' histogram_quantile over the difference of two scrapes
     window      the last W seconds of scrapes; engine restarts start a new window
     slo         `itl_p99<50ms,ttft_p99<2s` parsed and judged
+    persistence how long each objective has held or been broken (an alert's `for:`)
     profiler    POST /start_profile, /stop_profile
     capture     one capture's traces and log lines, gathered into a case folder
     reference   a normal capture kept to compare each incident against

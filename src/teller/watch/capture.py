@@ -29,10 +29,10 @@ _POLL_S = 0.25
 
 @dataclass
 class Capture:
-    """What one capture gathered, and the wall-clock interval it covered."""
+    """What one capture gathered, and the wall-clock interval the profiler was on."""
 
-    start_wall_ns: int
-    end_wall_ns: int
+    start_wall_ns: int  # just before the start was asked for
+    end_wall_ns: int  # when the stop was asked for (the export takes longer)
     traces: list[Path]
     logs: list[Path]
 
@@ -57,8 +57,8 @@ def capture(
         with contextlib.suppress(CaptureError):
             profiler.stop()
         raise
-    profiler.stop()
     end_wall_ns = time.time_ns()
+    profiler.stop()
     traces = _wait_for_new_traces(profile_dir, before)
     case = CaseDir(dest)
     case.traces.mkdir(parents=True, exist_ok=True)

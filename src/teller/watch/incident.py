@@ -31,6 +31,7 @@ class Incident:
     capture_start_ns: int
     capture_end_ns: int
     reference_start_ns: int | None
+    reference_end_ns: int | None
     method: str
     summary: str
     fault_type: str | None = None
@@ -91,7 +92,7 @@ def make_incident(
     broken: list[Check],
     capture_start_ns: int,
     capture_end_ns: int,
-    reference_start_ns: int | None,
+    reference: tuple[int, int] | None,
     labels: dict[str, str],
     engine: str | None,
 ) -> Incident:
@@ -104,7 +105,8 @@ def make_incident(
         observed={c.objective.text: c.observed for c in broken if c.observed is not None},
         capture_start_ns=capture_start_ns,
         capture_end_ns=capture_end_ns,
-        reference_start_ns=reference_start_ns,
+        reference_start_ns=reference[0] if reference else None,
+        reference_end_ns=reference[1] if reference else None,
         method=verdict.method,
         summary=verdict.summary,
         anomalous_steps=len(findings),

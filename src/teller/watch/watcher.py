@@ -27,6 +27,7 @@ from teller.watch import disk
 from teller.watch.capture import capture
 from teller.watch.incident import Incident, make_incident
 from teller.watch.own_metrics import WatchMetrics
+from teller.watch.persistence import StateDurations
 from teller.watch.profiler import CaptureError, EngineProfiler
 from teller.watch.ratelimit import CaptureBudget
 from teller.watch.reference import Reference, add_reference, store_reference
@@ -47,6 +48,7 @@ class WatchConfig:
     interval_s: float = 5.0
     window_s: float = 60.0
     min_samples: int = 20
+    sustain_s: float = 15.0  # broken (or, for a reference, held) this long before a capture
     capture_s: float = 5.0
     min_interval_s: float = 600.0  # at most one incident capture per this many seconds
     keep: int = 20  # cases kept on disk
@@ -74,7 +76,7 @@ class Watcher:
         self.reference: Reference | None = None
         self.metrics = WatchMetrics()
         self.incidents: list[Incident] = []
-        self._states: dict[str, str] = {}
+        self.durations = StateDurations()
         self._engine_up: bool | None = None
         self._otlp = None
         self.metrics_port: int | None = None
@@ -136,17 +138,19 @@ class Watcher:
             self.reference_budget = CaptureBudget(self.config.reference_every_s)
         checks = check(self.config.objectives, self.window, self.config.min_samples)
         self.metrics.checks(checks)
-        self._report_changes(checks)
-        broken = [c for c in checks if c.state == BROKEN]
+        for changed in self.durations.update(checks):
+            self.status(changed.describe())
+        sustained = [c for c in checks if self.durations.lasted_s(c) >= self.config.sustain_s]
+        broken = [c for c in sustained if c.state == BROKEN]
         if broken and self.budget.allows():
             self.capture_incident(broken)
-        elif not broken and self._reference_due(checks):
+        elif self._reference_due(checks, sustained):
             self.capture_reference()
         return checks
 
-    def _reference_due(self, checks: list[Check]) -> bool:
-        """Every objective held over a whole window, and no reference taken lately."""
-        if not self.config.reference or not checks:
+    def _reference_due(self, checks: list[Check], sustained: list[Check]) -> bool:
+        """Every objective held over a whole window for `sustain_s`, and no reference lately."""
+        if not self.config.reference or not checks or len(sustained) < len(checks):
             return False
         return all(c.state == HELD for c in checks) and self.reference_budget.allows()
 
@@ -157,12 +161,6 @@ class Watcher:
                 f"engine is {'up' if up else 'unreachable'}{': ' + reason if reason else ''}"
             )
         self._engine_up = up
-
-    def _report_changes(self, checks: list[Check]) -> None:
-        for c in checks:
-            if self._states.get(c.objective.text) != c.state:
-                self._states[c.objective.text] = c.state
-                self.status(c.describe())
 
     # -- captures --------------------------------------------------------------------------------
     def capture_reference(self) -> Reference | None:
@@ -213,7 +211,9 @@ class Watcher:
                 broken,
                 captured.start_wall_ns,
                 captured.end_wall_ns,
-                self.reference.start_wall_ns if self.reference is not None else None,
+                (self.reference.start_wall_ns, self.reference.end_wall_ns)
+                if self.reference is not None
+                else None,
                 latest.labels if latest is not None else {},
                 _engine_kind(latest.histograms if latest is not None else {}),
             )
