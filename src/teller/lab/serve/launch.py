@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from teller.collect.inject._teller_collect_agent import ENV_DIR as COLLECTOR_DIR_ENV
 from teller.errors import TellerError
 from teller.lab.serve.config import InProcessFault, ServeConfig
 
@@ -105,7 +106,8 @@ def serve(
     Ranks log to stdout; the ground truth lands in `out_dir/ground_truth/`. With `port`, rank 0
     serves `/metrics` and the profiler endpoints there (0: a free port, written to
     `out_dir/run/http_port`), each capture's rank traces going to `profile_dir` (default
-    `out_dir/profiles`). `fault` is applied by the OS (straggler, cpu_contention) or by the ranks
+    `out_dir/profiles`; no profiler endpoints under `teller collect`, whose profiler already
+    records everything). `fault` is applied by the OS (straggler, cpu_contention) or by the ranks
     themselves (host_stall, slow_operator, scheduler_misconfig), as `teller lab run` applies it.
     """
     config = ServeConfig(run_dir=str(Path(out_dir) / "run"), tp=tp)
@@ -115,8 +117,11 @@ def serve(
     config.master_port = _free_port("127.0.0.1", 0)
     if port is not None:
         _free_port(host, port)  # refuse a taken port here, not as a traceback in rank 0
+        while config.master_port == port:  # the rendezvous must not take the endpoints' port
+            config.master_port = _free_port("127.0.0.1", 0)
         config.http_host, config.http_port = host, port
-        config.profile_dir = str(Path(profile_dir or Path(out_dir) / "profiles").resolve())
+        if not os.environ.get(COLLECTOR_DIR_ENV):  # under `teller collect` the collector profiles
+            config.profile_dir = str(Path(profile_dir or Path(out_dir) / "profiles").resolve())
     with contextlib.ExitStack() as stack:
         injector = _fault_injector(fault, config, stack) if fault is not None else None
         config_path = config.write(Path(config.run_dir) / "serve.json")
