@@ -204,3 +204,29 @@ def test_watch_command_line_errors_are_one_line(tmp_path, capsys, monkeypatch):
     assert "--profile-dir" in capsys.readouterr().err
     assert main([*arguments, "--profile-dir", str(tmp_path), "--slo", "itl<5ms"]) == 2
     assert "say which statistic" in capsys.readouterr().err
+
+
+def test_a_watcher_stopped_mid_capture_stops_the_profiler_and_leaves_nothing(
+    engine, tmp_path, monkeypatch
+):
+    out = tmp_path / "out"
+    watcher = watcher_for(engine, out, reference=False)
+    engine.itl_s = 0.4
+
+    def interrupted(seconds: float) -> None:  # SIGTERM arrives while the profiler runs
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(capture_module, "wait_while_profiling", interrupted)
+    watcher.poll_once()
+    with pytest.raises(KeyboardInterrupt):
+        watcher.poll_once()
+    assert (engine.starts, engine.stops) == (1, 1) and list(out.iterdir()) == []
+    watcher.close()
+
+
+def test_a_capture_a_killed_watcher_left_is_removed_when_the_next_one_starts(engine, tmp_path):
+    out = tmp_path / "out"
+    (out / ".capture-20260101T000000000Z.partial" / "traces").mkdir(parents=True)
+    watcher = watcher_for(engine, out)
+    assert list(out.iterdir()) == []
+    watcher.close()

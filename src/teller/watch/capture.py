@@ -52,7 +52,7 @@ def capture(
     start_wall_ns = time.time_ns()
     profiler.start()
     try:
-        time.sleep(duration_s)
+        wait_while_profiling(duration_s)
     except BaseException:  # interrupted: leave the engine as it was, and say why we stopped
         with contextlib.suppress(CaptureError):
             profiler.stop()
@@ -69,6 +69,11 @@ def capture(
         moved.append(target)
     logs = [_copy_tail(path, offsets[path], case.logs, trace_prefix) for path in log_files]
     return Capture(start_wall_ns, end_wall_ns, moved, [p for p in logs if p is not None])
+
+
+def wait_while_profiling(duration_s: float) -> None:
+    """The capture itself: the engine runs, profiled, while the watcher waits."""
+    time.sleep(duration_s)
 
 
 def _trace_files(folder: Path) -> dict[Path, int]:
