@@ -33,9 +33,8 @@ FAULT_AT_S = 20.0
 #: rank 1 gets 15 % of a CPU (the lab dataset's stragglers: 0.5-0.85): its steps take 5-10x their
 #: usual time
 INTENSITY = 0.85
-#: Few enough requests that the throttled engine still keeps up: a queue that grows through the
-#: capture would add a second story (queueing) to the straggler's.
-RATE_PER_S = 2.0
+#: The demo's load (`make demo`): batches as large as the lab's cases have.
+RATE_PER_S = 4.0
 #: The objective is set from the service's own normal median, measured before the watcher starts
 #: (as an operator sets one from a baseline): normal steps hold it on a busy shared machine too,
 #: the straggler's break it.
