@@ -109,9 +109,17 @@ def cmd_lab_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_lab_serve(args: argparse.Namespace) -> int:
-    from teller.lab.serve.launch import serve
+    from teller.lab.run import parse_window
+    from teller.lab.serve.launch import ServeFault, serve
 
-    return serve(args.out, args.tp, args.duration, args.rate, args.seed)
+    fault = None
+    if args.fault != "none":
+        fault = ServeFault(args.fault, args.rank, args.intensity, parse_window(args.window))
+    profile_dir = args.profile_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR") or None
+    port = None if args.port < 0 else args.port
+    return serve(
+        args.out, args.tp, args.duration, args.rate, args.seed, port, args.host, profile_dir, fault
+    )
 
 
 def cmd_lab_run(args: argparse.Namespace) -> int:
@@ -315,6 +323,65 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    if args.nice > 0:  # behind the engine for the CPU from the start, imports included
+        os.nice(args.nice)
+    from teller.watch import WatchConfig, parse_slo, watch
+
+    profile_dir = args.profile_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR")
+    if not profile_dir:
+        raise TellerError(
+            "--profile-dir: where the engine writes its traces (vLLM: VLLM_TORCH_PROFILER_DIR); "
+            "the watcher must see that folder"
+        )
+    config = WatchConfig(
+        engine_url=args.engine,
+        objectives=parse_slo(args.slo),
+        out_dir=Path(args.out),
+        profile_dir=Path(profile_dir),
+        log_files=[Path(p) for p in args.logs or []],
+        interval_s=args.interval,
+        window_s=args.window,
+        min_samples=args.min_samples,
+        sustain_s=getattr(args, "for"),
+        capture_s=args.capture,
+        min_interval_s=args.min_interval,
+        keep=args.keep,
+        reference=not args.no_reference,
+        reference_capture_s=args.reference_capture,
+        reference_every_s=args.reference_every,
+        otlp_url=args.otlp,
+        metrics_port=args.metrics_port,
+        metrics_host=args.listen,
+        webhook_url=args.webhook,
+        method=args.method,
+        model_dir=Path(args.model) if args.model else None,
+        max_incidents=args.max_incidents,
+    )
+    return watch(config)
+
+
+_DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(text: str) -> float:
+    """`500ms`, `30s`, `10m`, `1h` or plain seconds."""
+    number, unit = text, "s"
+    for suffix in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if text.endswith(suffix):
+            number, unit = text[: -len(suffix)], suffix
+            break
+    try:
+        value = float(number) * _DURATION_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a duration like 30s, 10m, 1h"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration is not negative")
+    return value
+
+
 def _method_arguments(parser: argparse.ArgumentParser) -> None:
     """--method and --model, shared by `analyze` and `diagnose` (teller.rca.diagnose)."""
     parser.add_argument(
@@ -449,6 +516,55 @@ def _parser() -> argparse.ArgumentParser:
     )
     diff.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
 
+    watch = command(
+        "watch", cmd_watch, "watch a live engine; capture and diagnose when an objective breaks"
+    )
+    watch.add_argument(
+        "--engine", required=True, help="the engine's URL, e.g. http://127.0.0.1:8000"
+    )
+    watch.add_argument(
+        "--slo",
+        default="itl_p99<50ms,ttft_p99<2s",
+        help="objectives, e.g. 'itl_p99<50ms,ttft_p99<2s,waiting<32' (default: that without waiting)",
+    )
+    watch.add_argument("--out", required=True, help="folder for the cases (the last --keep)")
+    watch.add_argument(
+        "--profile-dir", help="the engine's trace folder (default $VLLM_TORCH_PROFILER_DIR)"
+    )
+    watch.add_argument("--logs", nargs="*", help="the engine's log files, sliced per capture")
+    watch.add_argument("--interval", type=_seconds, default=5.0, help="scrape period (5s)")
+    watch.add_argument("--window", type=_seconds, default=60.0, help="quantile window (60s)")
+    watch.add_argument(
+        "--min-samples", type=int, default=20, help="observations before a window is judged"
+    )
+    watch.add_argument(
+        "--for",
+        type=_seconds,
+        default=15.0,
+        help="broken this long before a capture, as an alert's for: (15s)",
+    )
+    watch.add_argument("--capture", type=_seconds, default=5.0, help="profiler on for (5s)")
+    watch.add_argument(
+        "--min-interval", type=_seconds, default=600.0, help="at most one capture per (10m)"
+    )
+    watch.add_argument("--keep", type=int, default=20, help="cases kept on disk (20)")
+    watch.add_argument(
+        "--no-reference", action="store_true", help="take no normal capture to compare against"
+    )
+    watch.add_argument(
+        "--reference-capture", type=_seconds, default=3.0, help="reference capture length (3s)"
+    )
+    watch.add_argument(
+        "--reference-every", type=_seconds, default=3600.0, help="refresh the reference (1h)"
+    )
+    watch.add_argument("--otlp", help="OTLP/HTTP receiver, e.g. http://127.0.0.1:4318")
+    watch.add_argument("--metrics-port", type=int, help="serve teller's own /metrics here")
+    watch.add_argument("--listen", default="127.0.0.1", help="address for --metrics-port")
+    watch.add_argument("--webhook", help="POST each incident's JSON here")
+    watch.add_argument("--nice", type=int, default=10, help="run behind the engine (niceness)")
+    watch.add_argument("--max-incidents", type=int, help="exit after this many reports")
+    _method_arguments(watch)
+
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)
     recipe = lab_commands.add_parser("recipe", help="build an evaluation set from a recipe file")
@@ -472,8 +588,20 @@ def _parser() -> argparse.ArgumentParser:
     lab_serve.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
     lab_serve.add_argument("--rate", type=float, default=6.0, help="requests per second")
     lab_serve.add_argument("--seed", type=int, default=0, help="workload seed")
+    lab_serve.add_argument(
+        "--port", type=int, default=8000, help="/metrics and profiler endpoints (0: free, -1: off)"
+    )
+    lab_serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    lab_serve.add_argument(
+        "--profile-dir", help="capture folder (default $VLLM_TORCH_PROFILER_DIR, else OUT/profiles)"
+    )
 
     from teller.lab.faults.catalog import LAB_FAULTS
+
+    lab_serve.add_argument("--fault", choices=list(LAB_FAULTS), default="none")
+    lab_serve.add_argument("--rank", type=int, default=0, help="guilty rank")
+    lab_serve.add_argument("--intensity", type=float, default=0.5, help="0..1, per fault")
+    lab_serve.add_argument("--window", default="20:1000000", help="A:B seconds after serve start")
 
     lab_run = lab_commands.add_parser(
         "run", help="record one labelled case under a real fault (window in serve seconds)"
