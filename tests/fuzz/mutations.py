@@ -15,6 +15,7 @@ import gzip
 import json
 import random
 import sqlite3
+import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -226,13 +227,26 @@ class KinetoMutator:
         return Variant(self.stem + ".json.gz", data[: rng.randrange(2, len(data))], "gzip_truncate")
 
 
-def gzip_bomb(size: int) -> bytes:
-    """`size` bytes of zeros, deflated: a few kB per MB, so a small file expands absurdly."""
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
-    chunk = bytes(1 << 20)
-    parts = [compressor.compress(chunk) for _ in range(size >> 20)]
-    parts.append(compressor.flush())
-    return b"".join(parts)
+def gzip_bomb(inflated_bytes: int, prefix: bytes = b"") -> bytes:
+    """A valid gzip file of `prefix` then zeros, `inflated_bytes` in all, about 1000x smaller.
+
+    Built without deflating gigabytes: one fully flushed block of 1 MiB of zeros is independent of
+    what came before, so repeating its bytes is a valid stream."""
+    chunk = 1 << 20
+    head = zlib.compressobj(9, zlib.DEFLATED, -15)
+    start = head.compress(prefix) + head.flush(zlib.Z_FULL_FLUSH)
+    block = zlib.compressobj(9, zlib.DEFLATED, -15)
+    zeros = block.compress(bytes(chunk)) + block.flush(zlib.Z_FULL_FLUSH)
+    end = zlib.compressobj(9, zlib.DEFLATED, -15).flush(zlib.Z_FINISH)
+    blocks = max(0, (inflated_bytes - len(prefix)) // chunk)
+    crc = zlib.crc32(prefix)
+    one = bytes(chunk)
+    for _ in range(blocks):
+        crc = zlib.crc32(one, crc)
+    size = len(prefix) + blocks * chunk
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    trailer = struct.pack("<II", crc, size & 0xFFFFFFFF)
+    return header + start + zeros * blocks + end + trailer
 
 
 def kineto_seed(path: Path, events: int = 300) -> dict:

@@ -219,7 +219,8 @@ def _gunzip(path: Path, data: bytes) -> bytes:
         piece = decompressor.decompress(chunk, 1 << 22)
         parts.append(piece)
         total += len(piece)
-        if total > MAX_SPAN_FILE_BYTES or (total > 64 << 20 and total > 200 * len(data)):
+        consumed = len(data) - len(decompressor.unconsumed_tail)
+        if total > MAX_SPAN_FILE_BYTES or (total > 64 << 20 and total > 200 * consumed):
             raise TraceError(path, "gzip stream inflates absurdly (a gzip bomb?): not a span file")
         if decompressor.eof:
             return b"".join(parts)
