@@ -14,7 +14,7 @@ import pytest
 
 from conftest import real_trace
 from teller.errors import TraceError, printable
-from teller.ingest import read_trace
+from teller.ingest import read_run, read_trace
 from teller.ingest.logs import read_logs
 from teller.ingest.otlp import read_spans
 
@@ -184,3 +184,16 @@ def test_printable_escapes_what_a_terminal_would_act_on() -> None:
     assert printable("a\x1b[2Jb\x07\u202ec\n") == "a\\x1b[2Jb\\x07\\u202ec\n"
     assert printable("x\ny\tz", one_line=True) == "x\\ny\\tz"
     assert "\x1b" not in str(TraceError("t\x1b]0;x\x07.json", "bad \x1b[31mname"))
+
+
+def test_one_bad_rank_file_does_not_stop_the_others(tmp_path) -> None:
+    good = real_trace("hta/sampled_rank0_of128.json.gz")
+    bad = tmp_path / "rank1.json"
+    bad.write_text("[" * 5000)
+    run = read_run([good, bad])
+    assert run.ranks == read_trace(good).ranks
+    (warning,) = [w for w in run.warnings if "rank file left out" in w]
+    assert str(bad) in warning
+    with pytest.raises(TraceError) as error:
+        read_run([bad])
+    assert error.value.path == str(bad)
