@@ -106,9 +106,10 @@ class Analysis:
         """Logs (and spans) placed on the tree's steps; None when the run has neither."""
         if not self.log_files and not self.otlp_files:
             return None
-        from teller.align.align import align_tree
+        from teller.align.align import align_tree, traced_pids
 
-        return align_tree(self.tree, self.log_files, self.otlp_files)
+        pids = traced_pids(self.event_table)
+        return align_tree(self.tree, self.log_files, self.otlp_files, trace_pids=pids)
 
     # -- tables for notebooks -------------------------------------------------------------------
     def events(self) -> pa.Table:

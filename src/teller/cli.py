@@ -138,6 +138,21 @@ def cmd_lab_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_lab_clean(args: argparse.Namespace) -> int:
+    from teller.lab.netns import require_root
+    from teller.lab.sweep import sweep
+
+    require_root("`teller lab clean`")
+    swept = sweep()
+    for kind in ("namespaces", "links", "cgroups"):
+        for name in getattr(swept, kind):
+            print(f"removed {kind[:-1]} {name}")
+    for failure in swept.failed:
+        print(f"warning: could not remove {failure}", file=sys.stderr)
+    print(f"{swept.removed} stale lab resources removed, {len(swept.killed)} processes killed")
+    return EXIT_OK
+
+
 def cmd_lab_dataset(args: argparse.Namespace) -> int:
     from teller.lab.dataset import build_dataset
 
@@ -567,6 +582,10 @@ def _parser() -> argparse.ArgumentParser:
 
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)
+    clean = lab_commands.add_parser(
+        "clean", help="remove what killed lab runs left (namespaces, links, cgroups), by tag"
+    )
+    clean.set_defaults(handler=cmd_lab_clean)
     recipe = lab_commands.add_parser("recipe", help="build an evaluation set from a recipe file")
     recipe.set_defaults(handler=cmd_lab_recipe)
     recipe.add_argument("recipe", help="recipe JSON (see evalsets/)")

@@ -33,7 +33,11 @@ def read_trace(path: str | Path) -> EventTable:
 
 
 def read_run(paths: Iterable[str | Path], progress: bool = False) -> EventTable:
-    """Read every trace file of one run; directories are searched for rank files."""
+    """Read every trace file of one run; directories are searched for rank files.
+
+    A rank file that cannot be read is left out with a warning naming it and why, so the other
+    ranks are still analysed; only when no file can be read is the first one's TraceError raised.
+    """
     paths = list(paths)  # named again in the error below
     files = find_trace_files(paths)
     if not files:
@@ -46,7 +50,19 @@ def read_run(paths: Iterable[str | Path], progress: bool = False) -> EventTable:
         from tqdm import tqdm
 
         iterator = tqdm(files, desc="reading traces", unit="file", leave=False)
-    return concat([read_trace(f) for f in iterator])
+    tables: list[EventTable] = []
+    refused: list[TraceError] = []
+    for path in iterator:
+        try:
+            tables.append(read_trace(path))
+        except TraceError as error:
+            refused.append(error)
+    if not tables:
+        raise refused[0]
+    run = concat(tables)
+    for error in refused:  # one bad rank file does not stop the others: it is named instead
+        run.sources[0].warnings.append(f"rank file left out: {error}")
+    return run
 
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:

@@ -64,7 +64,7 @@ import orjson
 
 from teller.errors import TraceError
 from teller.ingest.comm_names import collective_kind, is_comm_cpu_op, is_comm_kernel
-from teller.ingest.files import NSYS_REPORT_SUFFIXES, read_bytes
+from teller.ingest.files import NSYS_REPORT_SUFFIXES, guard_reader, read_bytes
 from teller.ingest.schema import LAYER_CODE, EventTable, SourceInfo, build_table
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -171,11 +171,23 @@ def read(path: str | Path, rank: int | None = None) -> EventTable:
     non-SQLite, corrupt or non-nsys file, and for a report when `nsys` is missing or fails.
     """
     path = Path(path)
-    if is_report(path):
-        with exported(path) as database, _Export.open(path, database) as export:
-            return _NsysReader(export).read(rank)
-    with _Export.open(path) as export:
+    with guard_reader(path, "an Nsight Systems SQLite export"):
+        if is_report(path):
+            with exported(path) as database, _Export.open(path, database) as export:
+                return _read_export(export, rank)
+        with _Export.open(path) as export:
+            return _read_export(export, rank)
+
+
+def _read_export(export: _Export, rank: int | None) -> EventTable:
+    try:
         return _NsysReader(export).read(rank)
+    except _BadCell as cell:
+        raise TraceError(
+            export.path,
+            f"{cell.value!r:.40} where an integer (time, id or count within int64) was expected",
+            where=f"table {export.last_table}, row {cell.row} of the query, field {cell.field}",
+        ) from None
 
 
 def is_report(path: Path) -> bool:
@@ -229,6 +241,7 @@ class _Export:
         self.path = path
         self.connection = connection
         self.tables = tables  # name -> CREATE statement
+        self.last_table = ""  # the table of the latest query, named when one of its values is bad
 
     @classmethod
     def open(cls, path: Path, database: Path | None = None) -> _Export:
@@ -275,6 +288,7 @@ class _Export:
 
     def query(self, sql: str, table: str, params: Sequence[object] = ()) -> list[tuple]:
         """All rows of one query; any SQLite failure becomes a TraceError naming the table."""
+        self.last_table = table
         try:
             return self.connection.execute(sql, params).fetchall()
         except sqlite3.OperationalError as error:  # a column or table this schema lacks
@@ -353,11 +367,29 @@ class _Rows:
         return len(self.start)
 
 
+class _BadCell(ValueError):
+    """A value an integer column cannot hold (NULL, text, a blob, a float, beyond int64)."""
+
+    def __init__(self, row: int, field: int, value: object) -> None:
+        super().__init__(f"row {row}, field {field}: {value!r:.40}")
+        self.row, self.field, self.value = row, field, value
+
+
 def _int_columns(rows: list[tuple], count: int) -> list[np.ndarray]:
-    """The first `count` fields of every row as int64 arrays (SQL has already replaced NULLs)."""
+    """The first `count` fields of every row as int64 arrays; `_BadCell` names the first value
+    that is not an integer within int64 (a float, even a whole one, is not taken for a time)."""
     if not rows:
         return [np.zeros(0, dtype=np.int64) for _ in range(count)]
-    matrix = np.array([row[:count] for row in rows], dtype=np.int64)
+    try:
+        matrix = np.array([row[:count] for row in rows], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        matrix = None
+    if matrix is None or not all(type(v) is int for row in rows for v in row[:count]):
+        for r, row in enumerate(rows):
+            for f, value in enumerate(row[:count]):
+                if type(value) is not int or not -(2**63) <= value < 2**63:
+                    raise _BadCell(r, f, value)
+    assert matrix is not None
     return [matrix[:, k] for k in range(count)]
 
 

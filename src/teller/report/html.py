@@ -156,26 +156,64 @@ def _tree_section(tree: CallTree, finding: Finding) -> str:
     while node is not None and node >= 0:
         path.add(int(node))
         node = int(tree.parent[node]) if tree.parent[node] >= 0 else None
-    return "<div id='tree'>" + _tree_html(tree, root, 0, path, suspect, finding) + "</div>"
+    return "<div id='tree'>" + _tree_html(tree, root, path, suspect, finding) + "</div>"
 
 
 def _visible_children(tree, node: int, path: set[int]) -> list[int]:
     """Children with Python frames folded away: a hidden frame's own children take its place, so
     an operator called through Python (and the suspect under it) stays reachable. A frame on the
-    suspect's path stays: the model's pointer may pick a Python frame itself."""
+    suspect's path stays: the model's pointer may pick a Python frame itself. Iterative: a stack
+    of hidden frames may be deeper than Python's recursion limit."""
     visible: list[int] = []
-    for child in tree.children(node).tolist():
-        if tree.layer[child] == LAYERS.index("python") and child not in path:
-            visible.extend(_visible_children(tree, child, path))
+    python = LAYERS.index("python")
+    pending = tree.children(node).tolist()[::-1]
+    while pending:
+        child = pending.pop()
+        if tree.layer[child] == python and child not in path:
+            pending.extend(tree.children(child).tolist()[::-1])
         else:
             visible.append(child)
     return visible
 
 
-def _tree_html(tree, node: int, level: int, path: set[int], suspect, finding: Finding) -> str:
-    children = _visible_children(tree, node, path)
-    if level >= TREE_DEPTH:  # deep down, only the way to the suspect is worth the space
-        children = [c for c in children if c in path]
+def _tree_html(tree, root: int, path: set[int], suspect, finding: Finding) -> str:
+    """The nested <details> of the subtree under `root`, built without recursion (the tree may be
+    any depth): a first pass chooses each node's shown children, a second joins the HTML from
+    the leaves up."""
+    plan: dict[int, tuple[list[int], int | None]] = {}  # node -> (shown children, "more" count)
+    order: list[int] = []
+    pending = [(root, 0)]
+    while pending:
+        node, level = pending.pop()
+        children = _visible_children(tree, node, path)
+        if level >= TREE_DEPTH:  # deep down, only the way to the suspect is worth the space
+            children = [c for c in children if c in path]
+        shown, more = children[:TREE_CHILDREN], None
+        if len(children) > TREE_CHILDREN:
+            hidden = children[TREE_CHILDREN:]
+            on_path = [c for c in hidden if c in path]
+            shown, more = shown + on_path, len(hidden) - len(on_path)
+        plan[node] = (shown, more)
+        order.append(node)
+        pending.extend((c, level + 1) for c in reversed(shown))
+    html: dict[int, str] = {}
+    for node in reversed(order):  # pre-order reversed: every child is built before its parent
+        shown, more = plan[node]
+        inner = [html.pop(c) for c in shown]
+        html[node] = _node_html(tree, node, path, suspect, finding, inner, more, node == root)
+    return html[root]
+
+
+def _node_html(
+    tree,
+    node: int,
+    path: set[int],
+    suspect,
+    finding: Finding,
+    inner: list[str],
+    more: int | None,
+    is_root: bool,
+) -> str:
     label = (
         f"<code>{esc(short_name(tree.node_name(node), 100))}</code> "
         f"{esc(format_ns(tree.dur[node]))} (self {esc(format_ns(tree.self_ns[node]))}) "
@@ -191,17 +229,11 @@ def _tree_html(tree, node: int, level: int, path: set[int], suspect, finding: Fi
     classes = " ".join(
         c for c in ("suspect" if node == suspect else "", "path" if node in path else "") if c
     )
-    if not children:
+    if not inner:
         return f"<div class='{classes}' style='margin-left:14px'>{label}</div>"
-    opened = " open" if node in path or level < 1 else ""
-    inner = [
-        _tree_html(tree, c, level + 1, path, suspect, finding) for c in children[:TREE_CHILDREN]
-    ]
-    if len(children) > TREE_CHILDREN:
-        hidden = children[TREE_CHILDREN:]
-        on_path = [c for c in hidden if c in path]
-        inner.extend(_tree_html(tree, c, level + 1, path, suspect, finding) for c in on_path)
-        inner.append(f"<div style='margin-left:14px'>… {len(hidden) - len(on_path)} more</div>")
+    opened = " open" if node in path or is_root else ""
+    if more is not None:
+        inner = [*inner, f"<div style='margin-left:14px'>… {more} more</div>"]
     return (
         f"<details class='{classes}'{opened}><summary>{label}</summary>{''.join(inner)}</details>"
     )
