@@ -162,7 +162,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
-        print(f"annotated trace written to {write_perfetto(verdict, tree, Path(args.perfetto))}")
+        written = write_perfetto(verdict, tree, Path(args.perfetto), analysis.event_table)
+        print(f"annotated trace written to {written}")
     if args.out:
         path = write_atomic(Path(args.out), text)
         if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
@@ -398,7 +399,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--format", choices=("terminal", "json", "html"), help="default: terminal")
     analyze.add_argument("-o", "--out", help="write the report here (format from the suffix)")
-    analyze.add_argument("--perfetto", help="also write an annotated Chrome/Perfetto trace here")
+    analyze.add_argument(
+        "--perfetto",
+        metavar="OUT",
+        help="also write an annotated Chrome/Perfetto trace here (gzip-compressed when OUT "
+        "ends in .gz, e.g. annotated.json.gz)",
+    )
     analyze.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
     _method_arguments(analyze)
 
