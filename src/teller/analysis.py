@@ -187,8 +187,11 @@ class Analysis:
         be loaded the localizer's verdict comes back instead, saying so in `warnings`."""
         return self.verdict
 
-    def diff(self, other: Analysis) -> RunDiff:
-        """Run `other` compared against this one (the reference): step kinds and operators."""
+    def diff(self, other: Analysis, allow_mismatch: bool = False) -> RunDiff:
+        """Run `other` compared against this one (the reference): step kinds and operators.
+
+        `RunDiff.not_comparable` says why the two runs cannot be compared (no step kind or
+        operator in common, or different ranks or world sizes unless `allow_mismatch`)."""
         from teller.report.diff import compare
 
         return compare(
@@ -196,6 +199,9 @@ class Analysis:
             other.tree,
             [str(p) for p in self.trace_files],
             [str(p) for p in other.trace_files],
+            self.event_table.sources,
+            other.event_table.sources,
+            allow_mismatch=allow_mismatch,
         )
 
     def report(self, path: PathLike, format: str | None = None) -> Path:

@@ -15,6 +15,8 @@ from pathlib import Path
 from teller.errors import TellerError
 
 EXIT_OK, EXIT_ERROR = 0, 2
+#: `teller diff`: B regressed beyond the gate; the runs cannot be compared.
+EXIT_REGRESSION, EXIT_NOT_COMPARABLE = 1, 3
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -183,7 +185,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
-        print(f"annotated trace written to {write_perfetto(verdict, tree, Path(args.perfetto))}")
+        written = write_perfetto(verdict, tree, Path(args.perfetto), analysis.event_table)
+        print(f"annotated trace written to {written}")
     if args.out:
         path = write_atomic(Path(args.out), text)
         if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
@@ -269,17 +272,24 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    """Exit 0: no regression; 1: regression beyond the gate; 2: bad input; 3: not comparable."""
     import json
 
     from teller.analysis import Analysis
-    from teller.report.diff import render_diff_terminal
+    from teller.report.diff import render_diff_markdown, render_diff_terminal
 
     a, b = (Analysis(p, step_regex=args.step_regex, progress=not args.quiet) for p in args.runs)
-    diff = a.diff(b)
+    diff = a.diff(b, allow_mismatch=args.allow_mismatch)
     if args.format == "json":
         print(json.dumps(diff.to_json(), indent=2))
+    elif args.format == "markdown":
+        print(render_diff_markdown(diff, gate_pct=args.fail_on_regression), end="")
     else:
         print(render_diff_terminal(diff))
+    if diff.not_comparable:
+        for problem in diff.not_comparable:
+            print(f"teller: not comparable: {problem}", file=sys.stderr)
+        return EXIT_NOT_COMPARABLE
     if args.fail_on_regression is None:
         return EXIT_OK
     regressed = diff.regressions(args.fail_on_regression)
@@ -289,7 +299,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
             f"beyond {args.fail_on_regression:g}%",
             file=sys.stderr,
         )
-    return 1 if regressed else EXIT_OK
+    return EXIT_REGRESSION if regressed else EXIT_OK
+
+
+def _percent(text: str) -> float:
+    """A non-negative percentage for `--fail-on-regression` (a negative gate fails every run)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -460,7 +481,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--format", choices=("terminal", "json", "html"), help="default: terminal")
     analyze.add_argument("-o", "--out", help="write the report here (format from the suffix)")
-    analyze.add_argument("--perfetto", help="also write an annotated Chrome/Perfetto trace here")
+    analyze.add_argument(
+        "--perfetto",
+        metavar="OUT",
+        help="also write an annotated Chrome/Perfetto trace here (gzip-compressed when OUT "
+        "ends in .gz, e.g. annotated.json.gz)",
+    )
     analyze.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
     _method_arguments(analyze)
 
@@ -522,12 +548,23 @@ def _parser() -> argparse.ArgumentParser:
 
     diff = command("diff", cmd_diff, "compare run B against run A: step kinds and operators")
     diff.add_argument("runs", nargs=2, metavar="RUN", help="A then B: case or trace directories")
-    diff.add_argument("--format", choices=("terminal", "json"), default="terminal")
+    diff.add_argument(
+        "--format",
+        choices=("terminal", "json", "markdown"),
+        default="terminal",
+        help="terminal text, JSON (schema teller.diff/2) or markdown for a pull-request comment",
+    )
     diff.add_argument(
         "--fail-on-regression",
-        type=float,
+        type=_percent,
         metavar="PCT",
-        help="exit 1 when a step kind of B is more than PCT %% slower than in A",
+        help="exit 1 when a step kind of B is more than PCT %% slower than in A (PCT >= 0); "
+        "exit 3 when the runs cannot be compared, 2 on bad input",
+    )
+    diff.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="compare runs recorded on different ranks or world sizes (noted, not refused)",
     )
     diff.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
 
@@ -677,6 +714,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
+#: A bug in teller (an exception no error type covers): never 1, which `teller diff` gives a
+#: regression, so a crash cannot read as a verdict in CI.
+EXIT_INTERNAL = 70
+
+
 def run() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    try:
+        status = main()
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(
+            "teller: internal error (a bug: please report it with the trace above)", file=sys.stderr
+        )
+        status = EXIT_INTERNAL
+    sys.exit(status)
