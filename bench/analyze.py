@@ -77,9 +77,7 @@ def main() -> int:
                 for name in order:
                     out = Path(tmp) / f"{name}.json"
                     measured[name].append(run_once(sources[name], args.case, out))
-            same = _verdict(Path(tmp) / "anchor.json") == _verdict(
-                Path(tmp) / "this checkout.json"
-            )
+            same = _verdict(Path(tmp) / "anchor.json") == _verdict(Path(tmp) / "this checkout.json")
         finally:
             subprocess.run(
                 ["git", "-C", str(REPO), "worktree", "remove", "--force", str(anchor_tree)],
