@@ -24,7 +24,8 @@ from teller.watch.incident import Incident
 
 SERVICE_NAME = "teller-watch"
 SPAN_NAME = "teller.incident"
-EXPORT_TIMEOUT_S = 10.0
+#: An unreachable receiver holds the watcher (never the engine) this long per signal, once.
+EXPORT_TIMEOUT_S = 5.0
 
 
 def incident_attributes(incident: Incident) -> dict[str, str | int | float]:
