@@ -227,7 +227,8 @@ def test_hostile_strings_render_escaped(hostile_case: Path, localizer_guilty: st
 
 VLLM = "tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz"
 WIDTHS = (1280, 420)
-#: Marks every element that sticks out of the page (outside any box that scrolls or clips).
+#: Marks every element that sticks out of the page, or whose content sticks out of it (outside any
+#: box that scrolls or clips).
 LAYOUT_PROBE = """<script>
 const width = document.documentElement.clientWidth;
 const wide = [];
@@ -237,7 +238,10 @@ for (const element of document.querySelectorAll("body *")) {
     clipped = ["auto", "scroll", "hidden"].includes(getComputedStyle(box).overflowX);
     box = box.parentElement;
   }
-  if (!clipped && element.getBoundingClientRect().right > width + 1) {
+  const scrolls = ["auto", "scroll", "hidden"].includes(getComputedStyle(element).overflowX);
+  const overflows =
+    !scrolls && element.clientWidth > 0 && element.scrollWidth > element.clientWidth + 1;
+  if (!clipped && (element.getBoundingClientRect().right > width + 1 || overflows)) {
     wide.push(element.tagName + "#" + element.id + "." + (element.getAttribute("class") || ""));
   }
 }
@@ -308,6 +312,10 @@ def test_real_one_step_vllm_report(tmp_path: Path):
     assert {"step", "time (ms): bar observed, tick expected", "rank 0"} <= texts
     marks = [e[1].get("aria-label", "") for e in dom.find("path")]
     assert sum("step: 0;" in m and "kind: mixed" in m for m in marks) == 1
+    assert dom.find("figure", id="chart-breakdown")  # no finding: the longest step's time
     for width in WIDTHS:
-        assert wider_than_page(report, tmp_path, width)[0] == []
+        wide, scroll = wider_than_page(report, tmp_path, width)
+        assert wide == [], (width, wide)
+        page_width, window = (int(n) for n in scroll.split("/"))
+        assert page_width <= window
     screenshots(report, tmp_path, "vllm-one-step-report")

@@ -200,3 +200,23 @@ def test_verdict_flows_reach_their_evidence(annotated: Path):
     for end in ends:
         assert end["pid"] != VERDICT_PID
         assert any(s <= end["ts"] <= e for s, e in slices[(end["pid"], end["tid"])])
+
+
+def test_nsys_capture_nests_with_syncs_on_their_own_track(tmp_path: Path):
+    """A device-side sync spans the copies it waits for: beside its stream, not on it."""
+    run = Analysis(real_trace("nsys_ai/fastvideo_h100_sp2_1s.sqlite"), method="localizer")
+    out = tmp_path / "nsys.json.gz"
+    write_perfetto(run.diagnose(), run.tree, out, run.event_table)
+    events = load(out)["traceEvents"]
+    assert improperly_nested(events) == {}
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "stream 7 sync" in names and "stream 7" in names
+    original, back = run.event_table.table, read(out).table
+
+    def per_layer(table) -> Counter:
+        columns = zip(
+            *(table.column(c).to_pylist() for c in ("layer", "stream", "device")), strict=True
+        )
+        return Counter(columns)
+
+    assert per_layer(back) == per_layer(original)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 ANOMALOUS_COLOUR = "#c0392b"
 NORMAL_COLOUR = "#7f8fa6"
 EXPECTED_COLOUR = "#1d2430"
+#: Below this many steps the step axis labels every step.
+AXIS_EVERY_STEP = 40
 #: Width of a chart's plotting area in px; the page scales the SVG down on narrow screens.
 CHART_WIDTH = 860
 VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
@@ -50,7 +52,8 @@ def steps_spec(points: list[StepPoint]) -> dict:
         "field": "step",
         "type": "quantitative",
         "title": "step",
-        "axis": {"tickMinStep": 1},
+        "axis": {"tickMinStep": 1, "format": "d"}
+        | ({"values": list(range(first, last + 1))} if last - first < AXIS_EVERY_STEP else {}),
         "scale": {"domain": [first - 0.5, last + 0.5], "nice": False, "zero": False},
     }
     return {

@@ -46,7 +46,7 @@ table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
 .scroll{max-width:100%;overflow-x:auto}
 .chart{max-width:100%;overflow-x:auto;background:#fff;border:1px solid #dde2ea;border-radius:6px;padding:6px}
 .chart svg{max-width:100%;height:auto;display:block}
-td,th,pre,summary,li,p{overflow-wrap:break-word} code{overflow-wrap:anywhere}
+td,th,summary,li{overflow-wrap:break-word} code,p,pre,h1,h2,.meta{overflow-wrap:anywhere}
 .scroll>table{min-width:640px}
 details.finding{margin:6px 0;background:#fff;border:1px solid #dde2ea;border-radius:6px;padding:6px 10px}
 details.finding>summary{font-weight:600}
@@ -100,6 +100,12 @@ def render_html(verdict: Verdict, tree: CallTree, breakdown: RunBreakdown | None
         parts.append(_breakdown_chart(breakdown, rank, worst.step, normal))
         parts.append(f"<h2>Operators that took longer in step {worst.step} (rank {rank})</h2>")
         parts.append(_excess_chart(tree, rank, worst.step, normal))
+    elif verdict.steps:
+        longest = max(verdict.steps, key=lambda row: row.dur_ns)
+        parts.append(
+            f"<h2>Where the time went: step {longest.step} (the longest), rank {longest.rank}</h2>"
+        )
+        parts.append(_breakdown_chart(breakdown, longest.rank, longest.step, None))
     parts.append("<h2>Anomalous steps</h2>")
     parts.append(_findings_table(verdict))
     parts.extend(_finding_details(verdict, f, origin_ns) for f in verdict.findings)
@@ -156,7 +162,8 @@ def _normal_step(verdict: Verdict, finding: Finding) -> int | None:
 def _breakdown_chart(breakdown: RunBreakdown, rank: int, worst: int, normal: int | None) -> str:
     by_step = {(s.rank, s.step): s for s in breakdown.steps}
     rows = []
-    for label, step in ((f"step {worst} (worst)", worst), (f"step {normal} (normal)", normal)):
+    worst_label = f"step {worst} (worst)" if normal is not None else f"step {worst}"
+    for label, step in ((worst_label, worst), (f"step {normal} (normal)", normal)):
         part = by_step.get((rank, step)) if step is not None else None
         if part is not None:
             rows.extend(_breakdown_rows(label, part))

@@ -33,6 +33,9 @@ VERDICT_PID = -1  # the verdict track's process id (sorts first)
 VERDICT_TID = 0
 #: Offset that moves a host thread whose id equals a GPU stream id of the same rank off that track.
 HOST_TID_OFFSET = 1 << 31
+#: Offset of a stream's synchronisation track: a device-side sync spans the copies and kernels it
+#: waits for on the same stream, so on the stream's own track it would overlap them.
+SYNC_TID_OFFSET = 1 << 30
 #: Layer → the Kineto category that reads back as that layer (teller's own reader, HTA, TraceLens);
 #: used where the source was not Kineto (Nsight Systems, the lab) and its category means nothing.
 LAYER_CATEGORY = {
@@ -71,8 +74,10 @@ def perfetto_document(verdict: Verdict, tree: CallTree, events: EventTable) -> d
     ts_ns = table.column("ts_ns").to_numpy() + shift_ns[rank - rank.min()] if len(rank) else rank
     origin = int(ts_ns.min()) if len(ts_ns) else 0
     stream = table.column("stream").to_numpy()
-    tid = _track_ids(rank, table.column("tid").to_numpy(), stream)
     layer = table.column("layer").combine_chunks().indices.to_numpy()
+    gpu_sync = (layer == LAYER_CODE["sync"]) & (stream >= 0)
+    tid = _track_ids(rank, table.column("tid").to_numpy(), stream, gpu_sync)
+    device = table.column("device").to_numpy()
     names = _strings(table, "name")
     cats = _categories(table, events, layer)
     args = table.column("args").to_pylist()
@@ -105,6 +110,8 @@ def perfetto_document(verdict: Verdict, tree: CallTree, events: EventTable) -> d
         finding = suspect_rows.get(i)
         if finding is not None:
             event["args"] = _suspect_args(args[i], finding)
+        elif gpu_sync[i]:  # off its stream's track: the stream is named in args, as Kineto does
+            event["args"] = _sync_args(args[i], int(stream[i]), int(device[i]))
         elif args[i] is not None:
             event["args"] = orjson.Fragment(args[i])
         elif correlation[i] >= 0 or external[i] >= 0:
@@ -135,14 +142,17 @@ def _rank_shifts(tree: CallTree, table_ts_ns: np.ndarray, rank: np.ndarray) -> n
     return shifts
 
 
-def _track_ids(rank: np.ndarray, tid: np.ndarray, stream: np.ndarray) -> np.ndarray:
+def _track_ids(
+    rank: np.ndarray, tid: np.ndarray, stream: np.ndarray, gpu_sync: np.ndarray
+) -> np.ndarray:
     """Thread id per row: the stream on the GPU (as Kineto writes it), the host's own tid on the CPU.
 
     A host thread whose id is also a stream id of its rank moves by HOST_TID_OFFSET, so the two never
-    share a track.
+    share a track; a stream's device-side syncs get a track of their own (SYNC_TID_OFFSET).
     """
     on_gpu = stream >= 0
     track = np.where(on_gpu, stream, tid).astype(np.int64)
+    track[gpu_sync] += SYNC_TID_OFFSET
     gpu_keys = set(zip(rank[on_gpu].tolist(), stream[on_gpu].tolist(), strict=True))
     if gpu_keys:
         host = np.flatnonzero(~on_gpu)
@@ -191,6 +201,13 @@ def _link_args(correlation: int, external: int) -> dict:
     return linked
 
 
+def _sync_args(raw: str | None, stream: int, device: int) -> dict:
+    original = orjson.loads(raw) if raw else {}
+    if not isinstance(original, dict):
+        original = {"value": original}
+    return {"stream": stream, "device": device} | original
+
+
 def _suspect_args(raw: str | None, finding: Finding) -> dict:
     original = orjson.loads(raw) if raw else {}
     if not isinstance(original, dict):
@@ -228,7 +245,9 @@ def _metadata(events: EventTable, rank: np.ndarray, tid: np.ndarray, stream: np.
     on_gpu = stream >= 0
     tracks = set(zip(rank.tolist(), tid.tolist(), on_gpu.tolist(), strict=True))
     for r, t, gpu in sorted(tracks):
-        if gpu:
+        if gpu and t >= SYNC_TID_OFFSET:
+            name = f"stream {t - SYNC_TID_OFFSET} sync"
+        elif gpu:
             name = f"stream {t}"
         else:
             original = t - HOST_TID_OFFSET if t >= HOST_TID_OFFSET else t
