@@ -281,6 +281,50 @@ def _parse(path: Path, raw: bytes) -> tuple[list[_Event], dict, list[str], bytes
     return document.traceEvents, top, [], raw
 
 
+def _cut_after_events(
+    text: str, list_end: int, count: int, size: int, is_list: bool
+) -> tuple[bytes, str] | None:
+    """A file cut in the keys after a complete events list: the document closed after its last
+    complete key, when the broken key runs to the end of the file (a cut), else None."""
+    if is_list:
+        return None
+    decoder = json.JSONDecoder(strict=False)
+    length = len(text)
+    good_end = position = list_end + 1
+
+    def skip(at: int) -> int:
+        while at < length and text[at] in " \t\r\n":
+            at += 1
+        return at
+
+    while True:
+        position = skip(position)
+        if position >= length:
+            break
+        if text[position] != ",":
+            return None  # a closing brace or junk: the document is not merely cut
+        try:
+            _, position = decoder.raw_decode(text, skip(position + 1))  # the key
+            position = skip(position)
+            if position >= length:
+                break
+            if text[position] != ":":
+                return None
+            _, position = decoder.raw_decode(text, skip(position + 1))  # its value
+        except RecursionError:
+            return None
+        except json.JSONDecodeError as error:
+            if not (error.msg.startswith("Unterminated string") or error.pos >= length - 1):
+                return None
+            break
+        good_end = position
+    note = (
+        f"truncated at byte {size}, after all {count} events: the top-level keys after the "
+        "cut are missing"
+    )
+    return (text[:good_end] + "}").encode("utf-8"), note
+
+
 _EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
 
 
@@ -303,8 +347,8 @@ def _complete_events(raw: bytes, is_list: bool) -> tuple[bytes, str] | None:
         while position < length and text[position] in " \t\r\n":
             position += 1
         if position >= length or text[position] == "]":
-            if position < length:
-                return None  # the list is complete: what is broken lies after it
+            if position < length:  # the list is complete: what is broken lies after it
+                return _cut_after_events(text, position, count, len(raw), is_list)
             break
         try:
             _, end = decoder.raw_decode(text, position)
@@ -322,11 +366,11 @@ def _complete_events(raw: bytes, is_list: bool) -> tuple[bytes, str] | None:
             position += 1
         elif position < length:
             if text[position] == "]":
-                return None
+                return _cut_after_events(text, position, count, len(raw), is_list)
             return None  # two events without a comma: corrupt, not cut
     if count == 0:
         return None
-    closed = text[:last_end] + ("]" if is_list else "]}")
+    closed = text[:last_end] + ("]" if is_list else "]}")  # the events list is last in Kineto
     kept = len(text[:last_end].encode("utf-8"))
     note = (
         f"truncated at byte {len(raw)}: read the {count} complete events up to byte {kept} "
