@@ -103,6 +103,7 @@ MAX_TRACE_BYTES = 8 << 30
 MAX_GZIP_RATIO = 200
 _RATIO_FLOOR_BYTES = 64 << 20
 _INFLATE_CHUNK = 16 << 20
+_INFLATE_INPUT = 1 << 20
 #: Stream id for GPU activity that names no single stream (device-wide synchronisation).
 _ALL_STREAMS = 2**31 - 1
 #: Traces whose microsecond timestamps exceed this have lost sub-ns digits in a float64.
@@ -194,29 +195,33 @@ def _gunzip(path: Path, raw: bytes, notes: list[str]) -> bytes:
     A stream cut short keeps what inflated, when that holds whole events (`_parse` reads up to
     the last one); a corrupt stream is refused, naming how much was readable."""
     # ISA-L's inflate is much faster than zlib's, and inflating is a large part of reading a trace.
+    # Input goes in by slices, so the bytes consumed (the ratio's denominator) are known exactly.
     parts: list[bytes] = []
-    total = 0
-    remaining = raw
+    total = fed = 0
+    pending = b""  # input given to the inflater but not yet consumed, or the next member
+    decompressor = isal_zlib.decompressobj(wbits=31)
     error: Exception | None = None
-    while remaining:
-        decompressor = isal_zlib.decompressobj(wbits=31)
-        data = remaining
-        try:
-            while True:
-                piece = decompressor.decompress(data, _INFLATE_CHUNK)
-                parts.append(piece)
-                total += len(piece)
-                consumed = len(raw) - len(decompressor.unconsumed_tail)
-                _check_expansion(path, total, max(consumed, 1))
-                if decompressor.eof:
+    try:
+        while True:
+            if not pending:
+                pending = raw[fed : fed + _INFLATE_INPUT]
+                fed += len(pending)
+            piece = decompressor.decompress(pending, _INFLATE_CHUNK)
+            parts.append(piece)
+            total += len(piece)
+            pending = decompressor.unconsumed_tail
+            _check_expansion(path, total, max(fed - len(pending), 1))
+            if decompressor.eof:
+                pending = (decompressor.unused_data + raw[fed:]).lstrip(b"\x00")
+                fed = len(raw)
+                if not pending:
                     break
-                data = decompressor.unconsumed_tail
-                if not data and not piece:
-                    raise EOFError("compressed file ended before the end-of-stream marker")
-        except (EOFError, zlib.error, isal_zlib.error) as failure:
-            error = failure
-            break
-        remaining = decompressor.unused_data.lstrip(b"\x00")  # next member, or padding
+                decompressor = isal_zlib.decompressobj(wbits=31)  # the next gzip member
+                continue
+            if not pending and not piece and fed >= len(raw):
+                raise EOFError("compressed file ended before the end-of-stream marker")
+    except (EOFError, zlib.error, isal_zlib.error) as failure:
+        error = failure
     data = b"".join(parts)
     del parts
     if error is not None:
