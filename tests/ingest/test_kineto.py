@@ -294,6 +294,15 @@ def test_truncated_json_is_read_up_to_its_last_complete_event(tmp_path: Path) ->
     assert events.table.column("ts_ns").equals(expected.column("ts_ns"))
 
 
+def test_a_cut_in_the_keys_after_the_events_keeps_every_event(tmp_path: Path) -> None:
+    text = gzip.decompress(real_trace("hta/cuda_event_sync.json.gz").read_bytes())
+    path = tmp_path / "cut.json"
+    path.write_bytes(text[:-5])  # inside "traceName", after the event list
+    events = read_trace(path)
+    assert len(events) == len(read_trace(real_trace("hta/cuda_event_sync.json.gz")))
+    assert any("after all" in w and "keys after the cut are missing" in w for w in events.warnings)
+
+
 def test_a_cut_before_any_complete_event_or_a_corrupt_middle_is_refused(tmp_path: Path) -> None:
     text = gzip.decompress(real_trace("hta/cuda_event_sync.json.gz").read_bytes())
     head = tmp_path / "head.json"

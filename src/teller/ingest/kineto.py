@@ -103,6 +103,7 @@ MAX_TRACE_BYTES = 8 << 30
 MAX_GZIP_RATIO = 200
 _RATIO_FLOOR_BYTES = 64 << 20
 _INFLATE_CHUNK = 16 << 20
+_INFLATE_INPUT = 1 << 20
 #: Stream id for GPU activity that names no single stream (device-wide synchronisation).
 _ALL_STREAMS = 2**31 - 1
 #: Traces whose microsecond timestamps exceed this have lost sub-ns digits in a float64.
@@ -194,29 +195,33 @@ def _gunzip(path: Path, raw: bytes, notes: list[str]) -> bytes:
     A stream cut short keeps what inflated, when that holds whole events (`_parse` reads up to
     the last one); a corrupt stream is refused, naming how much was readable."""
     # ISA-L's inflate is much faster than zlib's, and inflating is a large part of reading a trace.
+    # Input goes in by slices, so the bytes consumed (the ratio's denominator) are known exactly.
     parts: list[bytes] = []
-    total = 0
-    remaining = raw
+    total = fed = 0
+    pending = b""  # input given to the inflater but not yet consumed, or the next member
+    decompressor = isal_zlib.decompressobj(wbits=31)
     error: Exception | None = None
-    while remaining:
-        decompressor = isal_zlib.decompressobj(wbits=31)
-        data = remaining
-        try:
-            while True:
-                piece = decompressor.decompress(data, _INFLATE_CHUNK)
-                parts.append(piece)
-                total += len(piece)
-                consumed = len(raw) - len(decompressor.unconsumed_tail)
-                _check_expansion(path, total, max(consumed, 1))
-                if decompressor.eof:
+    try:
+        while True:
+            if not pending:
+                pending = raw[fed : fed + _INFLATE_INPUT]
+                fed += len(pending)
+            piece = decompressor.decompress(pending, _INFLATE_CHUNK)
+            parts.append(piece)
+            total += len(piece)
+            pending = decompressor.unconsumed_tail
+            _check_expansion(path, total, max(fed - len(pending), 1))
+            if decompressor.eof:
+                pending = (decompressor.unused_data + raw[fed:]).lstrip(b"\x00")
+                fed = len(raw)
+                if not pending:
                     break
-                data = decompressor.unconsumed_tail
-                if not data and not piece:
-                    raise EOFError("compressed file ended before the end-of-stream marker")
-        except (EOFError, zlib.error, isal_zlib.error) as failure:
-            error = failure
-            break
-        remaining = decompressor.unused_data.lstrip(b"\x00")  # next member, or padding
+                decompressor = isal_zlib.decompressobj(wbits=31)  # the next gzip member
+                continue
+            if not pending and not piece and fed >= len(raw):
+                raise EOFError("compressed file ended before the end-of-stream marker")
+    except (EOFError, zlib.error, isal_zlib.error) as failure:
+        error = failure
     data = b"".join(parts)
     del parts
     if error is not None:
@@ -281,6 +286,50 @@ def _parse(path: Path, raw: bytes) -> tuple[list[_Event], dict, list[str], bytes
     return document.traceEvents, top, [], raw
 
 
+def _cut_after_events(
+    text: str, list_end: int, count: int, size: int, is_list: bool
+) -> tuple[bytes, str] | None:
+    """A file cut in the keys after a complete events list: the document closed after its last
+    complete key, when the broken key runs to the end of the file (a cut), else None."""
+    if is_list:
+        return None
+    decoder = json.JSONDecoder(strict=False)
+    length = len(text)
+    good_end = position = list_end + 1
+
+    def skip(at: int) -> int:
+        while at < length and text[at] in " \t\r\n":
+            at += 1
+        return at
+
+    while True:
+        position = skip(position)
+        if position >= length:
+            break
+        if text[position] != ",":
+            return None  # a closing brace or junk: the document is not merely cut
+        try:
+            _, position = decoder.raw_decode(text, skip(position + 1))  # the key
+            position = skip(position)
+            if position >= length:
+                break
+            if text[position] != ":":
+                return None
+            _, position = decoder.raw_decode(text, skip(position + 1))  # its value
+        except RecursionError:
+            return None
+        except json.JSONDecodeError as error:
+            if not (error.msg.startswith("Unterminated string") or error.pos >= length - 1):
+                return None
+            break
+        good_end = position
+    note = (
+        f"truncated at byte {size}, after all {count} events: the top-level keys after the "
+        "cut are missing"
+    )
+    return (text[:good_end] + "}").encode("utf-8"), note
+
+
 _EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
 
 
@@ -303,8 +352,8 @@ def _complete_events(raw: bytes, is_list: bool) -> tuple[bytes, str] | None:
         while position < length and text[position] in " \t\r\n":
             position += 1
         if position >= length or text[position] == "]":
-            if position < length:
-                return None  # the list is complete: what is broken lies after it
+            if position < length:  # the list is complete: what is broken lies after it
+                return _cut_after_events(text, position, count, len(raw), is_list)
             break
         try:
             _, end = decoder.raw_decode(text, position)
@@ -322,11 +371,11 @@ def _complete_events(raw: bytes, is_list: bool) -> tuple[bytes, str] | None:
             position += 1
         elif position < length:
             if text[position] == "]":
-                return None
+                return _cut_after_events(text, position, count, len(raw), is_list)
             return None  # two events without a comma: corrupt, not cut
     if count == 0:
         return None
-    closed = text[:last_end] + ("]" if is_list else "]}")
+    closed = text[:last_end] + ("]" if is_list else "]}")  # the events list is last in Kineto
     kept = len(text[:last_end].encode("utf-8"))
     note = (
         f"truncated at byte {len(raw)}: read the {count} complete events up to byte {kept} "
