@@ -421,7 +421,7 @@ def _lenient_json(path: Path, raw: bytes) -> object:
     except RecursionError:
         raise _too_deep(path, raw) from None
     except json.JSONDecodeError as error:
-        at_end = error.pos >= len(text.rstrip()) - 1
+        at_end = error.pos >= len(text.rstrip()) - 1 or error.msg.startswith("Unterminated string")
         what = (
             "JSON ends before the trace is complete (truncated file?); expected the rest of "
             "the traceEvents list and a closing '}'"
