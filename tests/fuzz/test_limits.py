@@ -25,8 +25,11 @@ INFLATED = 2 << 30
 #: 150 MB, the readers' bounded steps a few tens more.
 PEAK_BYTES = 600 << 20
 
+#: The child reports its peak from /proc (VmHWM: this program's own address space). Not
+#: getrusage's ru_maxrss: Linux carries that across exec from the forked copy of the parent, so
+#: under a large pytest process it would report pytest's size.
 READ = """
-import resource, sys
+import sys
 from teller.errors import TraceError
 kind, path = sys.argv[1], sys.argv[2]
 try:
@@ -42,7 +45,9 @@ try:
     print("read")
 except TraceError as error:
     print("refused:", error)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+with open("/proc/self/status") as status:
+    peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+print(peak_kib * 1024)
 """
 
 
