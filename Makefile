@@ -19,7 +19,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,lab]'
+	$(BIN)/python -m pip install -q -e '.[dev,model,lab,eval]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,7 +33,7 @@ demo: $(STAMP) system-tools
 	  --tp 2 --duration 12 --rate 4 --seed 7 --out $(DEMO_OUT)/case > $(DEMO_OUT)/lab.log 2>&1 \
 	  || { tail -20 $(DEMO_OUT)/lab.log; exit 1; }
 	$(BIN)/teller -q analyze $(DEMO_OUT)/case -o $(DEMO_OUT)/report.html \
-	  --perfetto $(DEMO_OUT)/annotated.trace.json
+	  --perfetto $(DEMO_OUT)/annotated.trace.json.gz
 
 # Debian tools the tests drive: headless Chromium (HTML report), iproute2 and taskset (the lab).
 SYSTEM_TOOLS := chromium:chromium ip:iproute2 tc:iproute2 taskset:util-linux

@@ -5,13 +5,15 @@
 The anchor's sources are checked out once into a temporary git worktree; each round runs the
 anchor and this checkout as separate processes (the same venv, `PYTHONPATH` choosing the sources),
 alternating which goes first. Reported: median wall and CPU seconds, peak RSS, the ratio of this
-checkout to the anchor, and whether the two verdicts are byte-identical. Printed as Markdown, for
+checkout to the anchor, and whether the two verdicts are identical (the `breakdown` key, which
+later commits add beside the verdict, left out). Printed as Markdown, for
 docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -22,6 +24,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _verdict(path: Path) -> dict:
+    document = json.loads(path.read_bytes())
+    document.pop("breakdown", None)
+    return document
 
 
 def run_once(src: Path, case: Path, out: Path) -> tuple[float, float, int]:
@@ -69,9 +77,7 @@ def main() -> int:
                 for name in order:
                     out = Path(tmp) / f"{name}.json"
                     measured[name].append(run_once(sources[name], args.case, out))
-            same = (Path(tmp) / "anchor.json").read_bytes() == (
-                Path(tmp) / "this checkout.json"
-            ).read_bytes()
+            same = _verdict(Path(tmp) / "anchor.json") == _verdict(Path(tmp) / "this checkout.json")
         finally:
             subprocess.run(
                 ["git", "-C", str(REPO), "worktree", "remove", "--force", str(anchor_tree)],

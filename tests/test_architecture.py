@@ -30,7 +30,7 @@ STAGE_RANK = {
 }
 COMMON = {"errors", "atomic", "faults", "labels", "layout"}
 #: Beside the pipeline: they may import it, it never imports them.
-BESIDE = {"collect", "lab", "eval", "cli", "__init__", "__main__"}
+BESIDE = {"collect", "lab", "eval", "watch", "cli", "__init__", "__main__"}
 
 
 def _modules() -> dict[str, Path]:

@@ -18,7 +18,8 @@ def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     argv += ["--tp", "2", "--steps", "40", "--fault", "straggler", "--rank", "1"]
     argv += ["--intensity", "2", "--window", "28:36", "--seed", "3"]
     assert main(argv) == 0
-    example = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    api = README.read_text().split("## Python API", 1)[1]  # capture recipes come earlier
+    example = re.search(r"```python\n(.*?)```", api, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(example, "README.md", "exec"), namespace)

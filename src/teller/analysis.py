@@ -106,9 +106,10 @@ class Analysis:
         """Logs (and spans) placed on the tree's steps; None when the run has neither."""
         if not self.log_files and not self.otlp_files:
             return None
-        from teller.align.align import align_tree
+        from teller.align.align import align_tree, traced_pids
 
-        return align_tree(self.tree, self.log_files, self.otlp_files)
+        pids = traced_pids(self.event_table)
+        return align_tree(self.tree, self.log_files, self.otlp_files, trace_pids=pids)
 
     # -- tables for notebooks -------------------------------------------------------------------
     def events(self) -> pa.Table:
@@ -188,8 +189,11 @@ class Analysis:
         be loaded the localizer's verdict comes back instead, saying so in `warnings`."""
         return self.verdict
 
-    def diff(self, other: Analysis) -> RunDiff:
-        """Run `other` compared against this one (the reference): step kinds and operators."""
+    def diff(self, other: Analysis, allow_mismatch: bool = False) -> RunDiff:
+        """Run `other` compared against this one (the reference): step kinds and operators.
+
+        `RunDiff.not_comparable` says why the two runs cannot be compared (no step kind or
+        operator in common, or different ranks or world sizes unless `allow_mismatch`)."""
         from teller.report.diff import compare
 
         return compare(
@@ -197,6 +201,9 @@ class Analysis:
             other.tree,
             [str(p) for p in self.trace_files],
             [str(p) for p in other.trace_files],
+            self.event_table.sources,
+            other.event_table.sources,
+            allow_mismatch=allow_mismatch,
         )
 
     def report(self, path: PathLike, format: str | None = None) -> Path:

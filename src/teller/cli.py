@@ -15,6 +15,8 @@ from pathlib import Path
 from teller.errors import TellerError
 
 EXIT_OK, EXIT_ERROR = 0, 2
+#: `teller diff`: B regressed beyond the gate; the runs cannot be compared.
+EXIT_REGRESSION, EXIT_NOT_COMPARABLE = 1, 3
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -53,7 +55,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    from teller.callchain.render import render_tree
+    from teller.callchain.render import render_step, render_tree
     from teller.callchain.tree import build_tree
     from teller.ingest import read_run
 
@@ -70,12 +72,12 @@ def cmd_tree(args: argparse.Namespace) -> int:
             raise TellerError(
                 f"{args.path}: rank {rank} has no step {args.step} ({available} steps found)"
             )
-        roots = [int(steps.node[match[0]])]
-    else:
-        roots = [r for r in tree.roots().tolist() if tree.rank[r] == rank and tree.stream[r] < 0]
-        if not roots:
-            raise TellerError(f"{args.path}: rank {rank} has no call-chain nodes")
-        roots = sorted(roots, key=lambda r: -int(tree.dur[r]))[: args.roots]
+        print(render_step(tree, match[0], max_depth=args.depth, show_python=args.python))
+        return EXIT_OK
+    roots = [r for r in tree.roots().tolist() if tree.rank[r] == rank and tree.stream[r] < 0]
+    if not roots:
+        raise TellerError(f"{args.path}: rank {rank} has no call-chain nodes")
+    roots = sorted(roots, key=lambda r: -int(tree.dur[r]))[: args.roots]
     for root in roots:
         print(render_tree(tree, root, max_depth=args.depth, show_python=args.python))
     return EXIT_OK
@@ -109,9 +111,17 @@ def cmd_lab_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_lab_serve(args: argparse.Namespace) -> int:
-    from teller.lab.serve.launch import serve
+    from teller.lab.run import parse_window
+    from teller.lab.serve.launch import ServeFault, serve
 
-    return serve(args.out, args.tp, args.duration, args.rate, args.seed)
+    fault = None
+    if args.fault != "none":
+        fault = ServeFault(args.fault, args.rank, args.intensity, parse_window(args.window))
+    profile_dir = args.profile_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR") or None
+    port = None if args.port < 0 else args.port
+    return serve(
+        args.out, args.tp, args.duration, args.rate, args.seed, port, args.host, profile_dir, fault
+    )
 
 
 def cmd_lab_run(args: argparse.Namespace) -> int:
@@ -127,6 +137,21 @@ def cmd_lab_run(args: argparse.Namespace) -> int:
         f"{result.case_dir}: {labels.fault} on rank {labels.guilty_rank}, "
         f"{len(labels.steps)} steps in the window, served in {result.serve_s:.1f} s"
     )
+    return EXIT_OK
+
+
+def cmd_lab_clean(args: argparse.Namespace) -> int:
+    from teller.lab.netns import require_root
+    from teller.lab.sweep import sweep
+
+    require_root("`teller lab clean`")
+    swept = sweep()
+    for kind in ("namespaces", "links", "cgroups"):
+        for name in getattr(swept, kind):
+            print(f"removed {kind[:-1]} {name}")
+    for failure in swept.failed:
+        print(f"warning: could not remove {failure}", file=sys.stderr)
+    print(f"{swept.removed} stale lab resources removed, {len(swept.killed)} processes killed")
     return EXIT_OK
 
 
@@ -160,7 +185,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
-        print(f"annotated trace written to {write_perfetto(verdict, tree, Path(args.perfetto))}")
+        written = write_perfetto(verdict, tree, Path(args.perfetto), analysis.event_table)
+        print(f"annotated trace written to {written}")
     if args.out:
         path = write_atomic(Path(args.out), text)
         if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
@@ -246,17 +272,24 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    """Exit 0: no regression; 1: regression beyond the gate; 2: bad input; 3: not comparable."""
     import json
 
     from teller.analysis import Analysis
-    from teller.report.diff import render_diff_terminal
+    from teller.report.diff import render_diff_markdown, render_diff_terminal
 
     a, b = (Analysis(p, step_regex=args.step_regex, progress=not args.quiet) for p in args.runs)
-    diff = a.diff(b)
+    diff = a.diff(b, allow_mismatch=args.allow_mismatch)
     if args.format == "json":
         print(json.dumps(diff.to_json(), indent=2))
+    elif args.format == "markdown":
+        print(render_diff_markdown(diff, gate_pct=args.fail_on_regression), end="")
     else:
         print(render_diff_terminal(diff))
+    if diff.not_comparable:
+        for problem in diff.not_comparable:
+            print(f"teller: not comparable: {problem}", file=sys.stderr)
+        return EXIT_NOT_COMPARABLE
     if args.fail_on_regression is None:
         return EXIT_OK
     regressed = diff.regressions(args.fail_on_regression)
@@ -266,7 +299,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
             f"beyond {args.fail_on_regression:g}%",
             file=sys.stderr,
         )
-    return 1 if regressed else EXIT_OK
+    return EXIT_REGRESSION if regressed else EXIT_OK
+
+
+def _percent(text: str) -> float:
+    """A non-negative percentage for `--fail-on-regression` (a negative gate fails every run)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -313,6 +357,65 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     )
     print(render_findings(analysis.diagnose(), top=args.top))
     return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    if args.nice > 0:  # behind the engine for the CPU from the start, imports included
+        os.nice(args.nice)
+    from teller.watch import WatchConfig, parse_slo, watch
+
+    profile_dir = args.profile_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR")
+    if not profile_dir:
+        raise TellerError(
+            "--profile-dir: where the engine writes its traces (vLLM: VLLM_TORCH_PROFILER_DIR); "
+            "the watcher must see that folder"
+        )
+    config = WatchConfig(
+        engine_url=args.engine,
+        objectives=parse_slo(args.slo),
+        out_dir=Path(args.out),
+        profile_dir=Path(profile_dir),
+        log_files=[Path(p) for p in args.logs or []],
+        interval_s=args.interval,
+        window_s=args.window,
+        min_samples=args.min_samples,
+        sustain_s=getattr(args, "for"),
+        capture_s=args.capture,
+        min_interval_s=args.min_interval,
+        keep=args.keep,
+        reference=not args.no_reference,
+        reference_capture_s=args.reference_capture,
+        reference_every_s=args.reference_every,
+        otlp_url=args.otlp,
+        metrics_port=args.metrics_port,
+        metrics_host=args.listen,
+        webhook_url=args.webhook,
+        method=args.method,
+        model_dir=Path(args.model) if args.model else None,
+        max_incidents=args.max_incidents,
+    )
+    return watch(config)
+
+
+_DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(text: str) -> float:
+    """`500ms`, `30s`, `10m`, `1h` or plain seconds."""
+    number, unit = text, "s"
+    for suffix in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if text.endswith(suffix):
+            number, unit = text[: -len(suffix)], suffix
+            break
+    try:
+        value = float(number) * _DURATION_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a duration like 30s, 10m, 1h"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration is not negative")
+    return value
 
 
 def _method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -378,7 +481,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--format", choices=("terminal", "json", "html"), help="default: terminal")
     analyze.add_argument("-o", "--out", help="write the report here (format from the suffix)")
-    analyze.add_argument("--perfetto", help="also write an annotated Chrome/Perfetto trace here")
+    analyze.add_argument(
+        "--perfetto",
+        metavar="OUT",
+        help="also write an annotated Chrome/Perfetto trace here (gzip-compressed when OUT "
+        "ends in .gz, e.g. annotated.json.gz)",
+    )
     analyze.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
     _method_arguments(analyze)
 
@@ -440,17 +548,81 @@ def _parser() -> argparse.ArgumentParser:
 
     diff = command("diff", cmd_diff, "compare run B against run A: step kinds and operators")
     diff.add_argument("runs", nargs=2, metavar="RUN", help="A then B: case or trace directories")
-    diff.add_argument("--format", choices=("terminal", "json"), default="terminal")
+    diff.add_argument(
+        "--format",
+        choices=("terminal", "json", "markdown"),
+        default="terminal",
+        help="terminal text, JSON (schema teller.diff/2) or markdown for a pull-request comment",
+    )
     diff.add_argument(
         "--fail-on-regression",
-        type=float,
+        type=_percent,
         metavar="PCT",
-        help="exit 1 when a step kind of B is more than PCT %% slower than in A",
+        help="exit 1 when a step kind of B is more than PCT %% slower than in A (PCT >= 0); "
+        "exit 3 when the runs cannot be compared, 2 on bad input",
+    )
+    diff.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="compare runs recorded on different ranks or world sizes (noted, not refused)",
     )
     diff.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
 
+    watch = command(
+        "watch", cmd_watch, "watch a live engine; capture and diagnose when an objective breaks"
+    )
+    watch.add_argument(
+        "--engine", required=True, help="the engine's URL, e.g. http://127.0.0.1:8000"
+    )
+    watch.add_argument(
+        "--slo",
+        default="itl_p99<50ms,ttft_p99<2s",
+        help="objectives, e.g. 'itl_p99<50ms,ttft_p99<2s,waiting<32' (default: that without waiting)",
+    )
+    watch.add_argument("--out", required=True, help="folder for the cases (the last --keep)")
+    watch.add_argument(
+        "--profile-dir", help="the engine's trace folder (default $VLLM_TORCH_PROFILER_DIR)"
+    )
+    watch.add_argument("--logs", nargs="*", help="the engine's log files, sliced per capture")
+    watch.add_argument("--interval", type=_seconds, default=5.0, help="scrape period (5s)")
+    watch.add_argument("--window", type=_seconds, default=60.0, help="quantile window (60s)")
+    watch.add_argument(
+        "--min-samples", type=int, default=20, help="observations before a window is judged"
+    )
+    watch.add_argument(
+        "--for",
+        type=_seconds,
+        default=15.0,
+        help="broken this long before a capture, as an alert's for: (15s)",
+    )
+    watch.add_argument("--capture", type=_seconds, default=5.0, help="profiler on for (5s)")
+    watch.add_argument(
+        "--min-interval", type=_seconds, default=600.0, help="at most one capture per (10m)"
+    )
+    watch.add_argument("--keep", type=int, default=20, help="cases kept on disk (20)")
+    watch.add_argument(
+        "--no-reference", action="store_true", help="take no normal capture to compare against"
+    )
+    watch.add_argument(
+        "--reference-capture", type=_seconds, default=3.0, help="reference capture length (3s)"
+    )
+    watch.add_argument(
+        "--reference-every", type=_seconds, default=3600.0, help="refresh the reference (1h)"
+    )
+    watch.add_argument("--otlp", help="OTLP/HTTP receiver, e.g. http://127.0.0.1:4318")
+    watch.add_argument("--metrics-port", type=int, help="serve teller's own /metrics here")
+    watch.add_argument("--listen", default="127.0.0.1", help="address for --metrics-port")
+    watch.add_argument("--webhook", help="POST each incident's JSON here")
+    watch.add_argument("--nice", type=int, default=10, help="run behind the engine (niceness)")
+    watch.add_argument("--max-incidents", type=int, help="exit after this many reports")
+    _method_arguments(watch)
+
     lab = commands.add_parser("lab", help="labelled data: the real fault lab and the GPU simulator")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)
+    clean = lab_commands.add_parser(
+        "clean", help="remove what killed lab runs left (namespaces, links, cgroups), by tag"
+    )
+    clean.set_defaults(handler=cmd_lab_clean)
     recipe = lab_commands.add_parser("recipe", help="build an evaluation set from a recipe file")
     recipe.set_defaults(handler=cmd_lab_recipe)
     recipe.add_argument("recipe", help="recipe JSON (see evalsets/)")
@@ -472,8 +644,20 @@ def _parser() -> argparse.ArgumentParser:
     lab_serve.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
     lab_serve.add_argument("--rate", type=float, default=6.0, help="requests per second")
     lab_serve.add_argument("--seed", type=int, default=0, help="workload seed")
+    lab_serve.add_argument(
+        "--port", type=int, default=8000, help="/metrics and profiler endpoints (0: free, -1: off)"
+    )
+    lab_serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    lab_serve.add_argument(
+        "--profile-dir", help="capture folder (default $VLLM_TORCH_PROFILER_DIR, else OUT/profiles)"
+    )
 
     from teller.lab.faults.catalog import LAB_FAULTS
+
+    lab_serve.add_argument("--fault", choices=list(LAB_FAULTS), default="none")
+    lab_serve.add_argument("--rank", type=int, default=0, help="guilty rank")
+    lab_serve.add_argument("--intensity", type=float, default=0.5, help="0..1, per fault")
+    lab_serve.add_argument("--window", default="20:1000000", help="A:B seconds after serve start")
 
     lab_run = lab_commands.add_parser(
         "run", help="record one labelled case under a real fault (window in serve seconds)"
@@ -530,6 +714,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
+#: A bug in teller (an exception no error type covers): never 1, which `teller diff` gives a
+#: regression, so a crash cannot read as a verdict in CI.
+EXIT_INTERNAL = 70
+
+
 def run() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    try:
+        status = main()
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(
+            "teller: internal error (a bug: please report it with the trace above)", file=sys.stderr
+        )
+        status = EXIT_INTERNAL
+    sys.exit(status)

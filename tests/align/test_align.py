@@ -208,3 +208,31 @@ def test_arrival_lines_stamped_late_by_a_loaded_collector_keep_their_steps(tmp_p
     log.write_text("\n".join(stamped) + "\n")
     result = align_run([TRACES], [log])
     assert check_against_truth(result, truth) == {"added": 34, "finished": 34, "iteration": 71}
+
+
+def foreign_log(tmp_path: Path, pid: str, hours: int) -> Path:
+    """The case's collector log with its process id replaced and its times moved by `hours`."""
+
+    def move(line: str) -> str:
+        stamp = datetime.strptime(line[: PREFIX_BYTES - 2], "%Y-%m-%dT%H:%M:%S.%f")
+        return f"{stamp + timedelta(hours=hours):%Y-%m-%dT%H:%M:%S.%f}Z " + line[PREFIX_BYTES:]
+
+    lines = LOG.read_text().replace("pid=12774", f"pid={pid}").splitlines()
+    path = tmp_path / f"pid{pid}_{hours}h.log"
+    path.write_text("\n".join(move(line) for line in lines) + "\n")
+    return path
+
+
+def test_a_log_of_another_run_is_set_aside_not_aligned(tmp_path):
+    other_run = foreign_log(tmp_path, "999999", 2)
+    result = align_run([TRACES], [other_run])
+    assert len(result.logs) == 0
+    (warning,) = [w for w in result.warnings if "set aside" in w]
+    assert other_run.name in warning and "(999999)" in warning and "outside the traces" in warning
+
+
+def test_a_log_only_moved_in_time_or_only_of_other_processes_is_aligned(tmp_path):
+    for path in (foreign_log(tmp_path, "12774", 2), foreign_log(tmp_path, "999999", 0)):
+        result = align_run([TRACES], [path])
+        assert len(result.logs) > 0
+        assert not [w for w in result.warnings if "set aside" in w]

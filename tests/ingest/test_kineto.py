@@ -272,24 +272,49 @@ def test_directory_finds_only_trace_files() -> None:
 # -- bad input: one clear error naming the file, where, and what was expected ---------------------
 
 
-def test_truncated_gzip(tmp_path: Path) -> None:
+def test_truncated_gzip_is_read_up_to_its_last_complete_event(tmp_path: Path) -> None:
     data = real_trace("hta/cuda_event_sync.json.gz").read_bytes()
+    whole = read_trace(real_trace("hta/cuda_event_sync.json.gz"))
     path = tmp_path / "cut.json.gz"
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(TraceError) as error:
-        read_trace(path)
-    assert error.value.path == str(path)
-    assert "truncated" in error.value.what and "byte" in error.value.where
+    events = read_trace(path)
+    assert 0 < len(events) < len(whole)
+    assert any("gzip stream truncated at byte" in w for w in events.warnings)
+    assert any("complete events up to byte" in w for w in events.warnings)
 
 
-def test_truncated_json(tmp_path: Path) -> None:
+def test_truncated_json_is_read_up_to_its_last_complete_event(tmp_path: Path) -> None:
     text = gzip.decompress(real_trace("hta/cuda_event_sync.json.gz").read_bytes())
     path = tmp_path / "cut.json"
     path.write_bytes(text[:5000])
+    events = read_trace(path)
+    (warning,) = [w for w in events.warnings if "truncated" in w]
+    assert "truncated at byte 5000" in warning
+    expected = read_trace(real_trace("hta/cuda_event_sync.json.gz")).table.slice(0, len(events))
+    assert events.table.column("ts_ns").equals(expected.column("ts_ns"))
+
+
+def test_a_cut_in_the_keys_after_the_events_keeps_every_event(tmp_path: Path) -> None:
+    text = gzip.decompress(real_trace("hta/cuda_event_sync.json.gz").read_bytes())
+    path = tmp_path / "cut.json"
+    path.write_bytes(text[:-5])  # inside "traceName", after the event list
+    events = read_trace(path)
+    assert len(events) == len(read_trace(real_trace("hta/cuda_event_sync.json.gz")))
+    assert any("after all" in w and "keys after the cut are missing" in w for w in events.warnings)
+
+
+def test_a_cut_before_any_complete_event_or_a_corrupt_middle_is_refused(tmp_path: Path) -> None:
+    text = gzip.decompress(real_trace("hta/cuda_event_sync.json.gz").read_bytes())
+    head = tmp_path / "head.json"
+    head.write_bytes(text[: text.index(b'"traceEvents"') + 30])
     with pytest.raises(TraceError) as error:
-        read_trace(path)
-    assert "truncated" in error.value.what
-    assert error.value.where.startswith("byte ")
+        read_trace(head)
+    assert "truncated" in error.value.what and error.value.where.startswith("byte ")
+    middle = tmp_path / "middle.json"
+    at = len(text) // 2
+    middle.write_bytes(text[:at] + b"}}}{{{" + text[at:])
+    with pytest.raises(TraceError, match="not valid JSON"):
+        read_trace(middle)
 
 
 def test_not_json(tmp_path: Path) -> None:

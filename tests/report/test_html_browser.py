@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import shutil
 import struct
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import real_trace
 from teller.analysis import Analysis
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -112,6 +114,7 @@ def guilty(contention_analysis) -> str:
 
 
 def test_report_in_chromium(report: Path, contention_analysis, guilty: str, tmp_path: Path):
+    pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
     verdict = contention_analysis.diagnose()
     worst = verdict.findings[0]
     dumped, stderr = chromium(report, tmp_path, "--dump-dom")
@@ -124,17 +127,27 @@ def test_report_in_chromium(report: Path, contention_analysis, guilty: str, tmp_
     assert section[1]["class"] == "verdict"  # red: there are findings
     assert verdict.summary.splitlines()[0] in dumped
 
-    assert dom.find("svg", id="timeline")
-    anomalous = dom.find("rect", cls="anomalous")
+    assert dom.find("figure", id="chart-steps")
+    marks = [e[1].get("aria-label", "") for e in dom.find("path")]
     flagged = [s for s in verdict.steps if s.anomalous]
-    assert len(anomalous) == len(flagged) > 0
-    assert all(e[1]["fill"] == "#c0392b" for e in anomalous)
-    assert len(dom.find("rect", cls="step")) == len(verdict.steps) - len(flagged)
+    assert sum("state: anomalous" in m for m in marks) == len(flagged) > 0
+    assert sum("state: normal" in m for m in marks) == len(verdict.steps) - len(flagged)
+    texts = {e[2].strip() for e in dom.find("text")}
+    assert {"step", "time (ms): bar observed, tick expected", "rank 0", "rank 1"} <= texts
+    assert dom.find("figure", id="chart-breakdown") and dom.find("figure", id="chart-excess")
+    assert "where the time went" in texts and "self time beyond the normal step (ms)" in texts
 
     assert len(dom.find("table", id="findings")) == 1
     assert len(dom.find("tr")) >= len(verdict.findings) + 1
     cells = [e[2] for e in dom.find("td")]
     assert worst.explanation in cells
+    folded = dom.find("details", cls="finding")
+    assert len(folded) == len(verdict.findings)  # every finding, not only the first
+    assert all("open" not in e[1] for e in folded)
+    assert len(dom.find("table", cls="evidence")) == sum(bool(f.evidence) for f in verdict.findings)
+    # log times are ms into the run (with the wall-clock time when the clock is unix), not epoch ns
+    assert any(re.fullmatch(r"\+[\d,]+\.\d{3} ms", e[2]) for e in dom.find("td", cls="num"))
+    assert not any(re.fullmatch(r"\d{16,}", c.strip()) for c in cells)
 
     assert dom.find("div", id="tree")
     suspects = dom.find(cls="suspect")
@@ -210,3 +223,99 @@ def test_hostile_strings_render_escaped(hostile_case: Path, localizer_guilty: st
     texts = [e[2] for e in dom.find("code")]
     assert any(HOSTILE in text for text in texts)  # shown verbatim, quotes included
     assert any(guilty + HOSTILE in text for text in texts)
+
+
+VLLM = "tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz"
+WIDTHS = (1280, 420)
+#: Marks every element that sticks out of the page, or whose content sticks out of it (outside any
+#: box that scrolls or clips).
+LAYOUT_PROBE = """<script>
+const width = document.documentElement.clientWidth;
+const wide = [];
+for (const element of document.querySelectorAll("body *")) {
+  let box = element.parentElement, clipped = false;
+  while (box && !clipped) {
+    clipped = ["auto", "scroll", "hidden"].includes(getComputedStyle(box).overflowX);
+    box = box.parentElement;
+  }
+  const scrolls = ["auto", "scroll", "hidden"].includes(getComputedStyle(element).overflowX);
+  const overflows =
+    !scrolls && element.clientWidth > 0 && element.scrollWidth > element.clientWidth + 1;
+  if (!clipped && (element.getBoundingClientRect().right > width + 1 || overflows)) {
+    wide.push(element.tagName + "#" + element.id + "." + (element.getAttribute("class") || ""));
+  }
+}
+document.body.setAttribute("data-wide", JSON.stringify(wide.slice(0, 10)));
+document.body.setAttribute("data-scroll", document.documentElement.scrollWidth + "/" + width);
+</script>"""
+
+
+def wider_than_page(page: Path, tmp_path: Path, width: int) -> tuple[list[str], str]:
+    """Elements wider than a `width`-px window, and scrollWidth/clientWidth, from a real layout."""
+    probe = tmp_path / f"probe-{width}-{page.name}"
+    probe.write_text(page.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
+    dumped, stderr = chromium(probe, tmp_path, f"--window-size={width},2000", "--dump-dom")
+    assert console_errors(stderr) == []
+    (body,) = Dom(dumped).find("body")
+    return json.loads(body[1]["data-wide"]), body[1]["data-scroll"]
+
+
+def screenshots(page: Path, tmp_path: Path, name: str) -> list[Path]:
+    """A screenshot per width (kept under TELLER_SCREENSHOTS when set, for a person to look at)."""
+    keep = Path(os.environ.get("TELLER_SCREENSHOTS", tmp_path))
+    keep.mkdir(parents=True, exist_ok=True)
+    shots = []
+    for width in WIDTHS:
+        shot = keep / f"{name}-{width}.png"
+        chromium(page, tmp_path, f"--window-size={width},2400", f"--screenshot={shot}")
+        data = shot.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert struct.unpack(">II", data[16:24]) == (width, 2400)
+        shots.append(shot)
+    return shots
+
+
+def test_the_detector_sees_a_wide_element(tmp_path: Path):
+    """The layout check can fail: a page with a 3000-px table is caught."""
+    page = tmp_path / "wide.html"
+    page.write_text(
+        "<!doctype html><body><table id='t' style='width:3000px'><tr><td>x</td></tr></table></body>"
+    )
+    wide, scroll = wider_than_page(page, tmp_path, 420)
+    assert any(w.startswith("TABLE#t") for w in wide) and scroll.startswith("3")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_nothing_is_wider_than_the_page(report: Path, tmp_path: Path, width: int):
+    wide, scroll = wider_than_page(report, tmp_path, width)
+    assert wide == [], wide
+    page_width, window = (int(n) for n in scroll.split("/"))
+    assert page_width <= window
+
+
+def test_demo_like_report_screenshots(report: Path, tmp_path: Path):
+    pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
+    shots = screenshots(report, tmp_path, "contention-report")
+    assert all(shot.stat().st_size > 20_000 for shot in shots)
+
+
+def test_real_one_step_vllm_report(tmp_path: Path):
+    """A real vLLM capture of one step: the chart has its axes, and the page fits both widths."""
+    pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
+    run = Analysis(real_trace(VLLM), method="localizer")
+    report = run.report(tmp_path / "vllm.html")
+    dumped, stderr = chromium(report, tmp_path, "--dump-dom")
+    assert console_errors(stderr) == []
+    dom = Dom(dumped)
+    assert dom.find("figure", id="chart-steps")
+    texts = {e[2].strip() for e in dom.find("text")}
+    assert {"step", "time (ms): bar observed, tick expected", "rank 0"} <= texts
+    marks = [e[1].get("aria-label", "") for e in dom.find("path")]
+    assert sum("step: 0;" in m and "kind: mixed" in m for m in marks) == 1
+    assert dom.find("figure", id="chart-breakdown")  # no finding: the longest step's time
+    for width in WIDTHS:
+        wide, scroll = wider_than_page(report, tmp_path, width)
+        assert wide == [], (width, wide)
+        page_width, window = (int(n) for n in scroll.split("/"))
+        assert page_width <= window
+    screenshots(report, tmp_path, "vllm-one-step-report")

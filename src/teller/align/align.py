@@ -224,8 +224,16 @@ def align_run(
     """Read a run's traces, logs (and OTLP spans), put them on one clock and align them."""
     from teller.ingest import read_run
 
-    tree, rank_offsets = one_clock_tree(read_run(trace_paths))
-    return align_tree(tree, log_paths, span_paths, year, rank_offsets)
+    events = read_run(trace_paths)
+    tree, rank_offsets = one_clock_tree(events)
+    return align_tree(tree, log_paths, span_paths, year, rank_offsets, traced_pids(events))
+
+
+def traced_pids(events: EventTable) -> frozenset[int]:
+    """The host process ids the traces recorded (GPU rows carry the device, not a process)."""
+    table = events.table
+    on_host = table.column("device").to_numpy() < 0
+    return frozenset(np.unique(table.column("pid").to_numpy()[on_host]).tolist())
 
 
 def one_clock_tree(events: EventTable) -> tuple[CallTree, ClockOffsets]:
@@ -243,18 +251,26 @@ def align_tree(
     span_paths: Sequence[str | Path] = (),
     year: int | None = None,
     rank_offsets: ClockOffsets | None = None,
+    trace_pids: frozenset[int] | None = None,
 ) -> AlignResult:
-    """Align logs (and OTLP spans) to a tree already on one clock."""
+    """Align logs (and OTLP spans) to a tree already on one clock.
+
+    With `trace_pids` (`traced_pids`), a log file that states process ids none of which the
+    traces recorded, and whose times all fall outside the traced span, is from another run: it
+    is set aside with a warning instead of aligned (its lines never become evidence)."""
     from teller.ingest.logs import read_logs
     from teller.ingest.otlp import read_spans
 
     if rank_offsets is None:
         rank_offsets = estimate_rank_offsets(tree)
     logs = read_logs(log_paths, year=year)
+    foreign: list[str] = []
+    if trace_pids is not None:
+        logs, foreign = set_aside_foreign_logs(tree, logs, trace_pids)
     spans = read_spans(span_paths) if span_paths else None
     times = place_log_times(tree, logs)
     log_offsets = times.log_offset
-    warnings = list(rank_offsets.warnings) + logs.warnings
+    warnings = list(rank_offsets.warnings) + logs.warnings + foreign
     if log_offsets is not None:
         several = len(log_offsets.key) > 1
         for key, offset, residual, anchors in zip(
@@ -274,6 +290,59 @@ def align_tree(
     alignment = align_logs(tree, logs, requests, times)
     warnings += requests.warnings + alignment.warnings
     return AlignResult(tree, logs, requests, alignment, rank_offsets, log_offsets, warnings)
+
+
+#: Trace times above this are unix ns (after 2001); below, the profiler's own clock, which says
+#: nothing about when a log line was printed.
+_UNIX_NS = 10**18
+
+
+def set_aside_foreign_logs(
+    tree: CallTree, logs: LogTable, trace_pids: frozenset[int]
+) -> tuple[LogTable, list[str]]:
+    """The logs without the files from another run, and a warning naming each one set aside.
+
+    A file is another run's when both facts say so: the process ids it prints match no traced
+    process, and its times fall wholly outside the traced span (on a unix clock). Either alone
+    is common in a good run: an API server's log names only its own process; a log in another
+    time zone sits hours off."""
+    if not len(logs) or not len(tree.start):
+        return logs, []
+    trace_lo = int(tree.start.min())
+    trace_hi = int((tree.start + tree.dur).max())
+    if trace_lo < _UNIX_NS:
+        return logs, []
+    files = logs.table.column("file").to_pylist()
+    pids = logs.table.column("pid").to_numpy()
+    ts = logs.table.column("ts_ns").to_numpy()
+    names = np.asarray(files, dtype=object)
+    keep = np.ones(len(files), dtype=bool)
+    warnings = []
+    for file in dict.fromkeys(files):
+        rows = names == file
+        stated = set(pids[rows & (pids >= 0)].tolist())
+        times = ts[rows & (ts >= 0)]
+        if not stated or stated & trace_pids or not times.size:
+            continue
+        if times.min() <= trace_hi and times.max() >= trace_lo:
+            continue
+        keep &= ~rows
+        shown = ", ".join(map(str, sorted(stated)[:4]))
+        warnings.append(
+            f"{Path(file).name}: set aside, not aligned: its processes ({shown}) match no traced "
+            f"process and its times lie {_distance_s(times, trace_lo, trace_hi)} outside the "
+            "traces (a log of another run?)"
+        )
+    if keep.all():
+        return logs, []
+    kept_files = set(names[keep].tolist())
+    sources = [source for source in logs.sources if source.path in kept_files]
+    return LogTable(logs.table.filter(pa.array(keep)), sources), warnings
+
+
+def _distance_s(times: np.ndarray, lo: int, hi: int) -> str:
+    gap_ns = lo - int(times.max()) if times.max() < lo else int(times.min()) - hi
+    return f"{gap_ns / 1e9:,.0f} s"
 
 
 def render_by_step(result: AlignResult, steps: range | None = None, width: int = 160) -> str:

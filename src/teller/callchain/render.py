@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from teller.callchain.steps import FOUND_BY_PERIOD
 from teller.callchain.tree import EDGE_LAUNCH, CallTree
 from teller.ingest.schema import LAYER_CODE, EventTable
 
@@ -54,6 +55,39 @@ def render_tree(
     """
     hidden = set() if show_python else {LAYER_CODE["python"]}
     return "\n".join(_lines(tree, root, 0, max_depth, max_children, hidden))
+
+
+def render_step(tree: CallTree, row: int, max_depth: int = 4, show_python: bool = False) -> str:
+    """The tree of one step (a row of `tree.steps`).
+
+    An annotated step is its annotation's subtree. A step found from the period of the top-level
+    sequence has no node above its work: a header line says how it was found, then each of its
+    top-level operations follows in time order.
+    """
+    steps = tree.steps
+    if steps.found_by[row] != FOUND_BY_PERIOD:
+        return render_tree(tree, int(steps.node[row]), max_depth=max_depth, show_python=show_python)
+    members = tree.step == row
+    parent_in_step = np.zeros(len(tree), dtype=bool)
+    has_parent = tree.parent >= 0
+    parent_in_step[has_parent] = members[tree.parent[has_parent]]
+    roots = np.flatnonzero(members & ~parent_in_step & (tree.stream < 0))
+    roots = roots[np.argsort(tree.start[roots], kind="stable")]
+    hidden = set() if show_python else {LAYER_CODE["python"]}
+    tops = [n for r in roots.tolist() for n in _visible_roots(tree, r, hidden)]
+    header = (
+        f"step {int(steps.index[row])} on rank {int(steps.rank[row])}: "
+        f"{format_ns(steps.dur_ns[row])}, {len(tops)} top-level operations "
+        f"(found by {steps.found_by[row]})"
+    )
+    lines = [header]
+    for top in tops:
+        lines.extend(_lines(tree, top, 1, max_depth, 40, hidden))
+    return "\n".join(lines)
+
+
+def _visible_roots(tree: CallTree, node: int, hidden: set[int]) -> list[int]:
+    return _visible_children(tree, node, hidden) if tree.layer[node] in hidden else [node]
 
 
 def _visible_children(tree: CallTree, node: int, hidden: set[int]) -> list[int]:
@@ -140,9 +174,11 @@ def render_info(events: EventTable, tree: CallTree) -> str:
             mask = steps.rank == rank
             kinds = sorted(set(np.asarray(steps.kind, dtype=object)[mask].tolist()))
             durations = steps.dur_ns[mask]
+            found_by = sorted(set(np.asarray(steps.found_by, dtype=object)[mask].tolist()))
             lines.append(
                 f"steps rank {rank}: {int(mask.sum())} ({', '.join(kinds)}), "
-                f"median {format_ns(float(np.median(durations)))}, max {format_ns(float(durations.max()))}"
+                f"median {format_ns(float(np.median(durations)))}, max {format_ns(float(durations.max()))}, "
+                f"found by {', '.join(found_by)}"
             )
     else:
         lines.append("steps none found")

@@ -11,6 +11,21 @@ and decode requests and tokens) is what later stages compare steps by:
 
 A user-supplied regex overrides them. Only the outermost match on a thread is a step; a nested
 match (SGLang writes both shapes, one inside the other) enriches its batch facts.
+
+A trace without them still has iterations. Steps are found by the first of these rules that
+finds any (each step records which, in `StepTable.found_by`):
+
+1. engine annotations and `ProfilerStep#N`, as above ("engine annotation", "ProfilerStep"), or the
+   user's regex ("step regex");
+2. a user/GPU annotation or NVTX range that repeats at one nesting level and is clearly the
+   iteration (`ranges.py`: "repeated range 'NAME'"); every repeated range is offered by name in a
+   warning either way, so a user can pass the right one as the step regex;
+3. the period of the rank's top-level operation sequence (`periods.py`: "period of top-level
+   sequence").
+
+Rules 2 and 3 run only when rule 1 finds nothing in the whole run, so a trace with engine steps is
+read exactly as before. A step found by its period has no annotation node: its `node` is the
+iteration's first top-level operation, and its window runs to the next iteration's start.
 """
 
 from __future__ import annotations
@@ -21,6 +36,15 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pyarrow as pa
 
+from teller.callchain.periods import RankIterations, iterations_on_rank
+from teller.callchain.ranges import (
+    RepeatedRange,
+    describe_candidates,
+    instance_of_nodes,
+    pick_iteration_ranges,
+    repeated_ranges,
+)
+from teller.callchain.work import Forest, NodeWork, node_work
 from teller.ingest.schema import LAYER_CODE
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -32,6 +56,17 @@ SGLANG_STEP = re.compile(
     r"^step\[(?P<mode>[A-Z_]+)?\s*(?:bs=(?P<bs>\d+))?\s*(?:toks=(?P<toks>\d+))?.*\]$"
 )
 _FIRST_NUMBER = re.compile(r"(\d+)")
+#: How a step was found (`StepTable.found_by`), in the order the rules are tried.
+FOUND_BY_ENGINE = "engine annotation"
+FOUND_BY_PROFILER_STEP = "ProfilerStep"
+FOUND_BY_REGEX = "step regex"
+FOUND_BY_PERIOD = "period of top-level sequence"
+FOUND_BY_CAPTURE = "whole capture (nothing repeats)"
+BUILT_IN_STEPS = "ProfilerStep#N, vLLM execute_…, SGLang step[…]"
+
+
+def found_by_range(name: str) -> str:
+    return f"repeated range '{name}'"
 
 
 @dataclass
@@ -49,9 +84,28 @@ class StepTable:
     context_tokens: np.ndarray
     generation_requests: np.ndarray
     generation_tokens: np.ndarray
+    found_by: list[str]  # FOUND_BY_* or found_by_range(name): which rule found the step
 
     def __len__(self) -> int:
         return len(self.rank)
+
+    @classmethod
+    def empty(cls) -> StepTable:
+        none = np.zeros(0, dtype=np.int64)
+        return cls(
+            rank=none.astype(np.int32),
+            index=none,
+            node=none,
+            start_ns=none,
+            dur_ns=none,
+            name=[],
+            kind=[],
+            context_requests=none,
+            context_tokens=none,
+            generation_requests=none,
+            generation_tokens=none,
+            found_by=[],
+        )
 
     def to_arrow(self) -> pa.Table:
         return pa.table({f.name: getattr(self, f.name) for f in fields(self)})
@@ -137,6 +191,178 @@ def _assign_by_window(
 
 
 def find_steps(
+    tree: Forest, step_regex: str | re.Pattern[str] | None = None
+) -> tuple[StepTable, np.ndarray, list[str]]:
+    """The step table, per node the index of its step (-1 if none), and what the search found
+    worth telling the user (which rule named the steps, which ranges could name them)."""
+    custom = re.compile(step_regex) if isinstance(step_regex, str) else step_regex
+    table, step = _annotated_steps(
+        tree.names,
+        tree.name,
+        tree.layer,
+        tree.rank,
+        tree.start,
+        tree.dur,
+        tree.parent,
+        tree.stream >= 0,
+        custom,
+    )
+    if len(table) or not len(tree):
+        return table, step, []
+    work = node_work(
+        tree.names, tree.name, tree.layer, tree.rank, tree.stream, tree.dur, tree.parent, tree.depth
+    )
+    candidates = repeated_ranges(tree, work)
+    offered = (
+        f"repeated ranges that could name them: {describe_candidates(candidates)}"
+        if candidates
+        else "no annotation or NVTX range repeats"
+    )
+    if custom is not None:
+        notes = [f"step regex {custom.pattern!r} matched no annotation or NVTX range; {offered}"]
+        return table, step, notes
+    missing = f"no step annotations found ({BUILT_IN_STEPS}); {offered}"
+    notes = [f"{missing}; pass --step-regex to use one"]
+    picked = pick_iteration_ranges(candidates, work.rank_has_gpu)
+    found: list[_FoundSteps] = []
+    for candidate in picked.values():
+        found.append(_range_steps(tree, candidate, work))
+        notes.append(
+            f"rank {candidate.rank}: steps are the repeated range '{candidate.name}' "
+            f"(×{candidate.count}, {candidate.work_share:.0%} of the work)"
+        )
+    for r in np.unique(tree.rank).tolist():
+        if r in picked:
+            continue
+        iterations = iterations_on_rank(tree, r, work)
+        if iterations is None:
+            continue
+        found.append(_period_steps(tree, iterations, work))
+        anchor = tree.node_name(int(iterations.node[0]))
+        notes.append(
+            f"rank {r}: {len(iterations.node)} steps found from the period of the top-level "
+            f"operation sequence (about {iterations.period.length} operations each, the first "
+            f"'{anchor[:60]}'); check them with `teller tree --step N`, or name them with --step-regex"
+        )
+    if not found:
+        notes = [
+            f"{missing}; and the top-level operation sequence does not repeat as a loop does: "
+            "the whole capture is one step on each rank (its layers and ranks are still compared); "
+            "pass --step-regex naming the step's range"
+        ]
+        found = [_capture_step(tree, r) for r in np.unique(tree.rank).tolist()]
+    table, step = _assemble(tree, found)
+    return table, step, notes
+
+
+@dataclass
+class _FoundSteps:
+    """Steps of one rank from rule 2 or 3, before the run's steps are numbered together."""
+
+    node: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    name: list[str]
+    found_by: str
+    member_of: np.ndarray  # per node: which of these steps holds it, -1 for none
+
+
+def _range_steps(tree: Forest, candidate: RepeatedRange, work: NodeWork) -> _FoundSteps:
+    return _FoundSteps(
+        node=candidate.nodes,
+        start_ns=candidate.start_ns,
+        end_ns=candidate.end_ns,
+        name=[candidate.name] * candidate.count,
+        found_by=found_by_range(candidate.name),
+        member_of=instance_of_nodes(tree, candidate, work),
+    )
+
+
+def _period_steps(tree: Forest, iterations: RankIterations, work: NodeWork) -> _FoundSteps:
+    """A top-level operation joins the window its start falls in, and its subtree joins with it."""
+    tops = iterations.tops
+    position = np.searchsorted(iterations.start_ns, tree.start[tops], side="right") - 1
+    valid = position >= 0
+    inside = valid & (tree.start[tops] < iterations.end_ns[np.maximum(position, 0)])
+    iteration_of_top = np.full(len(tree), -1, dtype=np.int64)
+    iteration_of_top[tops[inside]] = position[inside]
+    has_top = work.top >= 0
+    member_of = np.full(len(tree), -1, dtype=np.int64)
+    member_of[has_top] = iteration_of_top[work.top[has_top]]
+    return _FoundSteps(
+        node=iterations.node,
+        start_ns=iterations.start_ns,
+        end_ns=iterations.end_ns,
+        name=["iteration"] * len(iterations.node),
+        found_by=FOUND_BY_PERIOD,
+        member_of=member_of,
+    )
+
+
+def ordinal_per_rank(rank: np.ndarray) -> np.ndarray:
+    """Each step's ordinal on its rank, for steps sorted by rank then time."""
+    index = np.zeros(len(rank), dtype=np.int64)
+    for k in range(1, len(rank)):
+        index[k] = index[k - 1] + 1 if rank[k] == rank[k - 1] else 0
+    return index
+
+
+def _capture_step(tree: Forest, rank: int) -> _FoundSteps:
+    """All of one rank's capture as one step: what a single forward (or a capture cut mid-loop)
+    is, so that the comparisons inside a step, across its layers and ranks, still run."""
+    mine = tree.rank == rank
+    nodes = np.flatnonzero(mine)
+    ends = tree.start[nodes] + tree.dur[nodes]
+    member_of = np.where(mine, 0, -1).astype(np.int64)
+    return _FoundSteps(
+        node=nodes[:1],
+        start_ns=np.asarray([tree.start[nodes].min()]),
+        end_ns=np.asarray([ends.max()]),
+        name=["whole capture"],
+        found_by=FOUND_BY_CAPTURE,
+        member_of=member_of,
+    )
+
+
+def _assemble(tree: Forest, found: list[_FoundSteps]) -> tuple[StepTable, np.ndarray]:
+    """Number the steps per rank in time order and give every node its step."""
+    node = np.concatenate([f.node for f in found]).astype(np.int64)
+    start_ns = np.concatenate([f.start_ns for f in found]).astype(np.int64)
+    dur_ns = np.concatenate([f.end_ns for f in found]).astype(np.int64) - start_ns
+    name = [n for f in found for n in f.name]
+    found_by = [f.found_by for f in found for _ in range(len(f.node))]
+    rank = tree.rank[node].astype(np.int32)
+    order = np.lexsort((start_ns, rank))
+    renumber = np.empty(len(node), dtype=np.int64)
+    renumber[order] = np.arange(len(node))
+    step = np.full(len(tree), -1, dtype=np.int64)
+    offset = 0
+    for f in found:
+        held = f.member_of >= 0
+        step[held] = renumber[offset + f.member_of[held]]
+        offset += len(f.node)
+    node, start_ns, dur_ns, rank = node[order], start_ns[order], dur_ns[order], rank[order]
+    _assign_by_window(step, tree.rank, tree.start, node, start_ns, dur_ns)
+    index = ordinal_per_rank(rank)
+    unknown = np.full(len(node), -1, dtype=np.int64)
+    table = StepTable(
+        rank=rank,
+        index=index,
+        node=node,
+        start_ns=start_ns,
+        dur_ns=dur_ns,
+        name=[name[k] for k in order.tolist()],
+        kind=["step"] * len(node),
+        context_requests=unknown,
+        context_tokens=unknown.copy(),
+        generation_requests=unknown.copy(),
+        generation_tokens=unknown.copy(),
+        found_by=[found_by[k] for k in order.tolist()],
+    )
+    return table, step
+
+
+def _annotated_steps(
     names: list[str],
     name: np.ndarray,
     layer: np.ndarray,
@@ -145,10 +371,9 @@ def find_steps(
     dur: np.ndarray,
     parent: np.ndarray,
     on_gpu: np.ndarray,
-    step_regex: str | re.Pattern[str] | None = None,
+    custom: re.Pattern[str] | None,
 ) -> tuple[StepTable, np.ndarray]:
-    """Return the step table and, per node, the index of the step it belongs to (-1 if none)."""
-    custom = re.compile(step_regex) if isinstance(step_regex, str) else step_regex
+    """Rule 1: engine annotations, ProfilerStep#N, or the user's regex."""
     facts_by_name: dict[int, _StepFacts | None] = {}
     engine_code = LAYER_CODE["engine"]
     count = len(parent)
@@ -186,9 +411,7 @@ def find_steps(
     _assign_by_window(step, rank, start, node, start[node], dur[node])
     facts_sorted = [step_facts[k] for k in order.tolist()]
     step_rank = rank[node].astype(np.int32)
-    index = np.zeros(len(node), dtype=np.int64)
-    for k in range(1, len(node)):
-        index[k] = index[k - 1] + 1 if step_rank[k] == step_rank[k - 1] else 0
+    index = ordinal_per_rank(step_rank)
     table = StepTable(
         rank=step_rank,
         index=index,
@@ -203,5 +426,12 @@ def find_steps(
             [f.generation_requests for f in facts_sorted], dtype=np.int64
         ),
         generation_tokens=np.asarray([f.generation_tokens for f in facts_sorted], dtype=np.int64),
+        found_by=[_found_by(names[name_ids[n]], custom) for n in node.tolist()],
     )
     return table, step
+
+
+def _found_by(step_name: str, custom: re.Pattern[str] | None) -> str:
+    if custom is not None:
+        return FOUND_BY_REGEX
+    return FOUND_BY_PROFILER_STEP if PROFILER_STEP.match(step_name) else FOUND_BY_ENGINE

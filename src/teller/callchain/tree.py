@@ -141,7 +141,8 @@ def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = No
     """Build the call-chain forest of every rank in `events`.
 
     `step_regex` overrides the built-in step annotations (ProfilerStep#N, vLLM execute_…, SGLang
-    step[…]): any engine-layer node whose name matches it is a step.
+    step[…]): any engine-layer node whose name matches it is a step. Without either, steps come
+    from repeated ranges or the period of the top-level sequence (`steps.py`).
     """
     table = events.table
     layer_codes = table.column("layer").combine_chunks().indices.to_numpy().astype(np.int8)
@@ -200,14 +201,6 @@ def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = No
     np.maximum(self_ns, 0, out=self_ns)
 
     child_offsets, child_index = _children_csr(parent)
-    steps, step = find_steps(
-        names, name, layer, rank, start, dur, parent, on_gpu, step_regex=step_regex
-    )
-    if len(steps) == 0:
-        warnings.append(
-            "no step annotations found (ProfilerStep#N, vLLM execute_…, SGLang step[…]); "
-            "pass a step regex to name them"
-        )
     tree = CallTree(
         row=rows,
         parent=parent,
@@ -220,14 +213,16 @@ def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = No
         start=start,
         dur=dur,
         self_ns=self_ns,
-        step=step,
+        step=np.full(count, -1, dtype=np.int64),
         names=names,
-        steps=steps,
+        steps=StepTable.empty(),
         comm=_empty_comm(),
         child_offsets=child_offsets,
         child_index=child_index,
         warnings=warnings,
     )
+    tree.steps, tree.step, step_notes = find_steps(tree, step_regex=step_regex)
+    warnings.extend(step_notes)
     tree.comm = _join_collectives(tree, table)
     return tree
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from teller.errors import TraceError
 from teller.ingest import kineto
+from teller.ingest.files import NSYS_REPORT_SUFFIXES
 from teller.ingest.schema import EventTable, concat
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -22,9 +23,9 @@ _SNIFF_BYTES = 1 << 16
 
 
 def read_trace(path: str | Path) -> EventTable:
-    """Read one trace file (Kineto JSON / .json.gz, or Nsight Systems SQLite export)."""
+    """Read one trace file (Kineto JSON / .json.gz, Nsight Systems SQLite export or report)."""
     path = Path(path)
-    if _is_sqlite(path):
+    if _is_sqlite(path) or path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
         from teller.ingest import nsys  # local: sqlite is only needed for nsys exports
 
         return nsys.read(path)
@@ -32,18 +33,36 @@ def read_trace(path: str | Path) -> EventTable:
 
 
 def read_run(paths: Iterable[str | Path], progress: bool = False) -> EventTable:
-    """Read every trace file of one run; directories are searched for rank files."""
+    """Read every trace file of one run; directories are searched for rank files.
+
+    A rank file that cannot be read is left out with a warning naming it and why, so the other
+    ranks are still analysed; only when no file can be read is the first one's TraceError raised.
+    """
     paths = list(paths)  # named again in the error below
     files = find_trace_files(paths)
     if not files:
         shown = ", ".join(str(p) for p in paths)
-        raise TraceError(shown, "no trace files found (looked for *.json, *.json.gz, *.sqlite)")
+        raise TraceError(
+            shown, "no trace files found (looked for *.json, *.json.gz, *.sqlite, *.nsys-rep)"
+        )
     iterator: Iterable[Path] = files
     if progress and len(files) > 1:
         from tqdm import tqdm
 
         iterator = tqdm(files, desc="reading traces", unit="file", leave=False)
-    return concat([read_trace(f) for f in iterator])
+    tables: list[EventTable] = []
+    refused: list[TraceError] = []
+    for path in iterator:
+        try:
+            tables.append(read_trace(path))
+        except TraceError as error:
+            refused.append(error)
+    if not tables:
+        raise refused[0]
+    run = concat(tables)
+    for error in refused:  # one bad rank file does not stop the others: it is named instead
+        run.sources[0].warnings.append(f"rank file left out: {error}")
+    return run
 
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -63,6 +82,8 @@ def looks_like_trace(path: Path) -> bool:
     name = path.name.lower()
     if name.endswith((".sqlite", ".sqlite3")):
         return _is_sqlite(path)
+    if name.endswith(NSYS_REPORT_SUFFIXES):
+        return True
     if not name.endswith((".json", ".json.gz")):
         return False
     head = _head(path)

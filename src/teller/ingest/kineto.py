@@ -11,7 +11,6 @@ strings, string pids, and `baseTimeNanoseconds` offsets. Anything it cannot plac
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib
@@ -23,11 +22,11 @@ import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
-from isal import igzip, isal_zlib
+from isal import isal_zlib
 
 from teller.errors import TraceError
 from teller.ingest.comm_names import collective_kind, is_comm_cpu_op, is_comm_kernel
-from teller.ingest.files import read_bytes
+from teller.ingest.files import guard_reader, read_bytes
 from teller.ingest.schema import LAYER_CODE, EventTable, SourceInfo, build_table
 
 #: Kineto category → layer. Legacy (pre-2021) names map to the same layers as today's.
@@ -92,6 +91,19 @@ _MERGED_RANK_PROCESS = re.compile(r"rank (\d+)")
 _FIRST_CONTENT = re.compile(rb"\s*\S")
 _RAW_TS = re.compile(rb'"ts"\s*:\s*(-?\d+)(?:\.(\d+))?')
 _INT64_MAX = 2**63 - 1
+#: Microsecond times and durations beyond this do not fit int64 nanoseconds once a base time is
+#: added (about 146 years): such an event is skipped and counted, not wrapped to a negative value.
+_MAX_US = 4.6e15
+#: Nesting deeper than this is not a trace (Kineto's deepest is args holding lists of shapes).
+MAX_JSON_DEPTH = 256
+#: Largest trace (JSON, after gunzip) read: beyond it the file is refused before memory runs out.
+MAX_TRACE_BYTES = 8 << 30
+#: A gzip stream inflating more than this many times its size, past `_RATIO_FLOOR_BYTES`, is
+#: refused: real traces compress 5-30x, a stream of zeros 1000x.
+MAX_GZIP_RATIO = 200
+_RATIO_FLOOR_BYTES = 64 << 20
+_INFLATE_CHUNK = 16 << 20
+_INFLATE_INPUT = 1 << 20
 #: Stream id for GPU activity that names no single stream (device-wide synchronisation).
 _ALL_STREAMS = 2**31 - 1
 #: Traces whose microsecond timestamps exceed this have lost sub-ns digits in a float64.
@@ -148,76 +160,268 @@ def read(path: str | Path, rank: int | None = None) -> EventTable:
     Raises TraceError for a missing, empty, truncated, non-JSON or wrong-schema file.
     """
     path = Path(path)
-    raw = _load_bytes(path)
-    events, top, notes = _parse(path, raw)
-    reader = _KinetoEvents(path, events, top)
-    reader.source.warnings.extend(notes)
-    reader.run(raw)
-    if rank is not None:
-        reader.source.rank, reader.source.rank_source = rank, "caller"
-    return reader.finish()
+    with guard_reader(path, "a Kineto/Chrome trace (JSON)"):
+        notes: list[str] = []
+        raw = _load_bytes(path, notes)
+        events, top, parse_notes, raw = _parse(path, raw)
+        reader = _KinetoEvents(path, events, top)
+        reader.source.warnings.extend(notes + parse_notes)
+        reader.run(raw)
+        if rank is not None:
+            reader.source.rank, reader.source.rank_source = rank, "caller"
+        return reader.finish()
 
 
-def _load_bytes(path: Path) -> bytes:
+def _load_bytes(path: Path, notes: list[str]) -> bytes:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0  # read_bytes names the problem
+    if size > MAX_TRACE_BYTES:
+        raise TraceError(
+            path, f"{size} bytes is larger than the {MAX_TRACE_BYTES} bytes teller reads per trace"
+        )
     raw = read_bytes(path, "a trace file")
     if _FIRST_CONTENT.match(raw) is None:
         raise TraceError(path, "empty file, expected a Kineto/Chrome trace (JSON)")
     if raw[:2] == b"\x1f\x8b":
-        return _gunzip(path, raw)
+        return _gunzip(path, raw, notes)
     return raw
 
 
-def _gunzip(path: Path, raw: bytes) -> bytes:
+def _gunzip(path: Path, raw: bytes, notes: list[str]) -> bytes:
+    """Inflate in bounded steps, refusing absurd expansion before it costs the memory.
+
+    A stream cut short keeps what inflated, when that holds whole events (`_parse` reads up to
+    the last one); a corrupt stream is refused, naming how much was readable."""
     # ISA-L's inflate is much faster than zlib's, and inflating is a large part of reading a trace.
+    # Input goes in by slices, so the bytes consumed (the ratio's denominator) are known exactly.
+    parts: list[bytes] = []
+    total = fed = 0
+    pending = b""  # input given to the inflater but not yet consumed, or the next member
+    decompressor = isal_zlib.decompressobj(wbits=31)
+    error: Exception | None = None
     try:
-        data = igzip.decompress(raw)
-    except (EOFError, zlib.error, isal_zlib.error, gzip.BadGzipFile) as error:
-        decompressor = zlib.decompressobj(wbits=31)
-        try:
-            partial = decompressor.decompress(raw)
-        except zlib.error:
-            partial = b""
-        raise TraceError(
-            path,
-            f"gzip stream is truncated or corrupt ({error}); {len(partial)} bytes of JSON "
-            "could be recovered, expected a complete .json.gz",
-            where=f"byte {len(raw)} of compressed input",
-        ) from None
+        while True:
+            if not pending:
+                pending = raw[fed : fed + _INFLATE_INPUT]
+                fed += len(pending)
+            piece = decompressor.decompress(pending, _INFLATE_CHUNK)
+            parts.append(piece)
+            total += len(piece)
+            pending = decompressor.unconsumed_tail
+            _check_expansion(path, total, max(fed - len(pending), 1))
+            if decompressor.eof:
+                pending = (decompressor.unused_data + raw[fed:]).lstrip(b"\x00")
+                fed = len(raw)
+                if not pending:
+                    break
+                decompressor = isal_zlib.decompressobj(wbits=31)  # the next gzip member
+                continue
+            if not pending and not piece and fed >= len(raw):
+                raise EOFError("compressed file ended before the end-of-stream marker")
+    except (EOFError, zlib.error, isal_zlib.error) as failure:
+        error = failure
+    data = b"".join(parts)
+    del parts
+    if error is not None:
+        truncated = isinstance(error, EOFError) or "incomplete" in str(error).lower()
+        if not truncated or _FIRST_CONTENT.match(data) is None:
+            raise TraceError(
+                path,
+                f"gzip stream is truncated or corrupt ({error}); {len(data)} bytes of JSON "
+                "could be recovered, expected a complete .json.gz",
+                where=f"byte {len(raw)} of compressed input",
+            )
+        notes.append(
+            f"gzip stream truncated at byte {len(raw)} of compressed input "
+            f"({len(data)} bytes inflated)"
+        )
     if _FIRST_CONTENT.match(data) is None:
         raise TraceError(path, "empty file (after gunzip), expected a Kineto/Chrome trace (JSON)")
     return data
 
 
-def _parse(path: Path, raw: bytes) -> tuple[list[_Event], dict, list[str]]:
-    """Typed fast path (msgspec); on anything unusual, a tolerant path that counts what it skips."""
+def _check_expansion(path: Path, inflated: int, compressed: int) -> None:
+    if inflated > MAX_TRACE_BYTES:
+        raise TraceError(
+            path, f"inflates to more than the {MAX_TRACE_BYTES} bytes teller reads per trace"
+        )
+    if inflated > _RATIO_FLOOR_BYTES and inflated > MAX_GZIP_RATIO * compressed:
+        raise TraceError(
+            path,
+            f"gzip stream inflates more than {MAX_GZIP_RATIO}x ({compressed} bytes to over "
+            f"{inflated}): not a trace (a gzip bomb?)",
+            where=f"byte {compressed} of compressed input",
+        )
+
+
+def _parse(path: Path, raw: bytes) -> tuple[list[_Event], dict, list[str], bytes]:
+    """Typed fast path (msgspec); on anything unusual, a tolerant path that counts what it skips.
+
+    Also returns the bytes the events came from: a truncated file's, up to its last whole event."""
     is_list = raw.lstrip()[:1] == b"["
     try:
         if is_list:
-            return _EVENT_LIST.decode(raw), {}, []
+            return _EVENT_LIST.decode(raw), {}, [], raw
         document = _DOCUMENT.decode(raw)
+    except RecursionError:
+        raise _too_deep(path, raw) from None
     except msgspec.ValidationError:
-        return _parse_tolerant(path, _ANY.decode(raw), [])
+        return (*_parse_tolerant(path, _decode_any(path, raw), []), raw)
     except msgspec.DecodeError:
-        return _parse_tolerant(path, _lenient_json(path, raw), [_LENIENT_NOTE])
+        try:
+            return (*_parse_tolerant(path, _lenient_json(path, raw), [_LENIENT_NOTE]), raw)
+        except TraceError:
+            recovered = _complete_events(raw, is_list)
+            if recovered is None:
+                raise
+            whole, note = recovered
+            return (*_parse_tolerant(path, _lenient_json(path, whole), [note]), whole)
     if document.traceEvents is None:
-        return _parse_tolerant(path, _ANY.decode(raw), [])
+        return (*_parse_tolerant(path, _decode_any(path, raw), []), raw)
     top = {f: getattr(document, f) for f in document.__struct_fields__ if f != "traceEvents"}
     if not document.traceEvents:
         raise TraceError(path, "'traceEvents' is empty: the trace holds no events")
-    return document.traceEvents, top, []
+    return document.traceEvents, top, [], raw
+
+
+def _cut_after_events(
+    text: str, list_end: int, count: int, size: int, is_list: bool
+) -> tuple[bytes, str] | None:
+    """A file cut in the keys after a complete events list: the document closed after its last
+    complete key, when the broken key runs to the end of the file (a cut), else None."""
+    if is_list:
+        return None
+    decoder = json.JSONDecoder(strict=False)
+    length = len(text)
+    good_end = position = list_end + 1
+
+    def skip(at: int) -> int:
+        while at < length and text[at] in " \t\r\n":
+            at += 1
+        return at
+
+    while True:
+        position = skip(position)
+        if position >= length:
+            break
+        if text[position] != ",":
+            return None  # a closing brace or junk: the document is not merely cut
+        try:
+            _, position = decoder.raw_decode(text, skip(position + 1))  # the key
+            position = skip(position)
+            if position >= length:
+                break
+            if text[position] != ":":
+                return None
+            _, position = decoder.raw_decode(text, skip(position + 1))  # its value
+        except RecursionError:
+            return None
+        except json.JSONDecodeError as error:
+            if not (error.msg.startswith("Unterminated string") or error.pos >= length - 1):
+                return None
+            break
+        good_end = position
+    note = (
+        f"truncated at byte {size}, after all {count} events: the top-level keys after the "
+        "cut are missing"
+    )
+    return (text[:good_end] + "}").encode("utf-8"), note
+
+
+_EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
+
+
+def _complete_events(raw: bytes, is_list: bool) -> tuple[bytes, str] | None:
+    """A cut file's text up to its last complete event, closed, and a warning saying where it
+    ends; None unless the file is a prefix of a trace (the first unreadable event runs to the
+    end of the file), so a corrupt middle is still refused."""
+    text = raw.decode("utf-8", errors="replace")
+    if is_list:
+        start = text.find("[") + 1
+    else:
+        found = _EVENTS_KEY.search(text)
+        if found is None:
+            return None
+        start = found.end()
+    decoder = json.JSONDecoder(strict=False)
+    position, last_end, count = start, -1, 0
+    length = len(text)
+    while True:
+        while position < length and text[position] in " \t\r\n":
+            position += 1
+        if position >= length or text[position] == "]":
+            if position < length:  # the list is complete: what is broken lies after it
+                return _cut_after_events(text, position, count, len(raw), is_list)
+            break
+        try:
+            _, end = decoder.raw_decode(text, position)
+        except RecursionError:
+            return None
+        except json.JSONDecodeError as error:
+            runs_to_end = error.msg.startswith("Unterminated string") or error.pos >= length - 1
+            if not runs_to_end:
+                return None
+            break
+        last_end, count, position = end, count + 1, end
+        while position < length and text[position] in " \t\r\n":
+            position += 1
+        if position < length and text[position] == ",":
+            position += 1
+        elif position < length:
+            if text[position] == "]":
+                return _cut_after_events(text, position, count, len(raw), is_list)
+            return None  # two events without a comma: corrupt, not cut
+    if count == 0:
+        return None
+    closed = text[:last_end] + ("]" if is_list else "]}")  # the events list is last in Kineto
+    kept = len(text[:last_end].encode("utf-8"))
+    note = (
+        f"truncated at byte {len(raw)}: read the {count} complete events up to byte {kept} "
+        "(the rest of the trace is missing)"
+    )
+    return closed.encode("utf-8"), note
 
 
 _LENIENT_NOTE = (
-    "file is not strict JSON (raw control characters or integers beyond 64 bits); parsed leniently"
+    "file is not strict JSON (raw control characters, integers beyond 64 bits or numbers beyond "
+    "float64); parsed leniently"
 )
+
+
+def _decode_any(path: Path, raw: bytes) -> object:
+    """The document as plain Python values; numbers msgspec refuses (1e999) go the lenient way."""
+    try:
+        return _ANY.decode(raw)
+    except RecursionError:
+        raise _too_deep(path, raw) from None
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return _lenient_json(path, raw)
+
+
+def _too_deep(path: Path, raw: bytes) -> TraceError:
+    """Where the nesting first passes MAX_JSON_DEPTH (brackets in strings are counted too: the
+    position is for the message, the refusal itself comes from the decoder's own depth limit)."""
+    codes = np.frombuffer(raw, dtype=np.uint8)
+    step = np.zeros(256, dtype=np.int8)
+    step[list(b"[{")], step[list(b"]}")] = 1, -1
+    depth = np.cumsum(step[codes], dtype=np.int64)
+    deep = np.flatnonzero(depth > MAX_JSON_DEPTH)
+    where = f"byte {int(deep[0])}" if deep.size else ""
+    return TraceError(
+        path, f"JSON nested more than {MAX_JSON_DEPTH} levels deep; expected Kineto events", where
+    )
 
 
 def _lenient_json(path: Path, raw: bytes) -> object:
     text = raw.decode("utf-8", errors="replace")
     try:
         return json.loads(text, strict=False)
+    except RecursionError:
+        raise _too_deep(path, raw) from None
     except json.JSONDecodeError as error:
-        at_end = error.pos >= len(text.rstrip()) - 1
+        at_end = error.pos >= len(text.rstrip()) - 1 or error.msg.startswith("Unterminated string")
         what = (
             "JSON ends before the trace is complete (truncated file?); expected the rest of "
             "the traceEvents list and a closing '}'"
@@ -278,13 +482,20 @@ def _parse_tolerant(
 
 
 def _as_int(value: object, default: int = -1) -> int:
+    """An int64 from an int, a finite float or a decimal string; `default` for anything else
+    (NaN, inf, beyond int64, "①": Python's int() takes unicode digits JSON never means)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value if -_INT64_MAX <= value <= _INT64_MAX else default
-    if isinstance(value, float) and value == value:
+    if isinstance(value, float) and -_INT64_MAX <= value <= _INT64_MAX:
         return int(value)
-    if isinstance(value, str) and value.lstrip("-").isdigit():
+    if isinstance(value, str) and _is_decimal(value):
         return _as_int(int(value), default)
     return default
+
+
+def _is_decimal(text: str) -> bool:
+    digits = text[1:] if text[:1] == "-" else text
+    return digits.isascii() and digits.isdigit()
 
 
 def _dumps(value: object) -> str:
@@ -317,6 +528,8 @@ _ROW_FIELDS = (
 )
 
 
+#: Columns of ids that a file may state beyond int64.
+_ID_COLUMNS = ("pid", "tid", "stream", "device", "correlation", "external_id", "seq", "bytes")
 _CATEGORY_CODE = {cat: LAYER_CODE[layer] for cat, layer in CATEGORY_LAYER.items()}
 _CPU_OP, _ENGINE, _KERNEL, _COMM = (LAYER_CODE[k] for k in ("cpu_op", "engine", "kernel", "comm"))
 _INSTANT, _COUNTER = LAYER_CODE["instant"], LAYER_CODE["counter"]
@@ -392,6 +605,7 @@ class _KinetoEvents:
         lifted_decode = _LIFTED.decode
         no_args = _NO_ARGS
         all_streams = _ALL_STREAMS
+        max_us = _MAX_US
 
         def skip(reason: str, index: int) -> None:
             skipped[reason] = skipped.get(reason, 0) + 1
@@ -404,10 +618,16 @@ class _KinetoEvents:
                 if type(ts) is not float and type(ts) is not int:
                     skip("missing or non-numeric ts", index)
                     continue
+                if not -max_us < ts < max_us:  # also false for NaN
+                    skip("ts not finite or beyond int64 nanoseconds", index)
+                    continue
                 if ph == "X":
                     dur = event.dur
                     if (type(dur) is not float and type(dur) is not int) or dur < 0:
                         skip("missing or negative dur", index)
+                        continue
+                    if not dur < max_us:
+                        skip("dur not finite or beyond int64 nanoseconds", index)
                         continue
                 else:
                     dur = 0
@@ -541,10 +761,10 @@ class _KinetoEvents:
 
     def _int_id(self, value: object) -> int:
         """Stable negative ids for string pids/tids ("Spans", "PyTorch Profiler")."""
-        if isinstance(value, float):
-            return int(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return _as_int(value)
         key = str(value)
-        if key.lstrip("-").isdigit():
+        if _is_decimal(key):
             return _as_int(int(key))
         known = self.string_ids.get(key)
         if known is None:
@@ -640,6 +860,11 @@ class _KinetoEvents:
                     "float64 precision (about 0.25 µs)"
                 )
         base = _as_int(self.top.get("baseTimeNanoseconds"), 0)
+        if base > 0 and ts_ns.size and int(ts_ns.max()) > _INT64_MAX - base:
+            self.source.warnings.append(
+                f"baseTimeNanoseconds {base} puts events beyond int64 ns; ignored"
+            )
+            base = 0
         if base > 0:
             self.source.base_time_ns = base
             ts_ns = ts_ns + base
@@ -668,6 +893,17 @@ class _KinetoEvents:
             value = int(whole) * 1000
             out[row] = value - int(frac) if value < 0 else value + int(frac)
         return out
+
+    def _int64_column(self, column: str) -> np.ndarray:
+        """An id column as int64; ids beyond int64 (a pid of 10**30) become -1, counted."""
+        values = self.columns[column]
+        try:
+            return np.asarray(values, dtype=np.int64)
+        except OverflowError:
+            fixed = [_as_int(v) for v in values]
+            bad = sum(1 for v, f in zip(values, fixed, strict=True) if v != f)
+            self.source.warnings.append(f"{bad} events had a {column} beyond int64 (read as -1)")
+            return np.asarray(fixed, dtype=np.int64)
 
     def _merged_ranks(self) -> dict[int, int]:
         """A merged multi-rank file (teller's annotated Perfetto export, or any Chrome trace whose
@@ -702,6 +938,8 @@ class _KinetoEvents:
     def _table(self, rank: np.ndarray) -> pa.Table:
         """The Arrow event table of the pass's columns, with `rank` per row."""
         self.columns["rank"] = rank
+        for column in _ID_COLUMNS:
+            self.columns[column] = self._int64_column(column)
         return build_table(
             self.columns,
             names=list(self.names),

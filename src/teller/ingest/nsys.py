@@ -18,7 +18,9 @@ How the export maps onto the event table (checked on real exports of nsys 2026.1
   op would be its own symbol and no two steps could be compared.
 * `globalTid` / `globalPid` pack (hardware, VM, pid, tid): pid = bits 24-47, tid = bits 0-23
   (Nsight Systems docs, "Serialized process and thread identifiers"). GPU rows get pid = device and
-  tid = stream as in Kineto, and keep their process (`globalPid`) only to find their rank.
+  tid = stream as in Kineto, and keep their process (`globalPid`) only to find their rank. Older
+  export schemas have no `globalPid` in the activity tables: the GPU work then belongs to the
+  process that launched it (the only one, or the one whose correlation id it carries).
 * `correlationId` links a runtime call to the GPU work it launched exactly as Kineto's
   `correlation` does. CUPTI numbers correlations per process, and ranks are per process, so the
   (rank, correlation) key `build_tree` uses cannot join two processes' ids.
@@ -32,6 +34,13 @@ How the export maps onto the event table (checked on real exports of nsys 2026.1
   process (nsys run per rank). Otherwise a single process takes the rank in its file name, else 0;
   several processes take ranks 0..n-1 in pid order, processes that issued CUDA work first (torchrun
   starts rank 0 first, and a CPU-only launcher must not take rank 0 from a GPU worker).
+  A process that drives several devices is one rank per device, as one process per GPU would
+  be: each device's activity, and the runtime calls that launched it, are that device's rank, so
+  NCCL kernels of one collective on two devices are the collective's two ranks and a straggler
+  device shows as its peers' long NCCL kernels, as in a Kineto trace per rank. Its other host
+  rows go with the device their thread launched to most.
+* A `.nsys-rep` report is exported with `nsys export --type sqlite` to a temporary file first when
+  `nsys` is on PATH; otherwise the error says how to export it.
 
 Tables an export lacks mean zero rows of that kind. Event tables teller does not read (OS runtime,
 cuDNN/cuBLAS API ranges, CUDA graph nodes, …) are counted in `SourceInfo.skipped`. The database is
@@ -41,8 +50,12 @@ opened read-only and immutable: the reader never writes to or indexes its input.
 from __future__ import annotations
 
 import re
+import shutil
 import sqlite3
-from collections.abc import Callable, Sequence
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +64,7 @@ import orjson
 
 from teller.errors import TraceError
 from teller.ingest.comm_names import collective_kind, is_comm_cpu_op, is_comm_kernel
-from teller.ingest.files import read_bytes
+from teller.ingest.files import NSYS_REPORT_SUFFIXES, guard_reader, read_bytes
 from teller.ingest.schema import LAYER_CODE, EventTable, SourceInfo, build_table
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -69,6 +82,10 @@ GLOBAL_ID_SHIFT = 24
 GLOBAL_ID_MASK = 0xFFFFFF
 #: Stream id for GPU activity that names no single stream (CUPTI writes uint32(-1)); as Kineto.
 ALL_STREAMS = 2**31 - 1
+#: Process key of GPU activity in an export whose activity tables have no `globalPid` column.
+UNKNOWN_PROCESS = -1
+#: A rank unit is (process key << UNIT_SLOT_BITS) + the device's slot among its process's devices.
+UNIT_SLOT_BITS = 10
 #: NVTX event types (ENUM_NSYS_EVENT_TYPE) by role; the export's own enum table wins when present.
 NVTX_RANGE_TYPES = (
     "NvtxPushPopRange",
@@ -146,29 +163,91 @@ _MEMORY_KINDS = {
 
 
 def read(path: str | Path, rank: int | None = None) -> EventTable:
-    """Read one Nsight Systems SQLite export into an event table (one source per process).
+    """Read one Nsight Systems SQLite export (or `.nsys-rep` report) into an event table.
 
     `rank` overrides what the export says: its processes take ranks `rank, rank+1, …` in the
-    order described in the module docstring. Raises TraceError for a missing, non-SQLite, corrupt
-    or non-nsys file.
+    order described in the module docstring. A report is exported to SQLite first with the `nsys`
+    on PATH, into a temporary file that is removed afterwards. Raises TraceError for a missing,
+    non-SQLite, corrupt or non-nsys file, and for a report when `nsys` is missing or fails.
     """
     path = Path(path)
-    with _Export.open(path) as export:
+    with guard_reader(path, "an Nsight Systems SQLite export"):
+        if is_report(path):
+            with exported(path) as database, _Export.open(path, database) as export:
+                return _read_export(export, rank)
+        with _Export.open(path) as export:
+            return _read_export(export, rank)
+
+
+def _read_export(export: _Export, rank: int | None) -> EventTable:
+    try:
         return _NsysReader(export).read(rank)
+    except _BadCell as cell:
+        raise TraceError(
+            export.path,
+            f"{cell.value!r:.40} where an integer (time, id or count within int64) was expected",
+            where=f"table {export.last_table}, row {cell.row} of the query, field {cell.field}",
+        ) from None
+
+
+def is_report(path: Path) -> bool:
+    """An Nsight Systems report (`.nsys-rep`, or `.qdrep` from before 2021.3), by its name."""
+    return path.name.lower().endswith(NSYS_REPORT_SUFFIXES)
+
+
+@contextmanager
+def exported(report: Path) -> Iterator[Path]:
+    """The report's SQLite export in a temporary folder, removed when the block ends."""
+    read_bytes(report, "an Nsight Systems report", 1)  # missing, a folder, unreadable
+    nsys = shutil.which("nsys")
+    stem = report.name[
+        : -len(next(s for s in NSYS_REPORT_SUFFIXES if report.name.lower().endswith(s)))
+    ]
+    how = f"`nsys export --type sqlite -o {stem}.sqlite {report.name}`"
+    if nsys is None:
+        raise TraceError(
+            report,
+            f"an Nsight Systems report, and `nsys` is not on PATH to export it: run {how} "
+            "and pass the .sqlite",
+        )
+    with tempfile.TemporaryDirectory(prefix="teller-nsys-") as folder:
+        database = Path(folder) / f"{stem}.sqlite"
+        command = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true"]
+        try:
+            done = subprocess.run(
+                [*command, "--output", str(database), str(report)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        except OSError as error:
+            raise TraceError(report, f"cannot run {nsys}: {error.strerror}; run {how}") from None
+        if done.returncode != 0 or not database.is_file():
+            said = (done.stderr or done.stdout).strip().splitlines()
+            reason = f": {said[-1].strip()}" if said else ""
+            raise TraceError(
+                report, f"`nsys export --type sqlite` failed (exit {done.returncode}){reason}"
+            )
+        yield database
 
 
 class _Export:
-    """A read-only connection to one export, with its table list and error wrapping."""
+    """A read-only connection to one export, with its table list and error wrapping.
+
+    `path` is the file the user named (a report, when the database is its temporary export):
+    errors, sources and the rank in a file name come from it."""
 
     def __init__(self, path: Path, connection: sqlite3.Connection, tables: dict[str, str]) -> None:
         self.path = path
         self.connection = connection
         self.tables = tables  # name -> CREATE statement
+        self.last_table = ""  # the table of the latest query, named when one of its values is bad
 
     @classmethod
-    def open(cls, path: Path) -> _Export:
-        _check_file(path)
-        uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
+    def open(cls, path: Path, database: Path | None = None) -> _Export:
+        database = database or path
+        _check_file(database, path)
+        uri = database.resolve().as_uri() + "?mode=ro&immutable=1"
         try:
             connection = sqlite3.connect(uri, uri=True)
         except sqlite3.Error as error:
@@ -209,6 +288,7 @@ class _Export:
 
     def query(self, sql: str, table: str, params: Sequence[object] = ()) -> list[tuple]:
         """All rows of one query; any SQLite failure becomes a TraceError naming the table."""
+        self.last_table = table
         try:
             return self.connection.execute(sql, params).fetchall()
         except sqlite3.OperationalError as error:  # a column or table this schema lacks
@@ -233,12 +313,12 @@ def _column_or_missing(columns: set[str], column: str) -> str:
     return f"COALESCE({column}, -1)" if column in columns else "-1"
 
 
-def _check_file(path: Path) -> None:
-    head = read_bytes(path, "an nsys SQLite export", len(SQLITE_MAGIC))
+def _check_file(database: Path, shown: Path) -> None:
+    head = read_bytes(database, "an nsys SQLite export", len(SQLITE_MAGIC))
     if head != SQLITE_MAGIC:
         what = "empty file" if not head else "not an SQLite database"
         raise TraceError(
-            path, f"{what}, expected an Nsight Systems export (`nsys export --type sqlite`)"
+            shown, f"{what}, expected an Nsight Systems export (`nsys export --type sqlite`)"
         )
 
 
@@ -287,11 +367,29 @@ class _Rows:
         return len(self.start)
 
 
+class _BadCell(ValueError):
+    """A value an integer column cannot hold (NULL, text, a blob, a float, beyond int64)."""
+
+    def __init__(self, row: int, field: int, value: object) -> None:
+        super().__init__(f"row {row}, field {field}: {value!r:.40}")
+        self.row, self.field, self.value = row, field, value
+
+
 def _int_columns(rows: list[tuple], count: int) -> list[np.ndarray]:
-    """The first `count` fields of every row as int64 arrays (SQL has already replaced NULLs)."""
+    """The first `count` fields of every row as int64 arrays; `_BadCell` names the first value
+    that is not an integer within int64 (a float, even a whole one, is not taken for a time)."""
     if not rows:
         return [np.zeros(0, dtype=np.int64) for _ in range(count)]
-    matrix = np.array([row[:count] for row in rows], dtype=np.int64)
+    try:
+        matrix = np.array([row[:count] for row in rows], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        matrix = None
+    if matrix is None or not all(type(v) is int for row in rows for v in row[:count]):
+        for r, row in enumerate(rows):
+            for f, value in enumerate(row[:count]):
+                if type(value) is not int or not -(2**63) <= value < 2**63:
+                    raise _BadCell(r, f, value)
+    assert matrix is not None
     return [matrix[:, k] for k in range(count)]
 
 
@@ -339,7 +437,9 @@ class _NsysReader:
         count = len(start)
         return _Rows(
             table=table,
-            process=global_pid >> GLOBAL_ID_SHIFT,
+            process=np.where(
+                global_pid == UNKNOWN_PROCESS, UNKNOWN_PROCESS, global_pid >> GLOBAL_ID_SHIFT
+            ),
             tid=stream,
             device=device,
             stream=stream,
@@ -353,9 +453,17 @@ class _NsysReader:
             args=[None] * count,
         )
 
-    _GPU_COLUMNS = (
-        'start, "end", deviceId, streamId, COALESCE(correlationId, -1), COALESCE(globalPid, 0)'
-    )
+    def _gpu_columns(self, table: str, alias: str = "") -> str:
+        """SQL for the common GPU columns; an export without `globalPid` (an older schema) gives
+        UNKNOWN_PROCESS, which `_place_unowned` resolves from the runtime calls."""
+        columns = self.export.columns(table)
+        process = (
+            f"COALESCE({alias}globalPid, 0)" if "globalPid" in columns else str(UNKNOWN_PROCESS)
+        )
+        return (
+            f'{alias}start, {alias}"end", {alias}deviceId, {alias}streamId, '
+            f"COALESCE({alias}correlationId, -1), {process}"
+        )
 
     def _kernels(self) -> _Rows | None:
         columns = self.export.columns(KERNEL)
@@ -383,8 +491,8 @@ class _NsysReader:
         if "demangledName" in columns:
             join = "LEFT JOIN StringIds d ON d.id = k.demangledName"
         rows = self.export.query(
-            f'SELECT k.start, k."end", k.deviceId, k.streamId, COALESCE(k.correlationId, -1), '
-            f"COALESCE(k.globalPid, 0), {name_sql}, {args_sql} FROM {KERNEL} k {join}",
+            f"SELECT {self._gpu_columns(KERNEL, 'k.')}, {name_sql}, {args_sql} "
+            f"FROM {KERNEL} k {join}",
             KERNEL,
         )
         name_ids = np.array([row[6] for row in rows], dtype=np.int64)
@@ -473,7 +581,7 @@ class _NsysReader:
         """Memcpy or memset rows: the GPU columns, `bytes`, then the kind columns that `names`
         turns into each row's Kineto-style name."""
         rows = self.export.query(
-            f"SELECT {self._GPU_COLUMNS}, bytes, {kinds_sql} FROM {table}", table
+            f"SELECT {self._gpu_columns(table)}, bytes, {kinds_sql} FROM {table}", table
         )
         part = self._gpu_rows(table, rows, layer, self.names.intern_many(names(rows)))
         part.nbytes = _int_columns([row[6:7] for row in rows], 1)[0]
@@ -484,7 +592,9 @@ class _NsysReader:
         if not columns:
             return None
         kind = "syncType" if "syncType" in columns else "COALESCE(deprecatedSyncType, 0)"
-        rows = self.export.query(f"SELECT {self._GPU_COLUMNS}, {kind}, contextId FROM {SYNC}", SYNC)
+        rows = self.export.query(
+            f"SELECT {self._gpu_columns(SYNC)}, {kind}, contextId FROM {SYNC}", SYNC
+        )
         labels = [_SYNC_NAMES.get(row[6], f"Sync type {row[6]}") for row in rows]
         part = self._gpu_rows(SYNC, rows, "sync", self.names.intern_many(labels))
         # CUPTI's synchronization record has no device field (nsys writes 0): the context says.
@@ -687,14 +797,18 @@ class _NsysReader:
         args_all = [a for p in parts for a in p.args]
         args = [args_all[i] for i in keep.tolist()]
         on_gpu = device >= 0
-        sources, rank_of_process = self._sources(process, on_gpu, rank)
-        row_rank = rank_of_process(process)
+        tid, correlation = column("tid"), column("correlation")
+        launches = table_id == table_names.index(RUNTIME) if RUNTIME in table_names else ~on_gpu
+        process = self._place_unowned(process, on_gpu, correlation, launches)
+        unit = self._rank_units(process, device, on_gpu, tid, correlation, launches)
+        sources, rank_of_unit = self._sources(unit, on_gpu, rank)
+        row_rank = rank_of_unit(unit)
         base_ns, clock = self._clock()
         pid = np.where(on_gpu, device, process & GLOBAL_ID_MASK)
         columns = {
             "rank": row_rank,
             "pid": pid,
-            "tid": column("tid"),
+            "tid": tid,
             "stream": column("stream"),
             "device": device,
             "layer": layer,
@@ -702,7 +816,7 @@ class _NsysReader:
             "cat": table_id,
             "ts_ns": start + base_ns,
             "dur_ns": end - start,
-            "correlation": column("correlation"),
+            "correlation": correlation,
             "external_id": np.full(len(keep), -1, dtype=np.int64),
             "coll_name": column("coll"),
             "group": np.full(len(keep), -1, dtype=np.int32),
@@ -749,19 +863,102 @@ class _NsysReader:
         )
         return 0, "trace"
 
-    def _sources(self, process: np.ndarray, on_gpu: np.ndarray, rank: int | None):
-        """One SourceInfo per process, and the process-key → rank map (module docstring)."""
-        keys = np.unique(process)
-        with_gpu = set(np.unique(process[on_gpu]).tolist())
-        runtime_keys = set()
+    def _place_unowned(
+        self, process: np.ndarray, on_gpu: np.ndarray, correlation: np.ndarray, launches: np.ndarray
+    ) -> np.ndarray:
+        """GPU activity of an export without `globalPid` joins the process that launched it.
+
+        With one launching process that is all of it. With several, a correlation id that only
+        one process used names it (ids are per process, so a shared id says nothing); the rest go
+        to the process that launched most, and a warning counts them.
+        """
+        unknown = process == UNKNOWN_PROCESS
+        if not unknown.any():
+            return process
+        process = process.copy()
+        launchers = np.unique(process[launches & ~on_gpu])
+        if not len(launchers):
+            hosts = np.unique(process[~on_gpu & ~unknown])
+            process[unknown] = hosts[0] if len(hosts) else 0
+            return process
+        if len(launchers) == 1:
+            process[unknown] = launchers[0]
+            return process
+        pairs = np.unique(np.stack([correlation[launches], process[launches]], axis=1), axis=0)
+        ids, uses = np.unique(pairs[:, 0], return_counts=True)
+        owned = pairs[np.isin(pairs[:, 0], ids[uses == 1])]
+        position = np.searchsorted(owned[:, 0], correlation[unknown])
+        position = np.minimum(position, max(len(owned) - 1, 0))
+        found = len(owned) > 0
+        matched = (owned[position, 0] == correlation[unknown]) if found else np.zeros(0, bool)
+        busiest = int(np.bincount(np.searchsorted(launchers, process[launches])).argmax())
+        placed = np.where(matched, owned[position, 1], launchers[busiest]) if found else None
+        process[unknown] = placed if placed is not None else launchers[busiest]
+        guessed = int((~matched).sum()) if found else int(unknown.sum())
+        if guessed:
+            self.warnings.append(
+                f"{guessed} GPU activities carry no process (no globalPid column) and no "
+                f"correlation id only one process used: placed in pid "
+                f"{launchers[busiest] & GLOBAL_ID_MASK}, the process that launched most"
+            )
+        return process
+
+    def _rank_units(
+        self,
+        process: np.ndarray,
+        device: np.ndarray,
+        on_gpu: np.ndarray,
+        tid: np.ndarray,
+        correlation: np.ndarray,
+        launches: np.ndarray,
+    ) -> np.ndarray:
+        """Per row, the unit that becomes a rank: its process, or (process, device) where one
+        process drives several devices, so that each device is a rank (module docstring)."""
+        unit = process * (1 << UNIT_SLOT_BITS)
+        for owner in np.unique(process[on_gpu]).tolist():
+            gpu_rows = on_gpu & (process == owner)
+            devices = np.unique(device[gpu_rows])
+            if len(devices) < 2:
+                continue
+            slot = np.searchsorted(devices, device[gpu_rows])
+            unit[gpu_rows] += slot
+            host_rows = np.flatnonzero(~on_gpu & (process == owner))
+            host_slot = _slots_of_host_rows(
+                correlation[gpu_rows],
+                slot,
+                correlation[host_rows],
+                tid[host_rows],
+                launches[host_rows],
+            )
+            unit[host_rows] += host_slot
+            self.warnings.append(
+                f"pid {owner & GLOBAL_ID_MASK} drives devices "
+                f"{', '.join(str(d) for d in devices.tolist())}: each device is a rank, with its "
+                "GPU activity and the runtime calls that launched it (other host work goes with "
+                "the device its thread launched to most)"
+            )
+        return unit
+
+    def _sources(self, unit: np.ndarray, on_gpu: np.ndarray, rank: int | None):
+        """One SourceInfo per rank unit (a process, or one device of a process), and the unit →
+        rank map (module docstring)."""
+        keys = np.unique(unit)
+        with_gpu = set(np.unique(unit[on_gpu]).tolist())
+        runtime_processes = set()
         if self.export.has(RUNTIME):
-            runtime_keys = {
+            runtime_processes = {
                 int(k) >> GLOBAL_ID_SHIFT
                 for (k,) in self.export.query(f"SELECT DISTINCT globalTid FROM {RUNTIME}", RUNTIME)
                 if k is not None
             }
-        cuda = with_gpu | runtime_keys
-        ordered = sorted(keys.tolist(), key=lambda k: (k not in cuda, k & GLOBAL_ID_MASK, k))
+
+        def process_of(key: int) -> int:
+            return key >> UNIT_SLOT_BITS
+
+        cuda = with_gpu | {k for k in keys.tolist() if process_of(k) in runtime_processes}
+        ordered = sorted(
+            keys.tolist(), key=lambda k: (k not in cuda, process_of(k) & GLOBAL_ID_MASK, k)
+        )
         host = self._host()
         if rank is not None:
             ranks, how = [rank + k for k in range(len(ordered))], "caller"
@@ -770,10 +967,16 @@ class _NsysReader:
         else:
             ranks, how = list(range(len(ordered))), "process order"
             self.warnings.append(
-                f"{len(ordered)} processes in one export and no per-process rank recorded: "
-                "ranks assigned in pid order, CUDA processes first ("
+                f"{len(ordered)} processes or devices in one export and no per-process rank "
+                "recorded: ranks assigned in pid order, CUDA processes first ("
                 + ", ".join(
-                    f"pid {k & GLOBAL_ID_MASK} -> rank {r}"
+                    f"pid {process_of(k) & GLOBAL_ID_MASK}"
+                    + (
+                        f" device slot {k % (1 << UNIT_SLOT_BITS)}"
+                        if k % (1 << UNIT_SLOT_BITS)
+                        else ""
+                    )
+                    + f" -> rank {r}"
                     for k, r in zip(ordered, ranks, strict=True)
                 )
                 + ")"
@@ -782,7 +985,8 @@ class _NsysReader:
         thread_names = self._thread_names()
         sources = []
         for key, r in zip(ordered, ranks, strict=True):
-            pid = key & GLOBAL_ID_MASK
+            owner = process_of(key)
+            pid = owner & GLOBAL_ID_MASK
             sources.append(
                 SourceInfo(
                     path=str(self.export.path),
@@ -791,11 +995,13 @@ class _NsysReader:
                     rank_source=how,
                     host=host,
                     world_size=len(ordered) if len(ordered) > 1 else 0,
-                    process_names={str(pid): process_names[key]} if key in process_names else {},
+                    process_names={str(pid): process_names[owner]}
+                    if owner in process_names
+                    else {},
                     thread_names={
                         f"{pid}:{tid}": name
-                        for (owner, tid), name in thread_names.items()
-                        if owner == key
+                        for (thread_owner, tid), name in thread_names.items()
+                        if thread_owner == owner
                     },
                 )
             )
@@ -803,11 +1009,11 @@ class _NsysReader:
         lookup_ranks = np.asarray(ranks, dtype=np.int32)
         order = np.argsort(lookup_keys)
 
-        def rank_of_process(values: np.ndarray) -> np.ndarray:
+        def rank_of_unit(values: np.ndarray) -> np.ndarray:
             position = np.searchsorted(lookup_keys[order], values)
             return lookup_ranks[order][position]
 
-        return sources, rank_of_process
+        return sources, rank_of_unit
 
     def _single_process_rank(self) -> tuple[list[int], str]:
         env = self._launch_environment()
@@ -889,3 +1095,31 @@ def _torch_op_args(op: re.Match[str]) -> bytes:
     if op["rest"]:
         args["detail"] = op["rest"]
     return orjson.dumps(args)
+
+
+def _slots_of_host_rows(
+    gpu_correlation: np.ndarray,
+    gpu_slot: np.ndarray,
+    host_correlation: np.ndarray,
+    host_tid: np.ndarray,
+    host_launches: np.ndarray,
+) -> np.ndarray:
+    """Device slot of each host row of a multi-device process: a runtime call takes the device
+    of the GPU work it launched; other rows the device their thread launched to most, else 0."""
+    slot_of_correlation = dict(
+        zip(gpu_correlation.tolist(), gpu_slot.tolist(), strict=True)
+    )  # ids are per process: one id, one launch
+    slots = np.fromiter(
+        (slot_of_correlation.get(c, -1) if c >= 0 else -1 for c in host_correlation.tolist()),
+        dtype=np.int64,
+        count=len(host_correlation),
+    )
+    slots = np.where(host_launches, slots, -1)
+    launched = slots >= 0
+    usual: dict[int, int] = {}
+    for thread in np.unique(host_tid[launched]).tolist():
+        usual[thread] = int(np.bincount(slots[launched & (host_tid == thread)]).argmax())
+    by_thread = np.fromiter(
+        (usual.get(t, 0) for t in host_tid.tolist()), dtype=np.int64, count=len(host_tid)
+    )
+    return np.where(launched, slots, by_thread)

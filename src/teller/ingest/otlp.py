@@ -29,7 +29,7 @@ or a span without valid start/end times, raises `TraceError` naming the file and
 
 from __future__ import annotations
 
-import gzip
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,7 @@ import orjson
 import pyarrow as pa
 
 from teller.errors import TraceError
+from teller.ingest.files import guard_reader
 from teller.ingest.logs.table import request_key
 
 NS_PER_S = 1_000_000_000
@@ -121,6 +122,12 @@ class RequestTable:
         return self.table.column(name).to_pylist()
 
 
+#: Largest span file read (after gunzip); exports are small, so a larger one is not spans.
+MAX_SPAN_FILE_BYTES = 2 << 30
+#: Latencies beyond this many seconds (about 290 years) do not fit int64 ns and are read as unknown.
+_MAX_LATENCY_S = 9.2e9
+
+
 def read_spans(paths: Iterable[str | Path]) -> RequestTable:
     """Read OTLP/JSON files (or directories of them) into one request table."""
     paths = list(paths)
@@ -156,13 +163,22 @@ def _find_span_files(paths: list[str | Path]) -> list[Path]:
 
 
 def _read_file(path: Path) -> tuple[list[dict], SpanSource]:
+    with guard_reader(path, "OTLP/JSON spans"):
+        return _read_spans_file(path)
+
+
+def _read_spans_file(path: Path) -> tuple[list[dict], SpanSource]:
     try:
+        if path.stat().st_size > MAX_SPAN_FILE_BYTES:
+            raise TraceError(
+                path, f"larger than the {MAX_SPAN_FILE_BYTES} bytes read per span file"
+            )
         data = path.read_bytes()
         if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
+            data = _gunzip(path, data)
     except OSError as error:
         raise TraceError(path, f"cannot read span file: {error.strerror or error}") from error
-    except (EOFError, gzip.BadGzipFile) as error:
+    except (EOFError, zlib.error) as error:
         raise TraceError(path, f"corrupt gzip: {error}") from error
     exports = _parse_exports(path, data)
     source = SpanSource(path=str(path))
@@ -172,12 +188,16 @@ def _read_file(path: Path) -> tuple[list[dict], SpanSource]:
         if not isinstance(resource_spans, list):
             raise TraceError(path, "not OTLP/JSON: no resourceSpans list", f"object {e}")
         for r, resource in enumerate(resource_spans):
+            resource = _object(path, resource, f"resourceSpans[{r}]")
             resource_attrs = _attributes(path, resource.get("resource", {}), f"resourceSpans[{r}]")
             service = str(resource_attrs.get("service.name", ""))
             scopes = resource.get("scopeSpans", resource.get("instrumentationLibrarySpans", []))
-            for s, scope in enumerate(scopes):
-                for k, span in enumerate(scope.get("spans", [])):
+            for s, scope in enumerate(_array(path, scopes, f"resourceSpans[{r}].scopeSpans")):
+                where = f"resourceSpans[{r}].scopeSpans[{s}]"
+                spans = _object(path, scope, where).get("spans", [])
+                for k, span in enumerate(_array(path, spans, f"{where}.spans")):
                     where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{k}]"
+                    span = _object(path, span, where)
                     source.spans += 1
                     row = _request_row(path, span, where, service)
                     if row is None:
@@ -188,6 +208,37 @@ def _read_file(path: Path) -> tuple[list[dict], SpanSource]:
                     source.request_spans += 1
                     rows.append(row)
     return rows, source
+
+
+def _gunzip(path: Path, data: bytes) -> bytes:
+    """Inflate in bounded steps: a stream that expands absurdly is refused before it is held."""
+    decompressor = zlib.decompressobj(wbits=31)
+    parts, total = [], 0
+    chunk = data
+    while True:
+        piece = decompressor.decompress(chunk, 1 << 22)
+        parts.append(piece)
+        total += len(piece)
+        consumed = len(data) - len(decompressor.unconsumed_tail)
+        if total > MAX_SPAN_FILE_BYTES or (total > 64 << 20 and total > 200 * consumed):
+            raise TraceError(path, "gzip stream inflates absurdly (a gzip bomb?): not a span file")
+        if decompressor.eof:
+            return b"".join(parts)
+        chunk = decompressor.unconsumed_tail
+        if not chunk and not piece:
+            raise EOFError("compressed file ended before the end-of-stream marker")
+
+
+def _object(path: Path, value: object, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise TraceError(path, f"a JSON {type(value).__name__} where an object was expected", where)
+    return value
+
+
+def _array(path: Path, value: object, where: str) -> list:
+    if not isinstance(value, list):
+        raise TraceError(path, f"a JSON {type(value).__name__} where a list was expected", where)
+    return value
 
 
 def _parse_exports(path: Path, data: bytes) -> list:
@@ -234,7 +285,8 @@ def _request_row(path: Path, span: dict, where: str, service: str) -> dict | Non
     }
     for column, keys in LATENCY_KEYS.items():
         seconds = _first(attrs, keys)
-        row[column] = round(float(seconds) * NS_PER_S) if _is_number(seconds) else -1
+        in_range = _is_number(seconds) and abs(seconds) < _MAX_LATENCY_S  # type: ignore[operator]
+        row[column] = round(float(seconds) * NS_PER_S) if in_range else -1  # type: ignore[arg-type]
     if row["e2e_ns"] < 0:
         row["e2e_ns"] = end_ns - start_ns
     for column, keys in COUNT_KEYS.items():
@@ -268,9 +320,10 @@ def _value(value: dict) -> object:
         return value["stringValue"]
     if "intValue" in value:  # int64 travels as a JSON string in OTLP/JSON
         try:
-            return int(value["intValue"])
-        except (TypeError, ValueError):
+            number = int(value["intValue"])
+        except (TypeError, ValueError, OverflowError):
             return None
+        return number if -(2**63) <= number < 2**63 else None
     if "doubleValue" in value:
         try:
             return float(value["doubleValue"])
@@ -279,11 +332,14 @@ def _value(value: dict) -> object:
     if "boolValue" in value:
         return bool(value["boolValue"])
     if "arrayValue" in value:
-        return [_value(v) for v in value["arrayValue"].get("values", [])]
+        values = value["arrayValue"].get("values") if isinstance(value["arrayValue"], dict) else []
+        return [_value(v) for v in values] if isinstance(values, list) else None
     if "kvlistValue" in value:
+        pairs = value["kvlistValue"].get("values") if isinstance(value["kvlistValue"], dict) else []
+        if not isinstance(pairs, list):
+            return None
         return {
-            kv.get("key"): _value(kv.get("value", {}))
-            for kv in value["kvlistValue"].get("values", [])
+            str(kv.get("key")): _value(kv.get("value", {})) for kv in pairs if isinstance(kv, dict)
         }
     return None
 
@@ -292,10 +348,10 @@ def _unix_ns(path: Path, span: dict, key: str, where: str) -> int:
     value = span.get(key)
     try:
         ns = int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(path, f"{key} missing or not an integer ({value!r})", where) from None
-    if ns <= 0:
-        raise TraceError(path, f"{key} is not a unix time ({value!r})", where)
+    if not 0 < ns < 2**63:
+        raise TraceError(path, f"{key} is not a unix time in int64 ns ({value!r:.40})", where)
     return ns
 
 
@@ -308,4 +364,5 @@ def _first(attrs: dict, keys: tuple[str, ...]) -> object:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite number small enough for an int64 count or nanosecond latency."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) < 2**53

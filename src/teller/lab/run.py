@@ -101,6 +101,10 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    if netns.is_root():  # what a killed run left (namespaces, links, cgroups) goes first
+        from teller.lab.sweep import sweep
+
+        sweep()
     try:
         with _interrupt_on_sigterm(), contextlib.ExitStack() as stack:
             network = stack.enter_context(netns.lab_network(spec.tp)) if netns.is_root() else None

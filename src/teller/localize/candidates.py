@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from teller.callchain.facts import Arrivals, RunFacts, StepNodes
+from teller.callchain.facts import Arrivals, RunFacts, StepNodes, packed_keys
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import COMPUTE_CODES
 from teller.localize.collectives import collective_candidates
@@ -45,9 +46,6 @@ SUBSTITUTED = "launched where the peer ranks launch another kernel, same step an
 #: The references of operators the usual work does not run (`keep_top` keeps some of them).
 FRESH = (NEW_OPERATOR, SUBSTITUTED)
 
-#: (rank, name id, ordinal, on GPU): one operator instance, the same on every step and rank.
-NodeKey = tuple[int, int, int, bool]
-
 
 @dataclass
 class RunTables:
@@ -55,7 +53,6 @@ class RunTables:
 
     tree: CallTree
     nodes: StepNodes
-    key_rows: dict[NodeKey, dict[int, int]]  # key → {iteration: position in `nodes`}
     history: SelfTimeHistory
     step_totals: dict[tuple[int, int, int], float]  # (rank, name, iteration) → self ns
     gaps: dict[tuple[int, int], dict[int, float]]  # `idle_gaps`
@@ -64,12 +61,16 @@ class RunTables:
     waiting: frozenset[int]  # name ids of calls that mostly wait: never candidates
     ranks: list[int]
 
+    @cached_property
+    def totals_by_step(self) -> StepTotals:
+        """`step_totals` indexed by iteration, built on first need (a new-operator search)."""
+        return StepTotals.of(self.step_totals)
+
     @classmethod
     def of(cls, facts: RunFacts) -> RunTables:
         return cls(
             tree=facts.tree,
             nodes=facts.step_nodes,
-            key_rows=keyed_rows(facts.step_nodes),
             history=SelfTimeHistory.of(facts.step_nodes),
             step_totals=facts.compute_totals,
             gaps=idle_gaps(facts.tree),
@@ -88,20 +89,29 @@ class SelfTimeHistory:
 
     key_of: np.ndarray  # per position in `nodes`: its key's row
     self_ns: np.ndarray  # (keys, iterations) float64
+    # (instance: name, ordinal, on GPU) × rank → that rank's key row, -1 where it has none
+    key_on_rank: np.ndarray
+    instance_of: np.ndarray  # per key row: its instance
+    rank_of: np.ndarray  # per key row: its rank
 
     @classmethod
     def of(cls, nodes: StepNodes) -> SelfTimeHistory:
         count = len(nodes.node)
         if not count:
-            return cls(np.zeros(0, dtype=np.int64), np.zeros((0, 0)))
-        keys = np.stack(
-            [nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu.astype(np.int64)], axis=1
-        )
-        _, key_of = np.unique(keys, axis=0, return_inverse=True)
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, np.zeros((0, 0)), np.zeros((0, 0), dtype=np.int64), empty, empty)
+        keys = packed_keys(nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu)
+        _, first, key_of = np.unique(keys, return_index=True, return_inverse=True)
         key_of = key_of.reshape(-1)
-        table = np.full((int(key_of.max()) + 1, int(nodes.iteration.max()) + 1), np.nan)
+        table = np.full((len(first), int(nodes.iteration.max()) + 1), np.nan)
         table[key_of, nodes.iteration] = nodes.self_ns
-        return cls(key_of, table)
+        instances = packed_keys(nodes.name[first], nodes.ordinal[first], nodes.on_gpu[first])
+        _, instance_of = np.unique(instances, return_inverse=True)
+        instance_of = instance_of.reshape(-1)
+        rank_of = nodes.rank[first].astype(np.int64)
+        key_on_rank = np.full((int(instance_of.max()) + 1, int(rank_of.max()) + 1), -1)
+        key_on_rank[instance_of, rank_of] = np.arange(len(first))
+        return cls(key_of, table, key_on_rank, instance_of, rank_of)
 
     def medians(self, rows: np.ndarray, reference: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """For the nodes at `rows`: the median self time of their instance over the `reference`
@@ -116,14 +126,22 @@ class SelfTimeHistory:
             medians[some] = np.nanmedian(values[some], axis=1)
         return medians, counts
 
-
-def keyed_rows(nodes: StepNodes) -> dict[NodeKey, dict[int, int]]:
-    """Every step node's position in `nodes`, by its key and iteration."""
-    key_rows: dict[NodeKey, dict[int, int]] = {}
-    for i in range(len(nodes.node)):
-        key = (int(nodes.rank[i]), int(nodes.name[i]), int(nodes.ordinal[i]), bool(nodes.on_gpu[i]))
-        key_rows.setdefault(key, {})[int(nodes.iteration[i])] = i
-    return key_rows
+    def peer_medians(self, rows: np.ndarray, iteration: int) -> np.ndarray:
+        """For the nodes at `rows`: the median self time of the same instance on the other
+        ranks in `iteration`, NaN where no peer ran it."""
+        out = np.full(len(rows), np.nan)
+        if not len(rows):
+            return out
+        keys = self.key_of[rows]
+        peers = self.key_on_rank[self.instance_of[keys]]  # (rows, ranks)
+        own = np.arange(peers.shape[1])[None, :] == self.rank_of[keys][:, None]
+        values = np.where(
+            (peers >= 0) & ~own, self.self_ns[np.maximum(peers, 0), iteration], np.nan
+        )
+        some = (~np.isnan(values)).any(axis=1)
+        if some.any():
+            out[some] = np.nanmedian(values[some], axis=1)
+        return out
 
 
 def propose(
@@ -163,7 +181,7 @@ def step_candidates(
     tree, nodes, waiting = tables.tree, tables.nodes, tables.waiting
     candidates = _operator_excess(tables, iteration, reference, noise_floor_ns)
     new = (
-        _new_operators(tables.step_totals, iteration, reference, waiting, noise_floor_ns)
+        _new_operators(tables.totals_by_step, iteration, reference, waiting, noise_floor_ns)
         if reference
         else []
     )
@@ -222,7 +240,7 @@ def _operator_excess(
 
     A node's reference is the same instance in the reference steps where at least two ran it,
     else on the peer ranks in this step; a node with neither is left to the layer comparison."""
-    tree, nodes, key_rows = tables.tree, tables.nodes, tables.key_rows
+    tree, nodes = tables.tree, tables.nodes
     rows = np.flatnonzero(nodes.iteration == iteration)
     rows = rows[
         np.isin(nodes.layer[rows], list(COMPUTE_CODES))
@@ -230,20 +248,8 @@ def _operator_excess(
     ]
     normal, counts = tables.history.medians(rows, reference)
     temporal = counts >= 2
-    for j in np.flatnonzero(~temporal).tolist():  # no temporal reference: the peers in this step
-        i = int(rows[j])
-        rank, name, ordinal, on_gpu = (
-            int(nodes.rank[i]),
-            int(nodes.name[i]),
-            int(nodes.ordinal[i]),
-            bool(nodes.on_gpu[i]),
-        )
-        ref = [
-            int(nodes.self_ns[key_rows[(peer, name, ordinal, on_gpu)][iteration]])
-            for peer in tables.ranks
-            if peer != rank and iteration in key_rows.get((peer, name, ordinal, on_gpu), {})
-        ]
-        normal[j] = _small_median(ref) if ref else np.nan
+    peer_rows = np.flatnonzero(~temporal)  # no temporal reference: the peers in this step
+    normal[peer_rows] = tables.history.peer_medians(rows[peer_rows], iteration)
     kept = ~np.isnan(normal)
     rows, normal, temporal = rows[kept], normal[kept], temporal[kept]
     if not len(rows):
@@ -333,8 +339,26 @@ def _idle_candidates(
     return out
 
 
+@dataclass
+class StepTotals:
+    """`RunFacts.compute_totals` by iteration: the names each step ran, and its (rank, name)
+    totals in the order of the run's table."""
+
+    names: dict[int, set[int]]
+    rows: dict[int, list[tuple[tuple[int, int], float]]]
+
+    @classmethod
+    def of(cls, step_totals: dict[tuple[int, int, int], float]) -> StepTotals:
+        names: dict[int, set[int]] = {}
+        rows: dict[int, list[tuple[tuple[int, int], float]]] = {}
+        for (rank, name, iteration), total in step_totals.items():
+            names.setdefault(iteration, set()).add(name)
+            rows.setdefault(iteration, []).append(((rank, name), total))
+        return cls(names, rows)
+
+
 def _new_operators(
-    step_totals: dict[tuple[int, int, int], float],
+    totals: StepTotals,
     iteration: int,
     reference: list[int],
     waiting: frozenset[int],
@@ -347,12 +371,12 @@ def _new_operators(
     fault that slows a step less than its batch's spread leaves some of its own steps among
     them. One such step in the reference must not make the swapped kernel usual."""
     references = set(reference)
-    steps_with = Counter(n for n, _ in {(n, it) for (_, n, it) in step_totals if it in references})
+    steps_with = Counter(n for it in references for n in totals.names.get(it, ()))
     usual_names = {n for n, count in steps_with.items() if 2 * count > len(references)}
     return [
         ((r, n), total)
-        for (r, n, it), total in step_totals.items()
-        if it == iteration and total > noise_floor_ns and n not in usual_names and n not in waiting
+        for (r, n), total in totals.rows.get(iteration, [])
+        if total > noise_floor_ns and n not in usual_names and n not in waiting
     ]
 
 

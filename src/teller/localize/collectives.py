@@ -17,6 +17,11 @@ from teller.localize.results import OperatorCandidate
 from teller.localize.step_model import ratio_z
 
 ARRIVAL_REFERENCE = "arrival after the other ranks, vs this rank's usual skew"
+IN_STEP_REFERENCE = "arrival after the other ranks at the same collective, same step"
+#: A rank's lateness at one collective instance against its lateness at the step's other
+#: instances: this robust z (where there are at least `MIN_INSTANCES` of them) ...
+LATE_Z = 6.0
+MIN_INSTANCES = 4
 TRANSFER_REFERENCE = "last arriver's own collective time vs nearest normal steps"
 
 
@@ -110,3 +115,60 @@ def _pooled_lateness_scale(arrivals: Arrivals, here: np.ndarray, reference: list
             usual = np.array([late_ns[mine & (iteration_of == it)].sum() for it in reference])
             deviations.extend(np.abs(usual - np.median(usual)).tolist() if len(usual) else [])
     return MAD_TO_SIGMA * float(np.median(deviations)) if deviations else 0.0
+
+
+def late_in_step(
+    tree: CallTree,
+    arrivals: Arrivals | None,
+    min_share: float,
+    noise_floor_ns: float,
+) -> dict[int, list[OperatorCandidate]]:
+    """iteration → arrival candidates found inside the step alone: a rank that reached one
+    collective instance after its peers by at least `min_share` of its step, where its lateness
+    at the step's other instances (if it has `MIN_INSTANCES`) is far smaller.
+
+    This is the comparison across ranks that needs no other step: the peers' arrival at the same
+    instance is the reference, which a one-step capture of a tensor-parallel group still has."""
+    out: dict[int, list[OperatorCandidate]] = {}
+    if arrivals is None or not len(arrivals):
+        return out
+    duration = {
+        (int(r), int(i)): int(d)
+        for r, i, d in zip(tree.steps.rank, tree.steps.index, tree.steps.dur_ns, strict=True)
+    }
+    keys = arrivals.iteration * (int(arrivals.rank.max()) + 1) + arrivals.rank
+    for key in np.unique(keys).tolist():
+        rows = np.flatnonzero(keys == key)
+        iteration, rank = int(arrivals.iteration[rows[0]]), int(arrivals.rank[rows[0]])
+        late = arrivals.late_ns[rows]
+        worst = int(np.argmax(late))
+        threshold = max(min_share * duration.get((rank, iteration), 0), noise_floor_ns)
+        if late[worst] < threshold:
+            continue
+        others = np.delete(late, worst)
+        usual = float(np.median(others)) if len(others) else 0.0
+        if len(others) >= MIN_INSTANCES:
+            spread = MAD_TO_SIGMA * float(np.median(np.abs(others - usual)))
+            z = (late[worst] - usual) / max(spread, noise_floor_ns)
+            if z < LATE_Z:
+                continue
+        else:
+            z = (late[worst] - usual) / noise_floor_ns
+        row = rows[worst]
+        out.setdefault(iteration, []).append(
+            OperatorCandidate(
+                iteration,
+                rank,
+                tree.names[int(arrivals.name[row])],
+                score=float(late[worst] - usual),
+                observed_ns=int(late[worst]),
+                normal_ns=int(usual),
+                z=float(z),
+                node=int(arrivals.node[row]),
+                reference=IN_STEP_REFERENCE,
+                kind="arrival",
+            )
+        )
+    for found in out.values():
+        found.sort(key=lambda c: -c.score)
+    return out

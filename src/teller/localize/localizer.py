@@ -30,6 +30,7 @@ from __future__ import annotations
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.localize.candidates import FRESH, keep_top, propose
+from teller.localize.collectives import late_in_step
 from teller.localize.hang import HANG_NS, hang_explanation, unfinished_step
 from teller.localize.layers import LayerOutlier, layer_outliers
 from teller.localize.results import Localization, OperatorCandidate, StepExplanation, StepScore
@@ -54,6 +55,10 @@ __all__ = [
     "keep_top",
     "unfinished_step",
 ]
+
+
+#: Below this many steps per rank, a rank's lateness is judged against its peers inside the step.
+FEW_STEPS = 3
 
 
 class NumericLocalizer:
@@ -110,12 +115,13 @@ class NumericLocalizer:
         )
         shifts = self._operator_shifts(facts)
         layered = self._layer_outliers(facts)
+        late = self._late_in_step(facts)
         only_shifted = set()
         for step in steps:
             if step.iteration in shifts and not step.anomalous:
                 step.anomalous = True
                 only_shifted.add(step.iteration)
-            elif step.iteration in layered and not step.anomalous:
+            elif (step.iteration in layered or step.iteration in late) and not step.anomalous:
                 step.anomalous = True
         if self.candidate_z is None:
             proposed = {s.iteration for s in steps if s.anomalous}
@@ -132,8 +138,12 @@ class NumericLocalizer:
                 candidates[iteration] = (found + rest)[: self.top_k]
             else:  # a slow step: the shift is one more explanation, ranked by its excess
                 candidates[iteration] = sorted(found + rest, key=lambda c: -c.score)[: self.top_k]
+        in_step: dict[int, list[OperatorCandidate]] = {}
         for iteration, outliers in layered.items():
-            found = [_layer_candidate(tree, o) for o in outliers]
+            in_step.setdefault(iteration, []).extend(_layer_candidate(tree, o) for o in outliers)
+        for iteration, found in late.items():
+            in_step.setdefault(iteration, []).extend(found)
+        for iteration, found in in_step.items():
             named = {(c.rank, c.operator) for c in found}
             rest = [c for c in candidates.get(iteration, []) if (c.rank, c.operator) not in named]
             candidates[iteration] = sorted(found + rest, key=lambda c: -c.score)[: self.top_k]
@@ -153,6 +163,18 @@ class NumericLocalizer:
             return {}
         return facts.derived(
             "operator_shifts", lambda: operator_shifts(facts.tree, waiting=facts.waiting)
+        )
+
+    def _late_in_step(self, facts: RunFacts) -> dict[int, list[OperatorCandidate]]:
+        """Late arrivals judged inside their step, where the run has too few steps for a rank's
+        usual skew (`collectives`, across steps) to be known."""
+        steps_per_rank = len(facts.tree.steps) // max(len(facts.ranks), 1)
+        if self.layer_share is None or steps_per_rank >= FEW_STEPS:
+            return {}
+        share = self.layer_share
+        return facts.derived(
+            f"late_in_step@{share}@{self.noise_floor_ns}",
+            lambda: late_in_step(facts.tree, facts.arrivals, share, self.noise_floor_ns),
         )
 
     def _layer_outliers(self, facts: RunFacts) -> dict[int, list[LayerOutlier]]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import GPU_WORK_CODES, HOST_WORK_CODES
@@ -168,9 +169,17 @@ def operator_shifts(
 def _rolling_median(values: np.ndarray, window: int) -> np.ndarray:
     """Centred rolling median; the edges use the part of the window that exists."""
     half = window // 2
-    return np.array(
-        [np.median(values[max(0, i - half) : i + half + 1]) for i in range(len(values))]
-    )
+    count = len(values)
+    out = np.empty(count, dtype=np.float64)
+    full = window if window % 2 else window + 1  # the centred window: half on either side
+    if count >= full:
+        out[half : count - half] = np.median(sliding_window_view(values, full), axis=1)
+        edges = [*range(half), *range(count - half, count)]
+    else:
+        edges = list(range(count))
+    for i in edges:
+        out[i] = np.median(values[max(0, i - half) : i + half + 1])
+    return out
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from teller.callchain.facts import RunFacts
@@ -27,6 +28,7 @@ from teller.callchain.render import format_ns
 from teller.callchain.tree import CallTree
 from teller.errors import TraceError
 from teller.faults import FAULT_FREE
+from teller.ingest.files import guard_reader
 from teller.layout import CaseDir
 from teller.localize import OperatorCandidate, StepScore
 from teller.rca.context import RunContext
@@ -96,8 +98,19 @@ class LoadedModel:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> LoadedModel:
-        """Weights from safetensors, configuration and vocabulary from JSON (never a pickle)."""
+        """Weights from safetensors, configuration and vocabulary from JSON (never a pickle).
+
+        Any malformed checkpoint (a config of the wrong shape, a corrupt safetensors header) is a
+        TraceError naming the directory, like any other bad input."""
         path = Path(path) if path is not None else DEFAULT_MODEL
+        with guard_reader(path, "a teller model directory (config.json, model.safetensors)"):
+            try:
+                return cls._load(path)
+            except SafetensorError as error:
+                raise TraceError(path / "model.safetensors", f"unusable weights: {error}") from None
+
+    @classmethod
+    def _load(cls, path: Path) -> LoadedModel:
         try:
             meta = json.loads((path / "config.json").read_text())
         except FileNotFoundError:

@@ -29,14 +29,14 @@ def render(
 ) -> str:
     """The verdict as text in `format`; the HTML report also draws the tree around it. JSON and
     terminal output carry where the time went (`breakdown`, computed from `tree` when not given)."""
-    if format == "html":
-        from teller.report.html import render_html
-
-        return render_html(verdict, tree)
     if breakdown is None:
         from teller.callchain.breakdown import run_breakdown
 
         breakdown = run_breakdown(tree)
+    if format == "html":
+        from teller.report.html import render_html
+
+        return render_html(verdict, tree, breakdown)
     if format == "json":
         return json.dumps({**verdict.to_json(), "breakdown": breakdown.to_json()}, indent=2)
     return render_terminal(verdict, breakdown)

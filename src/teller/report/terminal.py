@@ -12,6 +12,7 @@ from collections import Counter
 from teller.callchain.breakdown import RunBreakdown, StepBreakdown, idle_summary, share
 from teller.callchain.host_activity import IDLE_CAUSES
 from teller.callchain.render import format_ns, short_name
+from teller.errors import printable
 from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges, worst_of
 from teller.rca.verdict import Finding, Verdict
 
@@ -90,7 +91,7 @@ def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> 
     for item in verdict.missing:
         lines.append(f"missing: {item}")
     lines.extend(f"warning: {w}" for w in _method_warnings(verdict))
-    return "\n".join(lines).rstrip() + "\n"
+    return printable("\n".join(lines).rstrip() + "\n")
 
 
 def render_breakdown(breakdown: RunBreakdown) -> list[str]:
@@ -211,4 +212,4 @@ def render_findings(verdict: Verdict, top: int = 10) -> str:
     if len(verdict.findings) > top:
         lines.append(f"… {len(verdict.findings) - top} more")
     lines.extend(f"warning: {w}" for w in _method_warnings(verdict))
-    return "\n".join(lines)
+    return printable("\n".join(lines))

@@ -15,8 +15,11 @@ dropped: undecodable bytes, unknown and out-of-order lines are kept and counted.
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -26,11 +29,21 @@ import orjson
 import pyarrow as pa
 
 from teller.errors import TraceError
+from teller.ingest.files import guard_reader
 from teller.ingest.logs import detect, templates, vllm
 from teller.ingest.logs.line import parse_line
 from teller.ingest.logs.table import LogColumns, LogRecord, LogSource
 
 NS = 1_000_000_000
+#: Times at or past this do not fit int64 ns (2262-04-11): such a line counts as an impossible date.
+_MAX_UNIX_NS = 2**63 - 1
+#: Longest line kept whole; the rest of a longer line is dropped (counted), so a file without
+#: newlines (a stream of zeros) never becomes one huge string.
+MAX_LINE_BYTES = 1 << 20
+#: Largest log read (after gunzip), and the expansion past which a gzip log is refused.
+MAX_LOG_BYTES = 16 << 30
+MAX_GZIP_RATIO = 200
+_RATIO_FLOOR_BYTES = 64 << 20
 _DAY_S = 86_400
 #: A month-day that falls this far before the previous one is the next year (Dec 31 → Jan 1).
 _YEAR_ROLLOVER_DAYS = 180
@@ -76,7 +89,7 @@ class WallClock:
 
     def observe_exact(self, unix_ns: int) -> None:
         """An exact time (collector prefix) fixes the date context for the lines after it."""
-        moment = datetime.fromtimestamp(unix_ns / NS, UTC)
+        moment = datetime.fromtimestamp(unix_ns // NS, UTC)
         self.current = moment.date()
         self._last_printed = (None, None, None)
         self.last_second_of_day = moment.hour * 3600 + moment.minute * 60 + moment.second
@@ -220,14 +233,15 @@ class _FileReader:
     def _resolve_clock(self, record: LogRecord) -> None:
         try:
             seconds = self.clock.seconds(record.clock)  # type: ignore[arg-type]
-        except ValueError:
+        except (ValueError, OverflowError):  # no such date, or past year 9999
             self.counts["impossible_dates"] += 1
             return
         fraction = record.clock[4]  # type: ignore[index]
-        if fraction is None:
-            record.ts_ns, record.ts_exact = seconds * NS, False
-        else:
-            record.ts_ns, record.ts_exact = seconds * NS + fraction, True
+        ts_ns = seconds * NS + (fraction or 0)
+        if not 0 <= ts_ns <= _MAX_UNIX_NS:
+            self.counts["impossible_dates"] += 1
+            return
+        record.ts_ns, record.ts_exact = ts_ns, fraction is not None
 
     def flush(self) -> None:
         record = self.pending
@@ -284,6 +298,13 @@ def read_file(
     path: Path, miner: templates.Templates, year: int | None = None, host: str = ""
 ) -> tuple[ReadFile, LogSource]:
     """Records of one log file in file order, with resolved times, plus what was counted."""
+    with guard_reader(path, "a text log (UTF-8 lines, plain or gzip)"):
+        return _read_file(path, miner, year, host)
+
+
+def _read_file(
+    path: Path, miner: templates.Templates, year: int | None, host: str
+) -> tuple[ReadFile, LogSource]:
     try:
         modified = datetime.fromtimestamp(path.stat().st_mtime, UTC).date()
         handle = detect.open_log(path)
@@ -294,20 +315,23 @@ def read_file(
     reader = _FileReader(path, miner, WallClock(year, modified), rank, host)
     source = LogSource(path=str(path), format="", host=host, rank=rank)
     head: list[str] = []
-    invalid_utf8 = prefixless = 0
+    invalid_utf8 = prefixless = number = 0
+    lines = _BoundedLines(path, handle)
     try:
         with handle:
-            first_lines = [handle.readline() for _ in range(detect.SNIFF_LINES)]
+            first_lines = [lines.readline() for _ in range(detect.SNIFF_LINES)]
             prefixed = detect.has_collector_prefix(first_lines)
             source.collector_prefix = prefixed
-            number = 0
-            for raw in _chain(first_lines, handle):
+            for raw in _chain(first_lines, lines):
                 number += 1
                 exact_ns = -1
                 if prefixed:
                     if detect.COLLECTOR_PREFIX.match(raw):
                         exact_ns = _collector_ns(raw)
-                        reader.clock.observe_exact(exact_ns)
+                        if exact_ns >= 0:
+                            reader.clock.observe_exact(exact_ns)
+                        else:
+                            reader.counts["impossible_dates"] += 1
                         raw = raw[28:]
                     else:
                         prefixless += 1
@@ -321,8 +345,10 @@ def read_file(
                     head.append(text)
                 reader.feed(text, number, exact_ns)
             reader.flush()
-    except (OSError, EOFError) as error:
-        raise TraceError(path, f"cannot read log file: {error}", f"line {number + 1}") from error
+    except (OSError, EOFError, zlib.error) as error:
+        raise TraceError(
+            path, f"cannot read log file (corrupt gzip?): {error}", f"line {number + 1}"
+        ) from None
     source.lines = number
     columns = reader.columns
     source.records = len(columns)
@@ -335,6 +361,9 @@ def read_file(
     exact = np.frombuffer(columns.exact, dtype=bool).copy() if len(columns) else np.zeros(0, bool)
     ts_ns, exact = _finish_times(ts_ns, exact, source)
     counts = reader.counts + reader.clock.inferred + Counter(source.counts)
+    if lines.cut:
+        counts["lines_cut"] = lines.cut
+        source.warnings.append(f"{lines.cut} lines longer than {MAX_LINE_BYTES} bytes were cut")
     if invalid_utf8:
         counts["invalid_utf8_lines"] = invalid_utf8
         source.warnings.append(f"{invalid_utf8} lines had invalid UTF-8 (replaced with U+FFFD)")
@@ -364,11 +393,56 @@ def read_file(
     return ReadFile(columns, ts_ns, exact), source
 
 
-def _chain(first: list[bytes], rest):
+def _chain(first: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
     for line in first:
         if line:
             yield line
     yield from rest
+
+
+class _BoundedLines:
+    """Lines of a (possibly gzip) log, each at most MAX_LINE_BYTES, in bounded memory: a gzip
+    stream that inflates absurdly or a log past MAX_LOG_BYTES is refused while it is read."""
+
+    def __init__(self, path: Path, handle) -> None:
+        self.path = path
+        self.handle = handle
+        self.compressed = isinstance(handle, gzip.GzipFile)
+        self.file_bytes = max(path.stat().st_size, 1)
+        self.read = 0
+        self.cut = 0
+
+    def readline(self) -> bytes:
+        line = self.handle.readline(MAX_LINE_BYTES)
+        if len(line) == MAX_LINE_BYTES and not line.endswith(b"\n"):
+            self.cut += 1
+            while (rest := self.handle.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                self._count(len(rest))
+            self._count(len(rest))
+            line += b"\n"
+        self._count(len(line))
+        return line
+
+    def _count(self, size: int) -> None:
+        self.read += size
+        if self.read > MAX_LOG_BYTES:
+            raise TraceError(
+                self.path, f"larger than the {MAX_LOG_BYTES} bytes teller reads per log"
+            )
+        if (
+            self.compressed
+            and self.read > _RATIO_FLOOR_BYTES
+            and self.read > MAX_GZIP_RATIO * self.file_bytes
+        ):
+            raise TraceError(
+                self.path,
+                f"gzip log inflates more than {MAX_GZIP_RATIO}x its {self.file_bytes} bytes: "
+                "not a log (a gzip bomb?)",
+            )
+
+    def __iter__(self) -> Iterator[bytes]:
+        while line := self.readline():
+            yield line
 
 
 _COLLECTOR_DAYS: dict[bytes, int] = {}
@@ -379,10 +453,14 @@ def _collector_ns(raw: bytes) -> int:
     day_key = raw[:10]
     days = _COLLECTOR_DAYS.get(day_key)
     if days is None:
-        days = date(int(raw[0:4]), int(raw[5:7]), int(raw[8:10])).toordinal() - _EPOCH_ORDINAL
+        try:
+            days = date(int(raw[0:4]), int(raw[5:7]), int(raw[8:10])).toordinal() - _EPOCH_ORDINAL
+        except ValueError:  # year 0, month 13
+            days = -1 << 40
         _COLLECTOR_DAYS[day_key] = days
     seconds = days * _DAY_S + int(raw[11:13]) * 3600 + int(raw[14:16]) * 60 + int(raw[17:19])
-    return seconds * NS + int(raw[20:26]) * 1000
+    unix_ns = seconds * NS + int(raw[20:26]) * 1000
+    return unix_ns if 0 <= unix_ns <= _MAX_UNIX_NS else -1
 
 
 def _finish_times(

@@ -96,6 +96,14 @@ class ServeConfig:
     cgroup_procs: list[list[str]] = field(default_factory=list)
     threads_per_rank: int = 1
     warmup_steps: int = 3
+    # the engine's HTTP endpoints on rank 0 (/metrics, /start_profile, /stop_profile), as vLLM
+    # serves them; None serves none (a run under the collector is profiled from outside)
+    http_host: str = "127.0.0.1"
+    http_port: int | None = None
+    # where /start_profile ... /stop_profile writes each rank's trace (vLLM's
+    # VLLM_TORCH_PROFILER_DIR); empty: the profiler endpoints answer 404
+    profile_dir: str = ""
+    served_model_name: str = "teller-lab/llama-tiny"
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)

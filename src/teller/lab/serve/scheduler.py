@@ -24,6 +24,12 @@ class StepPlan:
     decode_ids: list[str] = field(default_factory=list)
     free_ids: list[str] = field(default_factory=list)
     stop: bool = False
+    # "start" or "stop": every rank toggles its profiler before this step, so all rank traces
+    # of one capture (named by `capture_id`) hold the same steps
+    profile: str = ""
+    capture_id: str = ""
+    # a plan that only carries a profiler toggle while the engine has no work: not a step
+    idle: bool = False
 
     @property
     def context_tokens(self) -> int:

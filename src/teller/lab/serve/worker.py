@@ -5,12 +5,17 @@ the plan through the rendezvous TCP store (out of band, like vLLM's shared-memor
 is not a collective in the trace), runs the step, and logs. Every rank wraps a step in
 `record_function("execute_context_N(T)_generation_M(G)")`; a profiler started from outside (the
 collector) records it, and without one the annotation costs next to nothing.
+
+With `http_port` set, rank 0 also serves the engine's endpoints (`teller.lab.serve.endpoints`):
+`/metrics` in vLLM's names, and `/start_profile`/`/stop_profile`, whose toggle rides on the next
+plan so every rank starts and stops its own profiler (`teller.lab.serve.profiler`) at the same step.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import sys
 import time
@@ -22,9 +27,13 @@ import torch.distributed as dist
 
 from teller.lab.faults import inprocess
 from teller.lab.serve.config import ServeConfig
+from teller.lab.serve.control import ProfileControl
+from teller.lab.serve.endpoints import EngineEndpoints
 from teller.lab.serve.executor import Executor
 from teller.lab.serve.logs import iteration_line, process_logger, stats_line
+from teller.lab.serve.metrics import EngineMetrics
 from teller.lab.serve.model import build_model, map_weights_from_disk
+from teller.lab.serve.profiler import RankProfiler
 from teller.lab.serve.scheduler import Scheduler, StepPlan
 from teller.lab.serve.workload import generate_requests
 
@@ -68,6 +77,7 @@ def main(argv: list[str]) -> int:
     )
     executor = Executor(model, device)
     _warm_up(executor, config.warmup_steps)
+    profiler = RankProfiler(config.profile_dir, rank, device) if _serves_profiler(config) else None
     if config.tp > 1:
         dist.barrier()
     if rank == 0:
@@ -80,9 +90,9 @@ def main(argv: list[str]) -> int:
     faults = inprocess.start(config.fault, rank, model, t0_ns)
     try:
         if rank == 0:
-            _engine_core(config, executor, store, faults, t0_ns, run_dir)
+            _engine_core(config, executor, store, faults, t0_ns, run_dir, profiler)
         else:
-            _follow(executor, store, faults, rank)
+            _follow(executor, store, faults, profiler)
     finally:
         faults.stop()
     worker_log.info("Stopped")
@@ -116,16 +126,37 @@ def _warm_up(executor: Executor, steps: int) -> None:
         executor.execute(StepPlan(k, free_ids=ids))
 
 
-def _follow(executor: Executor, store: dist.Store, faults: inprocess.Faults, rank: int) -> None:
-    step = 0
+def _serves_profiler(config: ServeConfig) -> bool:
+    return config.http_port is not None and bool(config.profile_dir)
+
+
+def _toggle_profiler(profiler: RankProfiler | None, plan: StepPlan) -> None:
+    if profiler is None or not plan.profile:
+        return
+    if plan.profile == "start":
+        profiler.start()
+    else:
+        profiler.stop(plan.capture_id)
+
+
+def _follow(
+    executor: Executor,
+    store: dist.Store,
+    faults: inprocess.Faults,
+    profiler: RankProfiler | None,
+) -> None:
+    key = 0
     while True:
-        plan = StepPlan.from_dict(json.loads(store.get(f"plan/{step}")))
+        plan = StepPlan.from_dict(json.loads(store.get(f"plan/{key}")))
+        key += 1
+        _toggle_profiler(profiler, plan)
         if plan.stop:
             return
+        if plan.idle:
+            continue
         faults.before_step()
         with torch.profiler.record_function(plan.annotation):
             executor.execute(plan)
-        step += 1
 
 
 def _engine_core(
@@ -135,6 +166,40 @@ def _engine_core(
     faults: inprocess.Faults,
     t0_ns: int,
     run_dir: Path,
+    profiler: RankProfiler | None,
+) -> None:
+    log = process_logger("EngineCore_0")
+    metrics, control, endpoints = None, None, None
+    if config.http_port is not None:
+        metrics = EngineMetrics(config.served_model_name)
+        if profiler is not None:
+            control = ProfileControl(config.profile_dir, config.tp)
+        endpoints = EngineEndpoints(config.http_host, config.http_port, metrics, control)
+        endpoints.start()
+        _write_atomic(run_dir / "http_port", str(endpoints.port))
+        log.info(
+            "Serving /metrics%s on http://%s:%d",
+            ", /start_profile, /stop_profile" if control else "",
+            config.http_host,
+            endpoints.port,
+        )
+    try:
+        _serve_requests(config, executor, store, faults, t0_ns, run_dir, profiler, metrics, control)
+    finally:
+        if endpoints is not None:
+            endpoints.stop()
+
+
+def _serve_requests(
+    config: ServeConfig,
+    executor: Executor,
+    store: dist.Store,
+    faults: inprocess.Faults,
+    t0_ns: int,
+    run_dir: Path,
+    profiler: RankProfiler | None,
+    metrics: EngineMetrics | None,
+    control: ProfileControl | None,
 ) -> None:
     log = process_logger("EngineCore_0")
     requests = generate_requests(config.workload, config.model.vocab_size)
@@ -146,11 +211,23 @@ def _engine_core(
     request_times: dict[str, dict] = {}
     stats_start_s, stats_prompt, stats_generation = 0.0, 0, 0
     step = 0
+    key = 0  # plans published: steps plus plans that only toggle the profiler
+
+    def publish(plan: StepPlan) -> None:
+        nonlocal key
+        store.set(f"plan/{key}", json.dumps(plan.to_dict()))
+        if key and key % 50 == 0:
+            store.delete_key(f"plan/{key - 50}")
+        key += 1
+
     while True:
         now_s = (time.time_ns() - t0_ns) / 1e9
         while pending is not None and pending.arrival_s <= now_s:
             scheduler.add(pending)
-            request_times[pending.request_id] = {"arrival_ns": t0_ns + int(pending.arrival_s * 1e9)}
+            arrival_ns = t0_ns + int(pending.arrival_s * 1e9)
+            request_times[pending.request_id] = {"arrival_ns": arrival_ns}
+            if metrics is not None:
+                metrics.request_added(pending.request_id, arrival_ns)
             log.info("Added request %s.", pending.request_id)
             pending = next(arrivals, None)
         if now_s - stats_start_s >= config.scheduler.stats_interval_s:
@@ -165,6 +242,13 @@ def _engine_core(
                 )
             )
             stats_start_s, stats_prompt, stats_generation = now_s, 0, 0
+        toggle = control.take() if control is not None else None
+        if toggle is not None and not scheduler.has_work:
+            idle = StepPlan(step, idle=True, profile=toggle.action, capture_id=toggle.capture_id)
+            publish(idle)
+            _toggle_with_log(profiler, idle, log)
+            control.applied(toggle)
+            continue
         if not scheduler.has_work:
             if pending is None:
                 break
@@ -175,7 +259,12 @@ def _engine_core(
                 config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
             )
         )
-        store.set(f"plan/{step}", json.dumps(plan.to_dict()))
+        if toggle is not None:
+            plan.profile, plan.capture_id = toggle.action, toggle.capture_id
+        publish(plan)
+        if toggle is not None:
+            _toggle_with_log(profiler, plan, log)
+            control.applied(toggle)
         faults.before_step()
         start_ns = time.time_ns()
         with torch.profiler.record_function(plan.annotation):
@@ -187,6 +276,13 @@ def _engine_core(
         for request_id in finished:
             request_times[request_id]["finish_ns"] = end_ns
             log.info("Finished request %s.", request_id)
+        if metrics is not None:
+            metrics.step_done(plan, start_ns, end_ns, finished)
+            metrics.scheduler_state(
+                len(scheduler.running),
+                len(scheduler.waiting),
+                executor.cached_tokens / KV_CAPACITY_TOKENS,
+            )
         stats_prompt += plan.context_tokens
         stats_generation += len(plan.decode_ids) + len(plan.prefill_ids)
         log.info(
@@ -201,10 +297,8 @@ def _engine_core(
             )
         )
         ground_truth.append(_step_record(plan, start_ns, end_ns))
-        if step and step % 50 == 0:
-            store.delete_key(f"plan/{step - 50}")
         step += 1
-    store.set(f"plan/{step}", json.dumps(StepPlan(step, stop=True).to_dict()))
+    publish(StepPlan(step, stop=True))
     truth_dir = run_dir.parent / "ground_truth"
     _write_atomic(truth_dir / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in ground_truth))
     _write_atomic(
@@ -214,6 +308,15 @@ def _engine_core(
             for request_id, times in request_times.items()
         ),
     )
+
+
+def _toggle_with_log(profiler: RankProfiler | None, plan: StepPlan, log: logging.Logger) -> None:
+    """Rank 0's own toggle; a stop exports its trace here, as vLLM's worker does."""
+    if plan.profile == "start":
+        log.info("Starting profiler (capture %s) before step %d", plan.capture_id, plan.index)
+    _toggle_profiler(profiler, plan)
+    if plan.profile == "stop":
+        log.info("Profiler stopped (capture %s) before step %d", plan.capture_id, plan.index)
 
 
 def _step_record(plan: StepPlan, start_ns: int, end_ns: int) -> dict:
