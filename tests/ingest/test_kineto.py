@@ -379,3 +379,22 @@ def test_a_merged_file_keeps_each_process_rank(tmp_path: Path) -> None:
     assert table.ranks == [0, 1]
     assert table.table.column("rank").to_pylist() == [0, 1]
     assert {s.rank_source for s in table.sources} == {"process name"}
+
+
+def test_host_collective_size_from_its_input_tensor_without_nccl_args(tmp_path) -> None:
+    """gloo (and older PyTorch) record no "In msg nelems": the size comes from the input tensor."""
+    events = raw_events(real_trace("hta/ns_resolution_v100_resnet_rank0.pt.trace.json.gz"))
+    comms = sorted(
+        (e for e in events if e.get("name") == "record_param_comms"), key=lambda e: e["ts"]
+    )
+    for event in comms:
+        for key in ("In msg nelems", "dtype"):
+            event["args"].pop(key, None)
+    comms[0]["args"].update({"Input Dims": [[1, 93, 384]], "Input type": ["float"]})
+    comms[1]["args"].update({"Input Dims": [[8, 2]], "Input type": ["c10::BFloat16"]})
+    comms[2]["args"].update({"Input Dims": [["x"]], "Input type": ["float"]})
+    comms[3]["args"].update({"Input Dims": [[4]], "Input type": ["an unknown type"]})
+    path = write_gz(tmp_path / "gloo.json.gz", {"schemaVersion": 1, "traceEvents": events})
+    frame = read_trace(path).to_pandas()
+    sizes = frame[frame["name"] == "record_param_comms"].sort_values("ts_ns")["bytes"].tolist()
+    assert sizes[:4] == [93 * 384 * 4, 8 * 2 * 2, -1, -1]

@@ -86,6 +86,22 @@ _DTYPE_BYTES = {
     "Float8_e4m3fn": 1,
     "Float8_e5m2": 1,
 }
+#: Element sizes by the C++ type names of an operator's "Input type" arg: a host-side collective
+#: without NCCL's "In msg nelems" (gloo, or an older PyTorch) still records its tensor this way.
+_INPUT_TYPE_BYTES = {
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "int": 4,
+    "long int": 8,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+}
 _RANK_IN_FILE_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _MERGED_RANK_PROCESS = re.compile(r"rank (\d+)")
 _FIRST_CONTENT = re.compile(rb"\s*\S")
@@ -790,6 +806,8 @@ class _KinetoEvents:
         nbytes = nelems * _DTYPE_BYTES.get(str(args.get("dtype")), 0) if nelems >= 0 else -1
         if nbytes == 0 and nelems > 0:
             nbytes = -1
+        if nelems < 0:
+            nbytes = _first_input_bytes(args)
         if "Rank" in args and self.rank_from_comms is None:
             self.rank_from_comms = _as_int(args["Rank"], None)  # type: ignore[arg-type]
         return coll, group, seq, nbytes
@@ -967,3 +985,20 @@ class _KinetoEvents:
                 f"{unplaced} events of processes not named 'rank N' were put on rank 0"
             )
         return EventTable(table=table, sources=sources)
+
+
+def _first_input_bytes(args: dict) -> int:
+    """The size of an operator's first input tensor from its "Input Dims" and "Input type", or
+    -1 where either is missing or not a plain shape of a known element type."""
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not (isinstance(dims, list) and isinstance(types, list) and dims and types):
+        return -1
+    shape, size = dims[0], _INPUT_TYPE_BYTES.get(str(types[0]), 0)
+    if not (isinstance(shape, list) and shape and size):
+        return -1
+    count = 1
+    for extent in shape:
+        if type(extent) is not int or extent < 0:
+            return -1
+        count *= extent
+    return count * size if count * size <= _INT64_MAX else -1
