@@ -54,6 +54,19 @@ def test_counts_agree_with_their_nouns():
     assert plural(1, "step") == "1 step" and plural(3, "step") == "3 steps"
     assert str(Collectives(1, "all-reduce", 142_848)) == "1 all-reduce of 143 kB"
     assert str(Collectives(24, "all-reduce")) == "24 all-reduces"
+    assert str(Collectives(2, "all-reduce", 1e3, 1e3)) == "2 all-reduces of 1 kB each"
+    ranged = str(Collectives(12, "all-reduce", 24_576, 142_848))
+    assert ranged == "12 all-reduces of 24.6 kB to 143 kB"
+    late = render(
+        "mechanism.late_arrival",
+        rank=1,
+        late=5e6,
+        collectives=ranged,
+        normal=1e6,
+        waited=5e6,
+        own=1e5,
+    )
+    assert ranged in late and parse(f"{example('observed.slow')} {late}") is not None
     one = render("evidence.shift", rank=0, op="aten::mm", observed=2e6, normal=1e6, steps=1)
     assert one.endswith("for 1 step.") and parse(one) is not None
     assert parse(one.replace("1 step.", "1 steps.")) is None
@@ -122,10 +135,13 @@ def _random_context(rng) -> StepContext:
     late = None
     if ranks > 1 and top is not None and rng.random() < 0.6:
         count = int(rng.integers(1, 40))
+        smallest = float(rng.integers(1, 10**9)) if rng.random() < 0.5 else None
+        largest = None if smallest is None else smallest * float(rng.choice([1.0, 7.0]))
         late = LateArrivals(
             count=count,
             kind=str(rng.choice(["all-reduce", "all-gather", "collective"])),
-            size_bytes=float(rng.integers(1, 10**9)) if rng.random() < 0.5 else None,
+            size_bytes=smallest,
+            largest_bytes=largest,
             late_ns=float(rng.integers(1, 10**9)),
             usual_late_ns=float(rng.integers(0, 10**7)),
             waited_ns=float(rng.integers(1, 10**9)),

@@ -45,7 +45,10 @@ class LateArrivals:
 
     count: int
     kind: str  # the commonest collective kind among them, as a sentence says it
-    size_bytes: float | None  # their median message size, where the trace records it
+    #: The smallest and largest message among them whose size the trace records (a wrapper op such
+    #: as c10d::allreduce_ records a TensorList of no element type); None where none is recorded.
+    size_bytes: float | None
+    largest_bytes: float | None
     late_ns: float  # its arrival after the median of its peers', summed
     usual_late_ns: float  # the same in its normal steps of this kind (median; 0 without any)
     waited_ns: float  # the peers' wait for it there (median over peers), summed
@@ -287,6 +290,7 @@ class RunContext:
             peers = np.flatnonzero((table.instance == i) & (table.rank != rank))
             waited += float(np.median(table.wait_ns[peers])) if len(peers) else 0.0
         sizes = table.size_bytes[mine]
+        known = sizes[~np.isnan(sizes)]
         kind = Counter(table.kind[mine].tolist()).most_common(1)[0][0]
         kind_now = self.kind_of.get(iteration)
         usual = [
@@ -297,7 +301,8 @@ class RunContext:
         return LateArrivals(
             count=len(mine),
             kind=kind,
-            size_bytes=float(np.median(sizes)) if not np.isnan(sizes).any() else None,
+            size_bytes=float(known.min()) if len(known) else None,
+            largest_bytes=float(known.max()) if len(known) else None,
             late_ns=float(table.late_ns[mine].sum()),
             usual_late_ns=float(np.median(usual)) if usual else 0.0,
             waited_ns=waited,

@@ -287,7 +287,7 @@ def _mechanism(c: StepContext, mechanism: str) -> list[tuple[str, dict]]:
     if mechanism == "late_arrival":
         late = c.arrivals
         assert late is not None
-        collectives = Collectives(late.count, late.kind, late.size_bytes)
+        collectives = Collectives(late.count, late.kind, late.size_bytes, late.largest_bytes)
         facts = dict(
             rank=c.rank,
             late=late.late_ns,

@@ -83,17 +83,23 @@ def format_share(share: float) -> str:
 
 @dataclass(frozen=True)
 class Collectives:
-    """How many collectives of one kind a sentence names, with their size when the trace has it."""
+    """How many collectives of one kind a sentence names, with their size when the trace has it:
+    one size for all of them, or the range from the smallest to the largest."""
 
     count: int
     kind: str  # as `collective_word` says it
     size_bytes: float | None = None
+    largest_bytes: float | None = None
 
     def __str__(self) -> str:
         text = plural(self.count, self.kind)
-        if self.size_bytes is not None:
-            text += f" of {format_bytes(self.size_bytes)}" + (" each" if self.count != 1 else "")
-        return text
+        if self.size_bytes is None:
+            return text
+        smallest = format_bytes(self.size_bytes)
+        largest = format_bytes(self.largest_bytes) if self.largest_bytes is not None else smallest
+        if largest != smallest:
+            return f"{text} of {smallest} to {largest}"
+        return f"{text} of {smallest}" + (" each" if self.count != 1 else "")
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,7 @@ SLOT_TYPES: dict[str, SlotType] = {
         for name in ("tokens", "normal_tokens", "largest_tokens")
     },
     "collectives": SlotType(
-        _COUNT_WORDS.format(noun=_COLLECTIVE) + rf"(?: of {_SIZE}(?: each)?)?",
+        _COUNT_WORDS.format(noun=_COLLECTIVE) + rf"(?: of {_SIZE}(?: each| to {_SIZE})?)?",
     ),
     "share": SlotType(r"all|<1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
     "other_share": SlotType(r"all|<1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
