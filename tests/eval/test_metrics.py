@@ -180,9 +180,11 @@ def test_an_operator_name_as_right_as_the_labelled_one_counts() -> None:
 
 
 def test_agreement_reads_the_plans_fault_rank_and_operator() -> None:
-    from teller.rca.plans import example, render
+    from teller.rca.plans import BASIS_BATCH, example, render
 
-    observed = render("observed.slow", step=3, kind="decode", dur=9e6, rank=1, expected=3e6)
+    observed = render(
+        "observed.slow", step=3, kind="decode", dur=9e6, rank=1, expected=3e6, basis=BASIS_BATCH
+    )
     evidence = render(
         "evidence.temporal_peer",
         rank=1,

@@ -204,3 +204,17 @@ def test_a_one_step_capture_is_answered_by_the_localizer_and_says_why() -> None:
     (note,) = [w for w in verdict.warnings if w.startswith(MODEL_UNAVAILABLE)]
     assert "outside what it was trained on" in note
     assert "1 step per rank" in note and "one rank" in note and "profiler_step" in note
+
+
+def test_a_clean_verdict_says_what_it_compared_on_one_step_and_unbatched_captures():
+    from conftest import real_trace
+
+    one_step = Analysis(real_trace("tracelens/hf_qwen1.5-0.5b_h100.json.gz")).diagnose()
+    assert not one_step.findings  # an unmodified capture of one forward
+    assert one_step.summary.startswith("No anomalous step in the one step captured: ")
+    assert "batch" not in one_step.summary
+    several = Analysis(real_trace("hta/gpu_user_annotation_steps.json.gz")).diagnose()
+    assert several.findings
+    for f in several.findings:  # profiler steps: no engine batch to predict their time from
+        assert "expected from the run's other steps" in f.explanation
+        assert "batch" not in f.explanation

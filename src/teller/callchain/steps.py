@@ -158,6 +158,12 @@ def _tokens(args: str, requests: int) -> int:
     return int(match.group(1)) if match else -1
 
 
+#: Step kinds an engine's batch defines: a step's time is predicted from its batch's composition.
+#: Other kinds (a profiler step, a user range, a period, the whole capture) are compared with the
+#: run's other steps of their kind.
+BATCHED_STEP_KINDS = frozenset({"prefill", "decode", "mixed"})
+
+
 def _kind(context_requests: int, generation_requests: int) -> str:
     if context_requests and generation_requests:
         return "mixed"

@@ -25,6 +25,7 @@ import numpy as np
 
 from teller.callchain.facts import RunFacts
 from teller.callchain.render import short_name
+from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.callchain.tree import CallTree
 from teller.errors import TellerError
 from teller.faults import FAULTS, view_of
@@ -60,7 +61,7 @@ class OutsideTraining(ModelUnavailable):
 #: composition, many of them, on a tensor-parallel group. Outside it, its step and rank inputs
 #: (neighbour steps, a step's z-score against its batch, peers' arrivals) are not what it saw,
 #: and the localizer, which compares whatever the run offers, answers instead.
-TRAINED_STEP_KINDS = frozenset({"prefill", "decode", "mixed"})
+TRAINED_STEP_KINDS = BATCHED_STEP_KINDS
 TRAINED_MIN_STEPS = 8
 TRAINED_MIN_RANKS = 2
 
@@ -72,7 +73,7 @@ def outside_training(tree: CallTree) -> str | None:
     kinds = set(tree.steps.kind)
     gaps = []
     if not kinds & TRAINED_STEP_KINDS:
-        gaps.append(f"{'/'.join(sorted(kinds))} steps without an engine batch")
+        gaps.append(f"steps without an engine batch ({', '.join(sorted(kinds))})")
     if per_rank < TRAINED_MIN_STEPS:
         gaps.append(
             f"{per_rank} step{'s' if per_rank != 1 else ''} per rank (it needs {TRAINED_MIN_STEPS})"
@@ -481,13 +482,31 @@ def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | No
     return "cpu_contention", "V"
 
 
+def _nothing_found(tree: CallTree, total: int) -> str:
+    """What a clean verdict compared, so it claims no more than was checked: batches where an
+    engine defines them, the run's other steps of a kind otherwise, and within a step its
+    repeated layers and its ranks."""
+    noun = "step" if total == 1 else "steps"
+    ranks = len(set(tree.steps.rank.tolist()))
+    peers = " or against the other ranks" if ranks > 1 else ""
+    per_rank = total // max(ranks, 1)
+    if set(tree.steps.kind) <= BATCHED_STEP_KINDS:
+        said = "every step took what its batch predicts"
+    elif per_rank < 2:
+        said = f"no operator stands out against the step's repeated layers{peers}"
+        where = "the one step captured" + (" per rank" if ranks > 1 else "")
+        return f"No anomalous step in {where}: {said}."
+    else:
+        said = "every step took about what the run's other steps of its kind took"
+    return f"No anomalous step among {total} {noun}: {said}, and no operator stands out."
+
+
 def _summary(tree: CallTree, localization: Localization, findings: list[Finding]) -> str:
     total = len(localization.steps)
     if not total:
         return "No engine steps found: pass --step-regex naming the engine's step annotation."
     if not findings:
-        noun = "step" if total == 1 else "steps"
-        return f"No anomalous step among {total} {noun}: every step took what its batch predicts."
+        return _nothing_found(tree, total)
     flagged = [f.step for f in findings]
     verb = "step is" if len(findings) == 1 and total == 1 else "steps are"
     if len(findings) == 1 and total > 1:

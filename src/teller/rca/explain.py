@@ -17,10 +17,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.faults import FAULT_FREE
 from teller.localize import FRESH, NEW_OPERATOR, SUBSTITUTED
 from teller.rca.context import StepContext
-from teller.rca.plans import MECHANISMS, PLANS, Collectives, render
+from teller.rca.plans import BASIS_BATCH, BASIS_RUN, MECHANISMS, PLANS, Collectives, render
 
 #: Under this share of the step's excess, the evidence is said to explain little, and the
 #: explanation says where the rest went.
@@ -189,12 +190,19 @@ def compose(
             said += _cause(c, fault)
         return _explanation(said, 0.0, 0.0)
     kind = c.kind.replace("_", " ")
+    basis = BASIS_BATCH if c.kind in BATCHED_STEP_KINDS else BASIS_RUN
     slower = c.rank_dur_ns > c.expected_ns
     if top is None:
         said.append(
             (
                 "observed.no_rank",
-                dict(step=c.iteration, kind=kind, dur=c.step_dur_ns, expected=c.expected_ns),
+                dict(
+                    step=c.iteration,
+                    kind=kind,
+                    dur=c.step_dur_ns,
+                    expected=c.expected_ns,
+                    basis=basis,
+                ),
             )
         )
         said.append(("evidence.none", {}))
@@ -208,12 +216,16 @@ def compose(
                     dur=c.rank_dur_ns,
                     rank=top.rank,
                     expected=c.expected_ns,
+                    basis=basis,
                 ),
             )
         )
     else:
         said.append(
-            ("observed.within", dict(step=c.iteration, kind=kind, dur=c.rank_dur_ns, rank=top.rank))
+            (
+                "observed.within",
+                dict(step=c.iteration, kind=kind, dur=c.rank_dur_ns, rank=top.rank, basis=basis),
+            )
         )
     named = 0.0
     if top is not None:

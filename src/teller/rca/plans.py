@@ -48,6 +48,9 @@ COLLECTIVE_WORDS = {
 _COLLECTIVE = (
     "(?:" + "|".join(re.escape(w) for w in sorted(set(COLLECTIVE_WORDS.values()))) + "|collective)"
 )
+#: What a step's expected time comes from: its engine batch, or the run's other steps of its kind.
+BASIS_BATCH = "for its batch"
+BASIS_RUN = "from the run's other steps"
 _SIZE = r"\d+(?:\.\d+)? (?:B|kB|MB|GB|TB)"
 
 
@@ -141,6 +144,7 @@ SLOT_TYPES: dict[str, SlotType] = {
     "collectives": SlotType(
         _COUNT_WORDS.format(noun=_COLLECTIVE) + rf"(?: of {_SIZE}(?: each| to {_SIZE})?)?",
     ),
+    "basis": SlotType(f"{BASIS_BATCH}|{BASIS_RUN}"),
     "share": SlotType(r"all|<1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
     "other_share": SlotType(r"all|<1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
     **{
@@ -210,18 +214,19 @@ _PLANS = (
     # -- what was observed ---------------------------------------------------------------------
     Plan(
         "observed.slow",
-        "Step {step} ({kind}) took {dur} on rank {rank}, against {expected} expected for its batch.",
-        note="a step slower than its batch predicts; the duration is the named rank's own",
+        "Step {step} ({kind}) took {dur} on rank {rank}, against {expected} expected {basis}.",
+        note="a step slower than expected (from its batch, or from the run's other steps of its "
+        "kind where no engine batch defines it); the duration is the named rank's own",
     ),
     Plan(
         "observed.within",
-        "Step {step} ({kind}) took {dur} on rank {rank}, no more than its batch predicts, "
+        "Step {step} ({kind}) took {dur} on rank {rank}, no more than expected {basis}, "
         "but one of its operators stands out.",
         note="a step flagged by an operator alone (a persistent shift, a layer outlier)",
     ),
     Plan(
         "observed.no_rank",
-        "Step {step} ({kind}) took {dur}, against {expected} expected for its batch.",
+        "Step {step} ({kind}) took {dur}, against {expected} expected {basis}.",
         note="a slow step with no candidate node, so no rank to name",
     ),
     Plan(
@@ -648,6 +653,7 @@ EXAMPLE_FACTS: dict[str, object] = {
     "normal_tokens": 120,
     "largest_tokens": 1_024,
     "collectives": str(Collectives(24, "all-reduce", 142_848)),
+    "basis": BASIS_BATCH,
     "share": 0.81,
     "other_share": 0.79,
     "dur": 509e6,
