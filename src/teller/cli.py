@@ -181,7 +181,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
     verdict, tree, breakdown = analysis.diagnose(), analysis.tree, analysis.breakdown()
-    text = render(verdict, tree, fmt, breakdown)
+    text = render(verdict, tree, fmt, breakdown, analysis.facts)
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 

@@ -157,6 +157,30 @@ def test_report_in_chromium(report: Path, contention_analysis, guilty: str, tmp_
 
     assert dom.find("table", id="collectives")
     assert any(e[2].startswith("rank 0 arrival") for e in dom.find("th"))
+    assert_gantt(dom, worst.step, ranks=2)
+
+
+def assert_gantt(dom: Dom, step: int, ranks: int) -> None:
+    """The Gantt chart of `step`: its time axis, one labelled row per rank, every collective
+    drawn, and (with peers) waits told apart from the rest, the straggler's row named."""
+    (figure,) = dom.find("figure", id="chart-gantt")
+    start = dom.elements.index(figure)
+    after = dom.elements[start:]
+    end = next((k for k, e in enumerate(after[1:], 1) if e[0] in ("figure", "h2")), len(after))
+    inside = after[:end]
+    texts = [e[2].strip() for e in inside if e[0] == "text"]
+    assert f"ms into step {step} (all ranks on one clock)" in texts
+    assert sum(bool(re.fullmatch(r"\d+(\.\d+)?", t)) for t in texts) >= 3  # axis ticks
+    rows = [t for t in texts if re.fullmatch(r"rank \d+( · last in at \d+ of \d+)?", t)]
+    assert len(rows) == ranks, texts
+    marks = [e[1].get("aria-label", "") for e in inside if e[0] == "path"]
+    assert any("part: compute and other work" in m for m in marks)
+    if ranks > 1:
+        assert "collective: waiting for the last rank" in texts  # the legend
+        assert any("part: collective: waiting for the last rank" in m for m in marks)
+        assert any("part: collective: after the last rank arrived" in m for m in marks)
+        lasts = [int(re.search(r"last in at (\d+)", t).group(1)) for t in rows]
+        assert max(lasts) > 0
 
 
 def test_screenshot_is_a_painted_png(report: Path, tmp_path: Path):
@@ -319,3 +343,29 @@ def test_real_one_step_vllm_report(tmp_path: Path):
         page_width, window = (int(n) for n in scroll.split("/"))
         assert page_width <= window
     screenshots(report, tmp_path, "vllm-one-step-report")
+
+
+SAMPLED_PAIR = ("hta/sampled_rank0_of128.json.gz", "hta/sampled_rank1_of128.json.gz")
+
+
+def test_real_two_rank_trace_gantt(tmp_path: Path):
+    """Two real ranks of one training job, with collectives in every step: the worst step's
+    Gantt chart has both ranks' rows and its axes, and the page fits both widths."""
+    pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
+    run = Analysis([real_trace(name) for name in SAMPLED_PAIR], method="localizer")
+    verdict = run.diagnose()
+    step = (
+        verdict.findings[0].step
+        if verdict.findings
+        else max(verdict.steps, key=lambda r: r.dur_ns).step
+    )
+    report = run.report(tmp_path / "sampled.html")
+    dumped, stderr = chromium(report, tmp_path, "--dump-dom")
+    assert console_errors(stderr) == []
+    assert_gantt(Dom(dumped), step, ranks=2)
+    for width in WIDTHS:
+        wide, scroll = wider_than_page(report, tmp_path, width)
+        assert wide == [], (width, wide)
+        page_width, window = (int(n) for n in scroll.split("/"))
+        assert page_width <= window
+    screenshots(report, tmp_path, "sampled-two-rank-report")

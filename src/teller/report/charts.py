@@ -171,6 +171,62 @@ def excess_spec(rows: list[dict]) -> dict:
     }
 
 
+#: Colours of the Gantt chart's parts: work between collectives, waiting, the rest of a collective.
+GANTT_COLOURS = {
+    "compute and other work": "#c9d1dd",
+    "collective: waiting for the last rank": ANOMALOUS_COLOUR,
+    "collective: after the last rank arrived": "#2e6fba",
+    "collective (no peer recorded)": "#6c5ce7",
+}
+#: Height of one rank's row in the Gantt chart, px, up to `GANTT_TALL_RANKS` ranks (then thinner).
+GANTT_ROW_PX = 30
+GANTT_TALL_RANKS = 24
+
+
+def gantt_spec(rows: list[dict], step: int) -> dict:
+    """One row per rank across one step: bars for the work between collectives and for each
+    collective, its wait for the last rank in red, so the straggler is the row with no red.
+
+    `rows` hold `rank` (its label, in the order shown), `part` (a `GANTT_COLOURS` key),
+    `start (ms)`, `end (ms)` into the step, and for collectives `collective`, `arrival (ms)`,
+    `wait (ms)` and `own time (ms)`."""
+    ranks = list(dict.fromkeys(row["rank"] for row in rows))
+    parts = [part for part in GANTT_COLOURS if any(row["part"] == part for row in rows)]
+    row_px = GANTT_ROW_PX if len(ranks) <= GANTT_TALL_RANKS else 12
+    tooltip = ["rank", "part", "collective", "arrival (ms)", "wait (ms)", "own time (ms)"]
+    return {
+        "$schema": VEGA_LITE_SCHEMA,
+        "width": CHART_WIDTH,
+        "height": row_px * len(ranks),
+        "data": {"values": rows},
+        "mark": {"type": "bar", "stroke": "#ffffff", "strokeWidth": 0.3},
+        "encoding": {
+            "y": {
+                "field": "rank",
+                "type": "nominal",
+                "title": None,
+                "sort": ranks,
+                "axis": {"labelLimit": 220},
+            },
+            "x": {
+                "field": "start (ms)",
+                "type": "quantitative",
+                "title": f"ms into step {step} (all ranks on one clock)",
+                "scale": {"nice": False},
+            },
+            "x2": {"field": "end (ms)"},
+            "color": {
+                "field": "part",
+                "type": "nominal",
+                "title": "time spent on",
+                "scale": {"domain": parts, "range": [GANTT_COLOURS[p] for p in parts]},
+                "legend": {"orient": "bottom", "columns": 2, "labelLimit": 320},
+            },
+            "tooltip": [{"field": field} for field in tooltip],
+        },
+    }
+
+
 def render_svg(spec: dict) -> str | None:
     """The chart as an SVG document string; None when vl-convert-python is not installed."""
     try:
