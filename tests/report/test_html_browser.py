@@ -47,6 +47,8 @@ FLAGS = [
 ]
 CONSOLE_ERROR = re.compile(r"ERROR:CONSOLE|Uncaught|:CONSOLE\(\d+\)\].*error", re.IGNORECASE)
 HOSTILE = "<script>alert(1)</script>\"quoted\" 'single'"
+#: The simulated cases' all-reduce kernels: the hostile case renames them too.
+COLLECTIVE_KERNEL = "ncclKernel_AllReduce"
 CHROMIUM_TIMEOUT_S = 90
 
 
@@ -211,15 +213,17 @@ def localizer_guilty(contention_case: Path) -> str:
 
 @pytest.fixture(scope="module")
 def hostile_case(contention_case: Path, localizer_guilty: str, tmp_path_factory) -> Path:
-    """The contention case with the guilty operator and the step log lines carrying markup."""
+    """The contention case with the guilty operator, the collective kernels (on every rank, so
+    they still pair up) and the step log lines carrying markup."""
     guilty = localizer_guilty
     case = tmp_path_factory.mktemp("hostile") / "case"
     shutil.copytree(contention_case, case)
     for trace in sorted((case / "traces").glob("*.json.gz")):
         document = json.loads(gzip.decompress(trace.read_bytes()))
         for event in document["traceEvents"]:
-            if event.get("name") == guilty:
-                event["name"] = guilty + HOSTILE
+            name = event.get("name", "")
+            if name == guilty or name.startswith(COLLECTIVE_KERNEL):
+                event["name"] = name + HOSTILE
         trace.write_bytes(gzip.compress(json.dumps(document).encode(), compresslevel=1))
     log = case / "logs" / "server0.log"
     lines = log.read_text().splitlines()
@@ -247,6 +251,22 @@ def test_hostile_strings_render_escaped(hostile_case: Path, localizer_guilty: st
     texts = [e[2] for e in dom.find("code")]
     assert any(HOSTILE in text for text in texts)  # shown verbatim, quotes included
     assert any(guilty + HOSTILE in text for text in texts)
+    if vl_convert_installed():  # the Gantt chart names the renamed collectives, as text
+        (figure,) = dom.find("figure", id="chart-gantt")
+        after = dom.elements[dom.elements.index(figure) :]
+        labels = [e[1].get("aria-label", "") for e in after if e[0] == "path"]
+        assert any(COLLECTIVE_KERNEL in m and "<script>alert(1)" in m for m in labels)
+    table = dom.elements[dom.elements.index(dom.find("table", id="collectives")[0]) :]
+    names = [e[1].get("title", "") for e in table if e[0] == "code"]
+    assert any(COLLECTIVE_KERNEL in name and HOSTILE in name for name in names)
+
+
+def vl_convert_installed() -> bool:
+    try:
+        import vl_convert  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 VLLM = "tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz"

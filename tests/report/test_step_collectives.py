@@ -5,6 +5,7 @@ last rank arrived, and the rank the others waited for is the one whose collectiv
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 from teller.report.step_collectives import ALONE, TRANSFER, WAITING, WORK, step_collectives
 
@@ -23,7 +24,7 @@ def test_segments_tile_each_rank_step(contention_analysis):
         mine = [s for s in segments if s.rank == rank]
         start, end = collectives.windows[rank]
         assert mine[0].start_ns == start and mine[-1].end_ns == end
-        for before, after in zip(mine, mine[1:], strict=False):
+        for before, after in pairwise(mine):
             assert before.end_ns == after.start_ns  # one after the other, no gap or overlap
         assert all(s.end_ns > s.start_ns for s in mine)
 

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 EXCESS_OPERATORS = 10
 #: Timestamps past this are unix ns (2001 on), shown as wall-clock time; others as ms into the run.
 UNIX_NS_FLOOR = 10**18
+#: A collective's name in the Gantt chart's tooltips: long enough that distinct names stay apart.
+TOOLTIP_NAME_CHARS = 200
 #: Collective instances listed in the arrivals table (the Gantt chart draws every one).
 TABLE_INSTANCES = 60
 #: Children shown per tree node, and levels below the step, before the rest is summarised.
@@ -486,7 +488,7 @@ def _gantt_chart(collectives: StepCollectives) -> str:
         visit = segment.visit
         if visit is not None:
             row |= {
-                "collective": short_name(visit.name, 60),
+                "collective": short_name(visit.name, TOOLTIP_NAME_CHARS),
                 "arrival (ms)": round((visit.start_ns - origin) / 1e6, 6),
                 "wait (ms)": round(visit.wait_ns / 1e6, 6),
                 "own time (ms)": round((visit.end_ns - visit.start_ns) / 1e6, 6),
@@ -516,7 +518,8 @@ def _collectives_table(collectives: StepCollectives) -> str:
         first = min(v.start_ns for v in group)
         last = max(v.start_ns for v in group)
         by_rank = {v.rank: v for v in group}
-        cells = [f"<tr><td><code>{esc(short_name(group[0].name, 50))}</code></td>"]
+        name = group[0].name
+        cells = [f"<tr><td><code title='{esc(name)}'>{esc(short_name(name, 50))}</code></td>"]
         for r in ranks:
             visit = by_rank.get(r)
             if visit is None:
