@@ -284,6 +284,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print(json.dumps(diff.to_json(), indent=2))
     elif args.format == "markdown":
         print(render_diff_markdown(diff, gate_pct=args.fail_on_regression), end="")
+    elif args.format == "html":
+        from teller.report.diff_html import render_diff_html
+
+        print(render_diff_html(diff, gate_pct=args.fail_on_regression))
     else:
         print(render_diff_terminal(diff))
     if diff.not_comparable:
@@ -550,9 +554,10 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("runs", nargs=2, metavar="RUN", help="A then B: case or trace directories")
     diff.add_argument(
         "--format",
-        choices=("terminal", "json", "markdown"),
+        choices=("terminal", "json", "markdown", "html"),
         default="terminal",
-        help="terminal text, JSON (schema teller.diff/2) or markdown for a pull-request comment",
+        help="terminal text, JSON (schema teller.diff/2), markdown for a pull-request comment, "
+        "or one self-contained HTML page with charts",
     )
     diff.add_argument(
         "--fail-on-regression",

@@ -389,3 +389,27 @@ def test_real_two_rank_trace_gantt(tmp_path: Path):
         page_width, window = (int(n) for n in scroll.split("/"))
         assert page_width <= window
     screenshots(report, tmp_path, "sampled-two-rank-report")
+
+
+def test_diff_page_in_chromium(baseline_case, contention_case, tmp_path: Path, capsys):
+    """`teller diff --format html` in a real browser: no console error, its charts have axes,
+    nothing is wider than the page at either width."""
+    pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
+    from teller.cli import main
+
+    argv = ["-q", "diff", str(baseline_case), str(contention_case), "--format", "html"]
+    assert main([*argv, "--fail-on-regression", "5"]) == 1
+    page = tmp_path / "diff.html"
+    page.write_text(capsys.readouterr().out)
+    dumped, stderr = chromium(page, tmp_path, "--dump-dom")
+    assert console_errors(stderr) == []
+    dom = Dom(dumped)
+    assert dom.find("figure", id="chart-operators") and dom.find("figure", id="chart-kinds")
+    texts = {e[2].strip() for e in dom.find("text")}
+    assert {"self time per step, B minus A (ms)", "median step time (ms)"} <= texts
+    for width in WIDTHS:
+        wide, scroll = wider_than_page(page, tmp_path, width)
+        assert wide == [], (width, wide)
+        page_width, window = (int(n) for n in scroll.split("/"))
+        assert page_width <= window
+    screenshots(page, tmp_path, "diff")

@@ -171,6 +171,82 @@ def excess_spec(rows: list[dict]) -> dict:
     }
 
 
+#: Colour of operators that got faster in the diff's chart (slower ones are `ANOMALOUS_COLOUR`).
+FASTER_COLOUR = "#27ae60"
+
+
+def operator_change_spec(rows: list[dict], unit: str) -> dict:
+    """Horizontal bars: each operator's change in self time per `unit` from A to B (ms), slower
+    in red, faster in green. `rows` hold `operator` (distinct labels), `layer`, `change (ms)`,
+    `A (ms)`, `B (ms)`, `A calls`, `B calls`, in the order shown."""
+    values = [dict(row, direction="slower" if row["change (ms)"] > 0 else "faster") for row in rows]
+    return {
+        "$schema": VEGA_LITE_SCHEMA,
+        "width": CHART_WIDTH - 300,
+        "height": 22 * max(len(rows), 1),
+        "data": {"values": values},
+        "mark": "bar",
+        "encoding": {
+            "y": {
+                "field": "operator",
+                "type": "nominal",
+                "sort": None,
+                "title": None,
+                "axis": {"labelLimit": 280},
+            },
+            "x": {
+                "field": "change (ms)",
+                "type": "quantitative",
+                "title": f"self time per {unit}, B minus A (ms)",
+            },
+            "color": {
+                "field": "direction",
+                "type": "nominal",
+                "title": "in B",
+                "scale": {
+                    "domain": ["slower", "faster"],
+                    "range": [ANOMALOUS_COLOUR, FASTER_COLOUR],
+                },
+            },
+            "tooltip": [
+                {"field": field}
+                for field in (
+                    "operator",
+                    "layer",
+                    "change (ms)",
+                    "A (ms)",
+                    "B (ms)",
+                    "A calls",
+                    "B calls",
+                )
+            ],
+        },
+    }
+
+
+def kinds_spec(rows: list[dict]) -> dict:
+    """Grouped bars: median step time of each step kind in run A and run B (ms)."""
+    return {
+        "$schema": VEGA_LITE_SCHEMA,
+        "width": CHART_WIDTH - 300,
+        "height": {"step": 16},
+        "data": {"values": rows},
+        "mark": "bar",
+        "encoding": {
+            "y": {"field": "kind", "type": "nominal", "title": None, "sort": None},
+            "yOffset": {"field": "run", "sort": ["A", "B"]},
+            "x": {"field": "median (ms)", "type": "quantitative", "title": "median step time (ms)"},
+            "color": {
+                "field": "run",
+                "type": "nominal",
+                "title": "run",
+                "scale": {"domain": ["A", "B"], "range": [NORMAL_COLOUR, "#2e6fba"]},
+            },
+            "tooltip": [{"field": f} for f in ("kind", "run", "median (ms)", "p90 (ms)", "steps")],
+        },
+    }
+
+
 #: Colours of the Gantt chart's parts: work between collectives, waiting, the rest of a collective.
 GANTT_COLOURS = {
     "compute and other work": "#c9d1dd",

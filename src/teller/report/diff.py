@@ -446,7 +446,7 @@ def _summary(diff: RunDiff) -> str:
             new = " (new in B)" if row["a_calls_per_unit"] == 0 else ""
             parts.append(
                 f"{label} ({row['layer']}){new} "
-                f"{_signed_ns(row['delta_self_ns_per_unit'])} per {unit}{share_text}"
+                f"{signed_ns(row['delta_self_ns_per_unit'])} per {unit}{share_text}"
             )
         steps_known = np.isfinite(diff.a_step_ns) and np.isfinite(diff.b_step_ns)
         if steps_known and not np.isfinite(named[0]["share_of_step_change"]):
@@ -460,7 +460,7 @@ def _summary(diff: RunDiff) -> str:
     return "\n".join(lines)
 
 
-def _signed_ns(value: float) -> str:
+def signed_ns(value: float) -> str:
     return ("+" if value >= 0 else "−") + format_ns(abs(value))
 
 
@@ -502,9 +502,9 @@ def render_diff_terminal(diff: RunDiff, top: int = 10) -> str:
     labels = distinct_short_names([row["name"] for row in rows])
     for row, label in zip(rows, labels, strict=True):
         lines.append(
-            f"{_signed_ns(row['delta_self_ns_per_unit']):>12}  "
-            f"{_calls(row['a_calls_per_unit']):>11}  {_calls(row['b_calls_per_unit']):>11}  "
-            f"{_per_call(row['a_self_ns_per_call']):>10}  {_per_call(row['b_self_ns_per_call']):>10}"
+            f"{signed_ns(row['delta_self_ns_per_unit']):>12}  "
+            f"{calls_text(row['a_calls_per_unit']):>11}  {calls_text(row['b_calls_per_unit']):>11}  "
+            f"{per_call_text(row['a_self_ns_per_call']):>10}  {per_call_text(row['b_self_ns_per_call']):>10}"
             f"  {label} ({row['layer']})"
         )
     lines.extend(f"note: {note}" for note in diff.notes)
@@ -512,16 +512,22 @@ def render_diff_terminal(diff: RunDiff, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def diff_verdict(diff: RunDiff, gate_pct: float | None = None) -> tuple[str, str]:
+    """(state, detail): "not comparable", "regression" or "no regression", and what it rests on,
+    as the gate (`--fail-on-regression`, whose exit code it matches) would judge."""
+    if diff.not_comparable:
+        return "not comparable", "; ".join(diff.not_comparable)
+    if gate_pct is not None and diff.regressions(gate_pct):
+        kinds = ", ".join(f"{k.kind} {k.change_pct:+.1f}%" for k in diff.regressions(gate_pct))
+        return "regression", f"beyond {gate_pct:g}%: {kinds}"
+    return "no regression", f"beyond {gate_pct:g}%" if gate_pct is not None else ""
+
+
 def render_diff_markdown(diff: RunDiff, top: int = 10, gate_pct: float | None = None) -> str:
     """GitHub-flavoured markdown for a pull-request comment: verdict line, kinds, operators."""
-    if diff.not_comparable:
-        headline = "**not comparable**: " + "; ".join(diff.not_comparable)
-    elif gate_pct is not None and diff.regressions(gate_pct):
-        kinds = ", ".join(f"{k.kind} {k.change_pct:+.1f}%" for k in diff.regressions(gate_pct))
-        headline = f"**regression** beyond {gate_pct:g}%: {kinds}"
-    else:
-        gate = f" beyond {gate_pct:g}%" if gate_pct is not None else ""
-        headline = f"**no regression**{gate}"
+    state, detail = diff_verdict(diff, gate_pct)
+    joint = ": " if diff.not_comparable else " "
+    headline = f"**{state}**" + (joint + _md(detail) if detail else "")
     lines = [f"### teller diff: {headline}", ""]
     lines.append(f"A: {_md(', '.join(diff.a_inputs))}  ")
     lines.append(f"B: {_md(', '.join(diff.b_inputs))}")
@@ -556,9 +562,9 @@ def render_diff_markdown(diff: RunDiff, top: int = 10, gate_pct: float | None = 
         labels = distinct_short_names([row["name"] for row in rows])
         for row, label in zip(rows, labels, strict=True):
             lines.append(
-                f"| {_signed_ns(row['delta_self_ns_per_unit'])} "
-                f"| {_calls(row['a_calls_per_unit'])} | {_calls(row['b_calls_per_unit'])} "
-                f"| {_per_call(row['a_self_ns_per_call'])} | {_per_call(row['b_self_ns_per_call'])} "
+                f"| {signed_ns(row['delta_self_ns_per_unit'])} "
+                f"| {calls_text(row['a_calls_per_unit'])} | {calls_text(row['b_calls_per_unit'])} "
+                f"| {per_call_text(row['a_self_ns_per_call'])} | {per_call_text(row['b_self_ns_per_call'])} "
                 f"| {_md(label)} ({row['layer']}) |"
             )
         lines.append("")
@@ -577,9 +583,9 @@ def _unit_abbreviation(unit: str) -> str:
     return {UNIT_STEP: "step", UNIT_ITERATION: "iter", UNIT_WALL_SECOND: "s"}[unit]
 
 
-def _calls(value: float) -> str:
+def calls_text(value: float) -> str:
     return f"{value:.3g}" if value else "0"
 
 
-def _per_call(value: float) -> str:
+def per_call_text(value: float) -> str:
     return format_ns(value) if np.isfinite(value) else "—"

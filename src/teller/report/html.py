@@ -148,7 +148,8 @@ def render_html(
     return "\n".join(parts)
 
 
-def _chart(chart_id: str, spec: dict, what: str) -> str:
+def chart(chart_id: str, spec: dict, what: str) -> str:
+    """A chart as inline SVG in a figure, or a one-line note without vl-convert-python."""
     svg = render_svg(spec)
     if svg is None:
         return f"<p class='missing'>{esc(what)}: install vl-convert-python to draw this chart.</p>"
@@ -164,7 +165,7 @@ def _steps_chart(verdict: Verdict) -> str:
         )
         for row in verdict.steps
     ]
-    return _chart("chart-steps", steps_spec(points), "step time per rank, observed and expected")
+    return chart("chart-steps", steps_spec(points), "step time per rank, observed and expected")
 
 
 def _finding_rank(verdict: Verdict, finding: Finding) -> int:
@@ -195,7 +196,7 @@ def _breakdown_chart(breakdown: RunBreakdown, rank: int, worst: int, normal: int
             rows.extend(_breakdown_rows(label, part))
     if not rows:
         return "<p>No GPU activity recorded for these steps.</p>"
-    return _chart("chart-breakdown", breakdown_spec(rows), "where the step's time went")
+    return chart("chart-breakdown", breakdown_spec(rows), "where the step's time went")
 
 
 def _breakdown_rows(label: str, part: StepBreakdown) -> list[dict]:
@@ -236,7 +237,7 @@ def _excess_chart(tree: CallTree, rank: int, worst: int, normal: int | None) -> 
     rows.sort(key=lambda r: -r["excess (ms)"])
     if not rows:
         return "<p>No operator took longer than in the normal step.</p>"
-    return _chart(
+    return chart(
         "chart-excess", excess_spec(rows[:EXCESS_OPERATORS]), "operators' excess self time"
     )
 
@@ -500,12 +501,12 @@ def _gantt_chart(collectives: StepCollectives) -> str:
         else "<p class='meta'>Only one rank ran these collectives in the traces given: its"
         " waiting cannot be told apart from transfer.</p>"
     )
-    chart = _chart(
+    drawn = chart(
         "chart-gantt",
         gantt_spec(rows, collectives.step),
         f"collectives of step {collectives.step} per rank: arrival and wait",
     )
-    return chart + note
+    return drawn + note
 
 
 def _collectives_table(collectives: StepCollectives) -> str:
