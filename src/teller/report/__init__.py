@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from teller.atomic import write_text_atomic
+from teller.report.console import PLAIN, Look
 from teller.report.terminal import render_terminal
 
 if TYPE_CHECKING:
@@ -31,10 +32,12 @@ def render(
     format: str,
     breakdown: RunBreakdown | None = None,
     facts: RunFacts | None = None,
+    look: Look = PLAIN,
 ) -> str:
     """The verdict as text in `format`; the HTML report also draws the tree and the collectives
     (`facts`' arrivals) around it. JSON and terminal output carry where the time went
-    (`breakdown`). Either is computed from `tree` when not given."""
+    (`breakdown`). Either is computed from `tree` when not given. Terminal text is laid out as
+    `look` says (plain by default: a file or a pipe)."""
     if breakdown is None:
         from teller.callchain.breakdown import run_breakdown
 
@@ -45,7 +48,7 @@ def render(
         return render_html(verdict, tree, breakdown, facts)
     if format == "json":
         return json.dumps({**verdict.to_json(), "breakdown": breakdown.to_json()}, indent=2)
-    return render_terminal(verdict, breakdown)
+    return render_terminal(verdict, breakdown, look)
 
 
 def write_atomic(path: Path, text: str) -> Path:
