@@ -100,3 +100,15 @@ def test_names_too_long_for_the_column_stay_distinct():
     shown = distinct_short_names(names, 31)
     assert len(set(shown)) == 2 and all(len(s) <= 31 for s in shown)
     assert "(150): forward" in shown[0] and "(243): forward" in shown[1]
+
+
+def test_control_characters_from_a_trace_are_shown_not_acted_on():
+    hostile = "kernel\x1b[2J\x1b]0;title\x07"
+    for look in (PLAIN, Look(color=True)):
+        text = "\n".join(
+            table_lines(["name"], [[hostile]], look) + wrapped("  log: ", hostile, look)
+        )
+        assert "\x1b[2J" not in text and "\x07" not in text
+        assert text.count("kernel\\x1b[2J\\x1b]0;title\\x07") == 2
+        codes = {text[k : k + 4] for k in range(len(text)) if text[k] == "\x1b"}
+        assert codes <= {"\x1b[1m", "\x1b[0m"}  # only the header's bold, and only in colour

@@ -275,7 +275,7 @@ def gantt_spec(rows: list[dict], step: int) -> dict:
         "width": CHART_WIDTH,
         "height": row_px * len(ranks),
         "data": {"values": rows},
-        "mark": {"type": "bar", "stroke": "#ffffff", "strokeWidth": 0.3},
+        "mark": "bar",
         "encoding": {
             "y": {
                 "field": "rank",

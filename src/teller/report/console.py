@@ -5,6 +5,9 @@ name stays in its column instead of pushing the row off the screen. Text that go
 file or a test is plain at a fixed width (no colour, no control codes), so it reads and compares
 the same everywhere; a terminal gets its own width and bold headers. Prose is wrapped at spaces
 only: a kernel name or a log word is never cut in two.
+
+Every line of a terminal report goes through `table_lines` or `wrapped`, which show the control
+characters of names and log lines as escapes, so colour is the only code that reaches a terminal.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import TextIO
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from teller.errors import printable
 
 #: Width of plain output (pipes, files, tests), and the widest a terminal's output is laid out.
 PLAIN_WIDTH = 100
@@ -61,7 +66,9 @@ def table_lines(
 ) -> list[str]:
     """A table as lines of text, `indent` spaces in: no borders, so each line reads as the row
     it is; columns in `right` are right-aligned (numbers); a cell too long for its column wraps
-    inside it. Cells are plain text (never rich markup), so `[cpu_op]` stays as written."""
+    inside it. Cells are plain text (never rich markup), so `[cpu_op]` stays as written, and
+    their control characters are shown as escapes (`printable`): only the header's bold, which
+    teller writes, reaches the terminal as a code."""
     table = Table(
         box=None,
         show_header=bool(header),
@@ -72,7 +79,7 @@ def table_lines(
     for k, title in enumerate(header or [""] * (len(rows[0]) if rows else 0)):
         table.add_column(Text(title), justify="right" if k in right else "left", overflow="fold")
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(Text(printable(cell, one_line=True)) for cell in row))
     return [" " * indent + line for line in _render(table, look, look.width - indent)]
 
 
@@ -95,9 +102,10 @@ def _render(renderable: Table, look: Look, width: int) -> list[str]:
 def wrapped(lead: str, text: str, look: Look, max_lines: int | None = None) -> list[str]:
     """`text` wrapped after `lead`, continued under its first word; words are never broken (a
     kernel name stays whole, on a line of its own if it must). With `max_lines`, what does not
-    fit ends in ' …' at a space."""
+    fit ends in ' …' at a space. Control characters in `text` (a name or a log line from an
+    input file) are shown as escapes (`printable`), never acted on."""
     return textwrap.wrap(
-        text,
+        printable(text, one_line=True),
         look.width,
         initial_indent=lead,
         subsequent_indent=" " * len(lead),
@@ -110,12 +118,12 @@ def wrapped(lead: str, text: str, look: Look, max_lines: int | None = None) -> l
 
 def wrapped_items(lead: str, items: Sequence[str], look: Look, separator: str = ", ") -> list[str]:
     """`items` joined by `separator` and wrapped between items only (an item such as
-    'kernel 413' stays on one line)."""
+    'kernel 413' stays on one line); control characters are shown as escapes."""
     lines: list[str] = []
     current = lead
     indent = " " * len(lead)
     for k, item in enumerate(items):
-        piece = item + (separator.rstrip() if k < len(items) - 1 else "")
+        piece = printable(item, one_line=True) + (separator.rstrip() if k < len(items) - 1 else "")
         gap = "" if current in (lead, indent) else " "
         if current not in (lead, indent) and len(current) + len(gap) + len(piece) > look.width:
             lines.append(current)

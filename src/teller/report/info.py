@@ -15,7 +15,7 @@ def render_info(events: EventTable, tree: CallTree, look: Look = PLAIN) -> str:
     """Summary of a run: files, ranks, layers, steps, collectives, span, warnings."""
     lines = []
     for source in events.sources:  # a path is one word: on its own line, never cut
-        lines.append(f"file  {source.path}")
+        lines.extend(wrapped("file  ", str(source.path), look))
         host = f", host {source.host}" if source.host else ""
         detail = (
             f"format {source.format}, rank {source.rank} (from {source.rank_source}), "

@@ -112,7 +112,7 @@ def render_terminal(
         lines.extend(wrapped("missing: ", item, look))
     for warning in _method_warnings(verdict):
         lines.extend(wrapped("warning: ", warning, look))
-    return printable("\n".join(lines).rstrip() + "\n")
+    return "\n".join(lines).rstrip() + "\n"  # every line from `wrapped` or `table_lines`
 
 
 def render_breakdown(breakdown: RunBreakdown, look: Look = PLAIN) -> list[str]:
