@@ -8,7 +8,10 @@ import re
 from dataclasses import replace
 from html.parser import HTMLParser
 
+import numpy as np
+
 from conftest import real_trace
+from teller.callchain.steps import StepTable
 from teller.cli import main
 from teller.report.diff import compare
 from teller.report.diff_html import render_diff_html
@@ -96,3 +99,14 @@ def _charts_drawn() -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_html_diff_of_runs_without_steps(baseline_analysis):
+    """No steps on either side: the page says so and why no verdict holds, with no NaN in it."""
+    tree = baseline_analysis.tree
+    stepless = replace(tree, steps=StepTable.empty(), step=np.full(len(tree), -1))
+    page = render_diff_html(compare(stepless, stepless, ["a"], ["b"]), gate_pct=5.0)
+    dom = Elements(page)
+    assert any(e[0] == "strong" and e[2].startswith("not comparable: ") for e in dom.all)
+    assert "Neither run has steps." in page and "per second of wall time" in page
+    assert re.search(r"\bnan\b", page, re.IGNORECASE) is None

@@ -3,9 +3,10 @@
 No script, font or style is fetched: everything is inline, so the file opens offline and can be
 attached to a ticket. The charts are Vega-Lite drawn to inline SVG (`teller.report.charts`): each
 rank's step times against what their batches predict, where the worst step's time went against a
-normal step's, and the operators that took longer. Every string that came from a trace or a log
-goes through `esc` (html.escape with quotes), and the page needs no JavaScript (findings and the
-tree fold with <details>). Nothing is wider than the page: wide tables scroll inside their box.
+normal step's, the operators that took longer, and a Gantt chart of the worst step's collectives
+rank by rank (`teller.report.step_collectives`: arrival, wait for the last rank, the rest). Every
+string that came from a trace or a log goes through `esc` (html.escape with quotes), and the page
+needs no JavaScript (findings and the tree fold with <details>). Nothing is wider than the page: wide tables scroll inside their box.
 """
 
 from __future__ import annotations
