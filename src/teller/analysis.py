@@ -210,4 +210,6 @@ class Analysis:
         """Write the verdict as HTML (default for .html), JSON (.json) or text."""
         from teller.report import write_report
 
-        return write_report(self.diagnose(), self.tree, Path(path), format, self.breakdown())
+        return write_report(
+            self.diagnose(), self.tree, Path(path), format, self.breakdown(), self.facts
+        )

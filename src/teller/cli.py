@@ -20,13 +20,14 @@ EXIT_REGRESSION, EXIT_NOT_COMPARABLE = 1, 3
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from teller.callchain.render import render_info
     from teller.callchain.tree import build_tree
     from teller.ingest import read_run
+    from teller.report.console import look_for
+    from teller.report.info import render_info
 
     events = read_run(args.paths, progress=not args.quiet)
     tree = build_tree(events, step_regex=args.step_regex)
-    print(render_info(events, tree))
+    print(render_info(events, tree, look_for(sys.stdout)))
     return EXIT_OK
 
 
@@ -169,6 +170,7 @@ def cmd_lab_dataset(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from teller.analysis import Analysis
     from teller.report import format_for, render, write_atomic
+    from teller.report.console import PLAIN, look_for
 
     analysis = Analysis(
         args.paths,
@@ -181,7 +183,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
     verdict, tree, breakdown = analysis.diagnose(), analysis.tree, analysis.breakdown()
-    text = render(verdict, tree, fmt, breakdown)
+    screen = look_for(sys.stdout)
+    text = render(verdict, tree, fmt, breakdown, analysis.facts, PLAIN if args.out else screen)
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
@@ -190,7 +193,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.out:
         path = write_atomic(Path(args.out), text)
         if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
-            print(render(verdict, tree, "terminal", breakdown), end="")
+            print(render(verdict, tree, "terminal", breakdown, look=screen), end="")
         print(f"report written to {path}")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -276,6 +279,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     import json
 
     from teller.analysis import Analysis
+    from teller.report.console import look_for
     from teller.report.diff import render_diff_markdown, render_diff_terminal
 
     a, b = (Analysis(p, step_regex=args.step_regex, progress=not args.quiet) for p in args.runs)
@@ -284,8 +288,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print(json.dumps(diff.to_json(), indent=2))
     elif args.format == "markdown":
         print(render_diff_markdown(diff, gate_pct=args.fail_on_regression), end="")
+    elif args.format == "html":
+        from teller.report.diff_html import render_diff_html
+
+        print(render_diff_html(diff, gate_pct=args.fail_on_regression))
     else:
-        print(render_diff_terminal(diff))
+        print(render_diff_terminal(diff, look=look_for(sys.stdout)))
     if diff.not_comparable:
         for problem in diff.not_comparable:
             print(f"teller: not comparable: {problem}", file=sys.stderr)
@@ -430,6 +438,14 @@ def _method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model directory (default: the shipped model)")
 
 
+def _quiet(parser: argparse.ArgumentParser) -> None:
+    """`-q` after the subcommand as well as before it (SUPPRESS: an absent one keeps the
+    top-level value)."""
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="teller", description="Find out why an LLM inference service is slow."
@@ -440,7 +456,7 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str):
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(handler=handler)
-        sub.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+        _quiet(sub)
         return sub
 
     info = command("info", cmd_info, "summarise traces: ranks, steps, layers, span, warnings")
@@ -465,7 +481,12 @@ def _parser() -> argparse.ArgumentParser:
     collect = command("collect", cmd_collect, "run CMD with the profiler injected; exit as CMD")
     collect.add_argument("--out", default="teller-collect", help="output folder (new or empty)")
     collect.add_argument("--steps", type=_step_range, help="profile only steps A..B (0-based)")
-    collect.add_argument("--backend", choices=("torch", "nsys"), default="torch")
+    collect.add_argument(
+        "--backend",
+        choices=("torch", "nsys"),
+        default="torch",
+        help="torch: the PyTorch profiler (Kineto JSON); nsys: Nsight Systems (default torch)",
+    )
     collect.add_argument("--with-stack", action="store_true", help="Python stacks (costly)")
     collect.add_argument("--step-regex", help="with --steps: regex naming step annotations")
     collect.add_argument("--no-shapes", action="store_true", help="cheaper; no batch shapes")
@@ -515,8 +536,8 @@ def _parser() -> argparse.ArgumentParser:
     train = command("train", cmd_train, "train the root-cause model on labelled cases")
     train.add_argument("--data", nargs="+", required=True, help="case directories or roots")
     train.add_argument("-o", "--out", required=True, help="model directory to write")
-    train.add_argument("--epochs", type=int, default=40)
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--epochs", type=int, default=40, help="passes over the data (40)")
+    train.add_argument("--seed", type=int, default=0, help="initialisation and shuffling seed")
     train.add_argument(
         "--jobs", type=int, default=1, help="processes reading cases, then training members"
     )
@@ -550,9 +571,10 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("runs", nargs=2, metavar="RUN", help="A then B: case or trace directories")
     diff.add_argument(
         "--format",
-        choices=("terminal", "json", "markdown"),
+        choices=("terminal", "json", "markdown", "html"),
         default="terminal",
-        help="terminal text, JSON (schema teller.diff/2) or markdown for a pull-request comment",
+        help="terminal text, JSON (schema teller.diff/2), markdown for a pull-request comment, "
+        "or one self-contained HTML page with charts",
     )
     diff.add_argument(
         "--fail-on-regression",
@@ -623,14 +645,17 @@ def _parser() -> argparse.ArgumentParser:
         "clean", help="remove what killed lab runs left (namespaces, links, cgroups), by tag"
     )
     clean.set_defaults(handler=cmd_lab_clean)
+    _quiet(clean)
     recipe = lab_commands.add_parser("recipe", help="build an evaluation set from a recipe file")
     recipe.set_defaults(handler=cmd_lab_recipe)
+    _quiet(recipe)
     recipe.add_argument("recipe", help="recipe JSON (see evalsets/)")
     recipe.add_argument("--out", required=True, help="directory for the cases (resumable)")
     sim = lab_commands.add_parser(
         "sim", help="simulate a GPU-cluster case", description="simulate a GPU-cluster case"
     )
     sim.set_defaults(handler=cmd_lab_sim)
+    _quiet(sim)
     from teller.lab.sim.cli import add_arguments as add_sim_arguments
 
     add_sim_arguments(sim)
@@ -639,6 +664,7 @@ def _parser() -> argparse.ArgumentParser:
         "serve", help="serve the lab's Llama standalone (TP ranks, continuous batching)"
     )
     lab_serve.set_defaults(handler=cmd_lab_serve)
+    _quiet(lab_serve)
     lab_serve.add_argument("--out", default="teller-lab-serve", help="run and ground-truth folder")
     lab_serve.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (default 2)")
     lab_serve.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
@@ -654,7 +680,9 @@ def _parser() -> argparse.ArgumentParser:
 
     from teller.lab.faults.catalog import LAB_FAULTS
 
-    lab_serve.add_argument("--fault", choices=list(LAB_FAULTS), default="none")
+    lab_serve.add_argument(
+        "--fault", choices=list(LAB_FAULTS), default="none", help="fault to inject (default none)"
+    )
     lab_serve.add_argument("--rank", type=int, default=0, help="guilty rank")
     lab_serve.add_argument("--intensity", type=float, default=0.5, help="0..1, per fault")
     lab_serve.add_argument("--window", default="20:1000000", help="A:B seconds after serve start")
@@ -663,7 +691,10 @@ def _parser() -> argparse.ArgumentParser:
         "run", help="record one labelled case under a real fault (window in serve seconds)"
     )
     lab_run.set_defaults(handler=cmd_lab_run)
-    lab_run.add_argument("--fault", choices=list(LAB_FAULTS), default="none")
+    _quiet(lab_run)
+    lab_run.add_argument(
+        "--fault", choices=list(LAB_FAULTS), default="none", help="fault to inject (default none)"
+    )
     lab_run.add_argument("--rank", type=int, default=0, help="guilty rank")
     lab_run.add_argument("--intensity", type=float, default=0.5, help="0..1, per fault")
     lab_run.add_argument("--window", default="3:7", help="A:B seconds after serve start")
@@ -680,7 +711,7 @@ def _parser() -> argparse.ArgumentParser:
     lab_dataset.add_argument("--n", type=int, required=True, help="number of cases")
     lab_dataset.add_argument("--out", required=True, help="dataset folder")
     lab_dataset.add_argument("--seed", type=int, default=0, help="plan seed")
-    lab_dataset.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+    _quiet(lab_dataset)
     tpe = commands.add_parser("tpe", help="Trace Pair Encoding: train a vocabulary, measure it")
     tpe_commands = tpe.add_subparsers(dest="tpe_command", required=True)
     tpe_train = tpe_commands.add_parser("train", help="learn a TPE vocabulary from traces or cases")
@@ -688,9 +719,10 @@ def _parser() -> argparse.ArgumentParser:
     tpe_train.add_argument("paths", nargs="+", help="trace files, case directories or their roots")
     tpe_train.add_argument("--vocab", type=int, required=True, help="vocabulary size (tokens)")
     tpe_train.add_argument("-o", "--out", required=True, help="vocabulary JSON to write")
-    tpe_train.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+    _quiet(tpe_train)
     tpe_stats = tpe_commands.add_parser("stats", help="reduction per step and the top merges")
     tpe_stats.set_defaults(handler=cmd_tpe_stats)
+    _quiet(tpe_stats)
     tpe_stats.add_argument("path", help="trace file or case directory")
     tpe_stats.add_argument("--vocab", required=True, help="vocabulary JSON from `tpe train`")
     tpe_stats.add_argument("--top", type=int, default=8, help="merges to show (default 8)")

@@ -247,7 +247,8 @@ def test_analyze_prints_where_the_time_went_and_writes_it_to_json(tmp_path: Path
         "0", "1.51", "ms", "33%", "26%", "9.9%", "6.6%", "0.7%", "67%",
         "14%", "1.3%", "23%", "9.3%", "19%",
     ]  # fmt: skip
-    assert "35% of that idle time the host was in the engine's scheduler" in lines[header + 3]
+    sentence = " ".join(line.strip() for line in lines[header + 3 : header + 5])  # wrapped
+    assert "35% of that idle time the host was in the engine's scheduler" in sentence
 
     assert main(["-q", "analyze", str(trace), "--method", "localizer", "--format", "json"]) == 0
     document = json.loads(capsys.readouterr().out)

@@ -47,6 +47,8 @@ FLAGS = [
 ]
 CONSOLE_ERROR = re.compile(r"ERROR:CONSOLE|Uncaught|:CONSOLE\(\d+\)\].*error", re.IGNORECASE)
 HOSTILE = "<script>alert(1)</script>\"quoted\" 'single'"
+#: The simulated cases' all-reduce kernels: the hostile case renames them too.
+COLLECTIVE_KERNEL = "ncclKernel_AllReduce"
 CHROMIUM_TIMEOUT_S = 90
 
 
@@ -157,6 +159,30 @@ def test_report_in_chromium(report: Path, contention_analysis, guilty: str, tmp_
 
     assert dom.find("table", id="collectives")
     assert any(e[2].startswith("rank 0 arrival") for e in dom.find("th"))
+    assert_gantt(dom, worst.step, ranks=2)
+
+
+def assert_gantt(dom: Dom, step: int, ranks: int) -> None:
+    """The Gantt chart of `step`: its time axis, one labelled row per rank, every collective
+    drawn, and (with peers) waits told apart from the rest, the straggler's row named."""
+    (figure,) = dom.find("figure", id="chart-gantt")
+    start = dom.elements.index(figure)
+    after = dom.elements[start:]
+    end = next((k for k, e in enumerate(after[1:], 1) if e[0] in ("figure", "h2")), len(after))
+    inside = after[:end]
+    texts = [e[2].strip() for e in inside if e[0] == "text"]
+    assert f"ms into step {step} (all ranks on one clock)" in texts
+    assert sum(bool(re.fullmatch(r"\d+(\.\d+)?", t)) for t in texts) >= 3  # axis ticks
+    rows = [t for t in texts if re.fullmatch(r"rank \d+( · last in at \d+ of \d+)?", t)]
+    assert len(rows) == ranks, texts
+    marks = [e[1].get("aria-label", "") for e in inside if e[0] == "path"]
+    assert any("part: compute and other work" in m for m in marks)
+    if ranks > 1:
+        assert "collective: waiting for the last rank" in texts  # the legend
+        assert any("part: collective: waiting for the last rank" in m for m in marks)
+        assert any("part: collective: after the last rank arrived" in m for m in marks)
+        lasts = [int(re.search(r"last in at (\d+)", t).group(1)) for t in rows]
+        assert max(lasts) > 0
 
 
 def test_screenshot_is_a_painted_png(report: Path, tmp_path: Path):
@@ -187,15 +213,17 @@ def localizer_guilty(contention_case: Path) -> str:
 
 @pytest.fixture(scope="module")
 def hostile_case(contention_case: Path, localizer_guilty: str, tmp_path_factory) -> Path:
-    """The contention case with the guilty operator and the step log lines carrying markup."""
+    """The contention case with the guilty operator, the collective kernels (on every rank, so
+    they still pair up) and the step log lines carrying markup."""
     guilty = localizer_guilty
     case = tmp_path_factory.mktemp("hostile") / "case"
     shutil.copytree(contention_case, case)
     for trace in sorted((case / "traces").glob("*.json.gz")):
         document = json.loads(gzip.decompress(trace.read_bytes()))
         for event in document["traceEvents"]:
-            if event.get("name") == guilty:
-                event["name"] = guilty + HOSTILE
+            name = event.get("name", "")
+            if name == guilty or name.startswith(COLLECTIVE_KERNEL):
+                event["name"] = name + HOSTILE
         trace.write_bytes(gzip.compress(json.dumps(document).encode(), compresslevel=1))
     log = case / "logs" / "server0.log"
     lines = log.read_text().splitlines()
@@ -223,6 +251,22 @@ def test_hostile_strings_render_escaped(hostile_case: Path, localizer_guilty: st
     texts = [e[2] for e in dom.find("code")]
     assert any(HOSTILE in text for text in texts)  # shown verbatim, quotes included
     assert any(guilty + HOSTILE in text for text in texts)
+    if vl_convert_installed():  # the Gantt chart names the renamed collectives, as text
+        (figure,) = dom.find("figure", id="chart-gantt")
+        after = dom.elements[dom.elements.index(figure) :]
+        labels = [e[1].get("aria-label", "") for e in after if e[0] == "path"]
+        assert any(COLLECTIVE_KERNEL in m and "<script>alert(1)" in m for m in labels)
+    table = dom.elements[dom.elements.index(dom.find("table", id="collectives")[0]) :]
+    names = [e[1].get("title", "") for e in table if e[0] == "code"]
+    assert any(COLLECTIVE_KERNEL in name and HOSTILE in name for name in names)
+
+
+def vl_convert_installed() -> bool:
+    try:
+        import vl_convert  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 VLLM = "tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz"
@@ -319,3 +363,53 @@ def test_real_one_step_vllm_report(tmp_path: Path):
         page_width, window = (int(n) for n in scroll.split("/"))
         assert page_width <= window
     screenshots(report, tmp_path, "vllm-one-step-report")
+
+
+SAMPLED_PAIR = ("hta/sampled_rank0_of128.json.gz", "hta/sampled_rank1_of128.json.gz")
+
+
+def test_real_two_rank_trace_gantt(tmp_path: Path):
+    """Two real ranks of one training job, with collectives in every step: the worst step's
+    Gantt chart has both ranks' rows and its axes, and the page fits both widths."""
+    pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
+    run = Analysis([real_trace(name) for name in SAMPLED_PAIR], method="localizer")
+    verdict = run.diagnose()
+    step = (
+        verdict.findings[0].step
+        if verdict.findings
+        else max(verdict.steps, key=lambda r: r.dur_ns).step
+    )
+    report = run.report(tmp_path / "sampled.html")
+    dumped, stderr = chromium(report, tmp_path, "--dump-dom")
+    assert console_errors(stderr) == []
+    assert_gantt(Dom(dumped), step, ranks=2)
+    for width in WIDTHS:
+        wide, scroll = wider_than_page(report, tmp_path, width)
+        assert wide == [], (width, wide)
+        page_width, window = (int(n) for n in scroll.split("/"))
+        assert page_width <= window
+    screenshots(report, tmp_path, "sampled-two-rank-report")
+
+
+def test_diff_page_in_chromium(baseline_case, contention_case, tmp_path: Path, capsys):
+    """`teller diff --format html` in a real browser: no console error, its charts have axes,
+    nothing is wider than the page at either width."""
+    pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
+    from teller.cli import main
+
+    argv = ["-q", "diff", str(baseline_case), str(contention_case), "--format", "html"]
+    assert main([*argv, "--fail-on-regression", "5"]) == 1
+    page = tmp_path / "diff.html"
+    page.write_text(capsys.readouterr().out)
+    dumped, stderr = chromium(page, tmp_path, "--dump-dom")
+    assert console_errors(stderr) == []
+    dom = Dom(dumped)
+    assert dom.find("figure", id="chart-operators") and dom.find("figure", id="chart-kinds")
+    texts = {e[2].strip() for e in dom.find("text")}
+    assert {"self time per step, B minus A (ms)", "median step time (ms)"} <= texts
+    for width in WIDTHS:
+        wide, scroll = wider_than_page(page, tmp_path, width)
+        assert wide == [], (width, wide)
+        page_width, window = (int(n) for n in scroll.split("/"))
+        assert page_width <= window
+    screenshots(page, tmp_path, "diff")

@@ -60,6 +60,9 @@ class Arrivals:
     own_ns: np.ndarray  # float: the collective's own duration on this rank
     node: np.ndarray  # this rank's root node of the collective
     is_last: np.ndarray  # bool: the last rank to arrive (its own time has no waiting in it)
+    instance: np.ndarray  # the collective instance (`CommInstances.instance`) the row belongs to
+    start_ns: np.ndarray  # int64: when this rank reached the collective, on the run's one clock
+    end_ns: np.ndarray  # int64: when the collective ended on this rank
 
     def __len__(self) -> int:
         return len(self.iteration)
@@ -99,6 +102,9 @@ def arrivals_of(tree: CallTree) -> Arrivals | None:
         own_ns=(comm.end_ns[kept] - comm.start_ns[kept]).astype(float),
         node=comm.node[kept],
         is_last=last[kept],
+        instance=comm.instance[kept],
+        start_ns=comm.start_ns[kept].astype(np.int64),
+        end_ns=comm.end_ns[kept].astype(np.int64),
     )
 
 

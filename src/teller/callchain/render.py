@@ -1,4 +1,4 @@
-"""Text rendering of call-chain trees and run summaries, for `teller tree` and `teller info`.
+"""Text rendering of call-chain trees, for `teller tree`, and the names and times every report shows.
 
 A step's tree holds thousands of nodes; a person reads a few dozen lines. The renderer folds runs of
 same-named siblings into one line with a count, cuts at a depth, and lists the GPU work an
@@ -13,7 +13,7 @@ import numpy as np
 
 from teller.callchain.steps import FOUND_BY_PERIOD
 from teller.callchain.tree import EDGE_LAUNCH, CallTree
-from teller.ingest.schema import LAYER_CODE, EventTable
+from teller.ingest.schema import LAYER_CODE
 
 _GPU_CODES = {LAYER_CODE[n] for n in ("kernel", "memcpy", "memset", "sync")}
 _MAX_NAME = 90
@@ -148,44 +148,3 @@ def _fold(tree: CallTree, nodes: list[int]) -> list[tuple[int, int, int]]:
         else:
             groups.append((node, 1, int(tree.dur[node])))
     return groups
-
-
-def render_info(events: EventTable, tree: CallTree) -> str:
-    """Summary of a run: files, ranks, layers, steps, collectives, span, warnings."""
-    lines = []
-    for source in events.sources:
-        lines.append(
-            f"file  {source.path}\n      format {source.format}, rank {source.rank} "
-            f"(from {source.rank_source}), clock {source.clock}"
-            + (f", host {source.host}" if source.host else "")
-        )
-    ts = events.table.column("ts_ns").to_numpy()
-    dur = events.table.column("dur_ns").to_numpy()
-    span = int((ts + dur).max() - ts.min()) if len(ts) else 0
-    lines.append(f"ranks {events.ranks}  events {len(events):,}  span {format_ns(span)}")
-    layers = events.layer_counts()
-    lines.append("layers " + ", ".join(f"{name} {count:,}" for name, count in layers.items()))
-    lines.append(
-        f"tree  {len(tree):,} nodes, max depth {int(tree.depth.max()) if len(tree) else 0}"
-    )
-    steps = tree.steps
-    if len(steps):
-        for rank in np.unique(steps.rank).tolist():
-            mask = steps.rank == rank
-            kinds = sorted(set(np.asarray(steps.kind, dtype=object)[mask].tolist()))
-            durations = steps.dur_ns[mask]
-            found_by = sorted(set(np.asarray(steps.found_by, dtype=object)[mask].tolist()))
-            lines.append(
-                f"steps rank {rank}: {int(mask.sum())} ({', '.join(kinds)}), "
-                f"median {format_ns(float(np.median(durations)))}, max {format_ns(float(durations.max()))}, "
-                f"found by {', '.join(found_by)}"
-            )
-    else:
-        lines.append("steps none found")
-    if len(tree.comm):
-        lines.append(
-            f"comm  {tree.comm.num_instances} collective instances over {len(set(tree.comm.rank.tolist()))} rank(s)"
-        )
-    for warning in events.warnings + tree.warnings:
-        lines.append(f"warning: {warning}")
-    return "\n".join(lines)

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from teller.atomic import write_text_atomic
+from teller.report.console import PLAIN, Look
 from teller.report.terminal import render_terminal
 
 if TYPE_CHECKING:
     from teller.callchain.breakdown import RunBreakdown
+    from teller.callchain.facts import RunFacts
     from teller.callchain.tree import CallTree
     from teller.rca.verdict import Verdict
 
@@ -25,10 +27,17 @@ def format_for(path: Path, requested: str | None) -> str:
 
 
 def render(
-    verdict: Verdict, tree: CallTree, format: str, breakdown: RunBreakdown | None = None
+    verdict: Verdict,
+    tree: CallTree,
+    format: str,
+    breakdown: RunBreakdown | None = None,
+    facts: RunFacts | None = None,
+    look: Look = PLAIN,
 ) -> str:
-    """The verdict as text in `format`; the HTML report also draws the tree around it. JSON and
-    terminal output carry where the time went (`breakdown`, computed from `tree` when not given)."""
+    """The verdict as text in `format`; the HTML report also draws the tree and the collectives
+    (`facts`' arrivals) around it. JSON and terminal output carry where the time went
+    (`breakdown`). Either is computed from `tree` when not given. Terminal text is laid out as
+    `look` says (plain by default: a file or a pipe)."""
     if breakdown is None:
         from teller.callchain.breakdown import run_breakdown
 
@@ -36,10 +45,10 @@ def render(
     if format == "html":
         from teller.report.html import render_html
 
-        return render_html(verdict, tree, breakdown)
+        return render_html(verdict, tree, breakdown, facts)
     if format == "json":
         return json.dumps({**verdict.to_json(), "breakdown": breakdown.to_json()}, indent=2)
-    return render_terminal(verdict, breakdown)
+    return render_terminal(verdict, breakdown, look)
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -53,5 +62,6 @@ def write_report(
     path: Path,
     format: str | None = None,
     breakdown: RunBreakdown | None = None,
+    facts: RunFacts | None = None,
 ) -> Path:
-    return write_atomic(path, render(verdict, tree, format_for(path, format), breakdown))
+    return write_atomic(path, render(verdict, tree, format_for(path, format), breakdown, facts))

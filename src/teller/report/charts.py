@@ -171,6 +171,138 @@ def excess_spec(rows: list[dict]) -> dict:
     }
 
 
+#: Colour of operators that got faster in the diff's chart (slower ones are `ANOMALOUS_COLOUR`).
+FASTER_COLOUR = "#27ae60"
+
+
+def operator_change_spec(rows: list[dict], unit: str) -> dict:
+    """Horizontal bars: each operator's change in self time per `unit` from A to B (ms), slower
+    in red, faster in green. `rows` hold `operator` (distinct labels), `layer`, `change (ms)`,
+    `A (ms)`, `B (ms)`, `A calls`, `B calls`, in the order shown."""
+    values = [dict(row, direction="slower" if row["change (ms)"] > 0 else "faster") for row in rows]
+    return {
+        "$schema": VEGA_LITE_SCHEMA,
+        "width": CHART_WIDTH - 300,
+        "height": 22 * max(len(rows), 1),
+        "data": {"values": values},
+        "mark": "bar",
+        "encoding": {
+            "y": {
+                "field": "operator",
+                "type": "nominal",
+                "sort": None,
+                "title": None,
+                "axis": {"labelLimit": 280},
+            },
+            "x": {
+                "field": "change (ms)",
+                "type": "quantitative",
+                "title": f"self time per {unit}, B minus A (ms)",
+            },
+            "color": {
+                "field": "direction",
+                "type": "nominal",
+                "title": "in B",
+                "scale": {
+                    "domain": ["slower", "faster"],
+                    "range": [ANOMALOUS_COLOUR, FASTER_COLOUR],
+                },
+            },
+            "tooltip": [
+                {"field": field}
+                for field in (
+                    "operator",
+                    "layer",
+                    "change (ms)",
+                    "A (ms)",
+                    "B (ms)",
+                    "A calls",
+                    "B calls",
+                )
+            ],
+        },
+    }
+
+
+def kinds_spec(rows: list[dict]) -> dict:
+    """Grouped bars: median step time of each step kind in run A and run B (ms)."""
+    return {
+        "$schema": VEGA_LITE_SCHEMA,
+        "width": CHART_WIDTH - 300,
+        "height": {"step": 16},
+        "data": {"values": rows},
+        "mark": "bar",
+        "encoding": {
+            "y": {"field": "kind", "type": "nominal", "title": None, "sort": None},
+            "yOffset": {"field": "run", "sort": ["A", "B"]},
+            "x": {"field": "median (ms)", "type": "quantitative", "title": "median step time (ms)"},
+            "color": {
+                "field": "run",
+                "type": "nominal",
+                "title": "run",
+                "scale": {"domain": ["A", "B"], "range": [NORMAL_COLOUR, "#2e6fba"]},
+            },
+            "tooltip": [{"field": f} for f in ("kind", "run", "median (ms)", "p90 (ms)", "steps")],
+        },
+    }
+
+
+#: Colours of the Gantt chart's parts: work between collectives, waiting, the rest of a collective.
+GANTT_COLOURS = {
+    "compute and other work": "#c9d1dd",
+    "collective: waiting for the last rank": ANOMALOUS_COLOUR,
+    "collective: after the last rank arrived": "#2e6fba",
+    "collective (no peer recorded)": "#6c5ce7",
+}
+#: Height of one rank's row in the Gantt chart, px, up to `GANTT_TALL_RANKS` ranks (then thinner).
+GANTT_ROW_PX = 30
+GANTT_TALL_RANKS = 24
+
+
+def gantt_spec(rows: list[dict], step: int) -> dict:
+    """One row per rank across one step: bars for the work between collectives and for each
+    collective, its wait for the last rank in red, so the straggler is the row with no red.
+
+    `rows` hold `rank` (its label, in the order shown), `part` (a `GANTT_COLOURS` key),
+    `start (ms)`, `end (ms)` into the step, and for collectives `collective`, `arrival (ms)`,
+    `wait (ms)` and `own time (ms)`."""
+    ranks = list(dict.fromkeys(row["rank"] for row in rows))
+    parts = [part for part in GANTT_COLOURS if any(row["part"] == part for row in rows)]
+    row_px = GANTT_ROW_PX if len(ranks) <= GANTT_TALL_RANKS else 12
+    tooltip = ["rank", "part", "collective", "arrival (ms)", "wait (ms)", "own time (ms)"]
+    return {
+        "$schema": VEGA_LITE_SCHEMA,
+        "width": CHART_WIDTH,
+        "height": row_px * len(ranks),
+        "data": {"values": rows},
+        "mark": "bar",
+        "encoding": {
+            "y": {
+                "field": "rank",
+                "type": "nominal",
+                "title": None,
+                "sort": ranks,
+                "axis": {"labelLimit": 220},
+            },
+            "x": {
+                "field": "start (ms)",
+                "type": "quantitative",
+                "title": f"ms into step {step} (all ranks on one clock)",
+                "scale": {"nice": False},
+            },
+            "x2": {"field": "end (ms)"},
+            "color": {
+                "field": "part",
+                "type": "nominal",
+                "title": "time spent on",
+                "scale": {"domain": parts, "range": [GANTT_COLOURS[p] for p in parts]},
+                "legend": {"orient": "bottom", "columns": 2, "labelLimit": 320},
+            },
+            "tooltip": [{"field": field} for field in tooltip],
+        },
+    }
+
+
 def render_svg(spec: dict) -> str | None:
     """The chart as an SVG document string; None when vl-convert-python is not installed."""
     try:

@@ -25,6 +25,7 @@ import pyarrow as pa
 from teller.callchain.render import format_ns, short_name
 from teller.callchain.steps import FOUND_BY_ENGINE, FOUND_BY_PROFILER_STEP, FOUND_BY_REGEX
 from teller.ingest.schema import LAYER_CODE, LAYERS
+from teller.report.console import COLUMN_GAP, PLAIN, Look, table_lines, wrapped
 
 if TYPE_CHECKING:
     from teller.callchain.tree import CallTree
@@ -40,6 +41,8 @@ STEP_CHANGE_FLOOR = 0.005
 EXPLAINING_OPERATORS = 3
 #: Width operator names are cut to in the terminal and markdown tables (unless two would collide).
 NAME_WIDTH = 70
+#: The narrowest an operator name is cut to in the terminal table, however narrow the terminal.
+MIN_NAME_WIDTH = 24
 #: Layers left out of the operator comparison: requests span many steps; steps are the unit itself.
 _NOT_OPERATORS = frozenset({LAYER_CODE["request"]})
 #: Rules whose steps are the engine's own (a step); the others find iterations in the trace.
@@ -446,7 +449,7 @@ def _summary(diff: RunDiff) -> str:
             new = " (new in B)" if row["a_calls_per_unit"] == 0 else ""
             parts.append(
                 f"{label} ({row['layer']}){new} "
-                f"{_signed_ns(row['delta_self_ns_per_unit'])} per {unit}{share_text}"
+                f"{signed_ns(row['delta_self_ns_per_unit'])} per {unit}{share_text}"
             )
         steps_known = np.isfinite(diff.a_step_ns) and np.isfinite(diff.b_step_ns)
         if steps_known and not np.isfinite(named[0]["share_of_step_change"]):
@@ -460,12 +463,14 @@ def _summary(diff: RunDiff) -> str:
     return "\n".join(lines)
 
 
-def _signed_ns(value: float) -> str:
+def signed_ns(value: float) -> str:
     return ("+" if value >= 0 else "−") + format_ns(abs(value))
 
 
 def distinct_short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[str]:
-    """`short_name` of each, except that names whose short forms collide are shown whole.
+    """`short_name` of each, except that names whose short forms collide keep their head and
+    their tail around a '…' (where they differ: a template argument, a source line), or are
+    shown whole where even that collides.
 
     Two kernels that differ only in their template arguments would otherwise read the same.
     """
@@ -473,10 +478,32 @@ def distinct_short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[
     owners: dict[str, set[str]] = {}
     for name, text in zip(names, short, strict=True):
         owners.setdefault(text, set()).add(name)
-    return [
-        text if len(owners[text]) == 1 else name.removeprefix("void ")
-        for name, text in zip(names, short, strict=True)
-    ]
+    middle = {
+        name: _head_and_tail(name.removeprefix("void "), width)
+        for group in owners.values()
+        if len(group) > 1
+        for name in group
+    }
+    middle_owners: dict[str, set[str]] = {}
+    for name, text in middle.items():
+        middle_owners.setdefault(text, set()).add(name)
+    shown = []
+    for name, text in zip(names, short, strict=True):
+        if len(owners[text]) == 1:
+            shown.append(text)
+        elif len(middle_owners[middle[name]]) == 1:
+            shown.append(middle[name])
+        else:
+            shown.append(name.removeprefix("void "))
+    return shown
+
+
+def _head_and_tail(name: str, width: int) -> str:
+    """The first third and the last two thirds of `width` characters of `name`, joined by '…'."""
+    if len(name) <= width:
+        return name
+    head = max(1, (width - 1) // 3)
+    return name[:head] + "…" + name[len(name) - (width - 1 - head) :]
 
 
 def changed_operators(diff: RunDiff, top: int = 10) -> list[dict]:
@@ -488,40 +515,55 @@ def changed_operators(diff: RunDiff, top: int = 10) -> list[dict]:
     )[:top]
 
 
-def render_diff_terminal(diff: RunDiff, top: int = 10) -> str:
-    """The summary, then the operators that changed most in either direction."""
-    lines = [f"A: {', '.join(diff.a_inputs)}", f"B: {', '.join(diff.b_inputs)}", ""]
-    lines.extend(diff.summary.splitlines())
+def render_diff_terminal(diff: RunDiff, top: int = 10, look: Look = PLAIN) -> str:
+    """The summary, then the operators that changed most in either direction, as a table."""
+    lines = wrapped("A: ", ", ".join(diff.a_inputs), look)
+    lines.extend(wrapped("B: ", ", ".join(diff.b_inputs), look))
+    lines.append("")
+    for line in diff.summary.splitlines():
+        lines.extend(wrapped("", line, look))
     lines.append("")
     unit = _unit_abbreviation(diff.unit)
-    lines.append(
-        f"{'Δ self/' + unit:>12}  {'A calls/' + unit:>11}  {'B calls/' + unit:>11}  "
-        f"{'A /call':>10}  {'B /call':>10}  operator"
-    )
     rows = changed_operators(diff, top)
-    labels = distinct_short_names([row["name"] for row in rows])
-    for row, label in zip(rows, labels, strict=True):
-        lines.append(
-            f"{_signed_ns(row['delta_self_ns_per_unit']):>12}  "
-            f"{_calls(row['a_calls_per_unit']):>11}  {_calls(row['b_calls_per_unit']):>11}  "
-            f"{_per_call(row['a_self_ns_per_call']):>10}  {_per_call(row['b_self_ns_per_call']):>10}"
-            f"  {label} ({row['layer']})"
-        )
-    lines.extend(f"note: {note}" for note in diff.notes)
-    lines.extend(f"not comparable: {problem}" for problem in diff.not_comparable)
+    header = [f"Δ self/{unit}", f"A calls/{unit}", f"B calls/{unit}", "A /call", "B /call"]
+    # the numbers take their columns; the name is shortened to what is left, where it can be
+    room = look.width - sum(len(h) + COLUMN_GAP for h in header) - len(" (runtime)")
+    labels = distinct_short_names([row["name"] for row in rows], max(MIN_NAME_WIDTH, room))
+    table = [
+        [
+            signed_ns(row["delta_self_ns_per_unit"]),
+            calls_text(row["a_calls_per_unit"]),
+            calls_text(row["b_calls_per_unit"]),
+            per_call_text(row["a_self_ns_per_call"]),
+            per_call_text(row["b_self_ns_per_call"]),
+            f"{label} ({row['layer']})",
+        ]
+        for row, label in zip(rows, labels, strict=True)
+    ]
+    lines.extend(table_lines([*header, "operator"], table, look, indent=0, right=range(5)))
+    for note in diff.notes:
+        lines.extend(wrapped("note: ", note, look))
+    for problem in diff.not_comparable:
+        lines.extend(wrapped("not comparable: ", problem, look))
     return "\n".join(lines)
+
+
+def diff_verdict(diff: RunDiff, gate_pct: float | None = None) -> tuple[str, str]:
+    """(state, detail): "not comparable", "regression" or "no regression", and what it rests on,
+    as the gate (`--fail-on-regression`, whose exit code it matches) would judge."""
+    if diff.not_comparable:
+        return "not comparable", "; ".join(diff.not_comparable)
+    if gate_pct is not None and diff.regressions(gate_pct):
+        kinds = ", ".join(f"{k.kind} {k.change_pct:+.1f}%" for k in diff.regressions(gate_pct))
+        return "regression", f"beyond {gate_pct:g}%: {kinds}"
+    return "no regression", f"beyond {gate_pct:g}%" if gate_pct is not None else ""
 
 
 def render_diff_markdown(diff: RunDiff, top: int = 10, gate_pct: float | None = None) -> str:
     """GitHub-flavoured markdown for a pull-request comment: verdict line, kinds, operators."""
-    if diff.not_comparable:
-        headline = "**not comparable**: " + "; ".join(diff.not_comparable)
-    elif gate_pct is not None and diff.regressions(gate_pct):
-        kinds = ", ".join(f"{k.kind} {k.change_pct:+.1f}%" for k in diff.regressions(gate_pct))
-        headline = f"**regression** beyond {gate_pct:g}%: {kinds}"
-    else:
-        gate = f" beyond {gate_pct:g}%" if gate_pct is not None else ""
-        headline = f"**no regression**{gate}"
+    state, detail = diff_verdict(diff, gate_pct)
+    joint = ": " if diff.not_comparable else " "
+    headline = f"**{state}**" + (joint + _md(detail) if detail else "")
     lines = [f"### teller diff: {headline}", ""]
     lines.append(f"A: {_md(', '.join(diff.a_inputs))}  ")
     lines.append(f"B: {_md(', '.join(diff.b_inputs))}")
@@ -556,9 +598,9 @@ def render_diff_markdown(diff: RunDiff, top: int = 10, gate_pct: float | None = 
         labels = distinct_short_names([row["name"] for row in rows])
         for row, label in zip(rows, labels, strict=True):
             lines.append(
-                f"| {_signed_ns(row['delta_self_ns_per_unit'])} "
-                f"| {_calls(row['a_calls_per_unit'])} | {_calls(row['b_calls_per_unit'])} "
-                f"| {_per_call(row['a_self_ns_per_call'])} | {_per_call(row['b_self_ns_per_call'])} "
+                f"| {signed_ns(row['delta_self_ns_per_unit'])} "
+                f"| {calls_text(row['a_calls_per_unit'])} | {calls_text(row['b_calls_per_unit'])} "
+                f"| {per_call_text(row['a_self_ns_per_call'])} | {per_call_text(row['b_self_ns_per_call'])} "
                 f"| {_md(label)} ({row['layer']}) |"
             )
         lines.append("")
@@ -577,9 +619,9 @@ def _unit_abbreviation(unit: str) -> str:
     return {UNIT_STEP: "step", UNIT_ITERATION: "iter", UNIT_WALL_SECOND: "s"}[unit]
 
 
-def _calls(value: float) -> str:
+def calls_text(value: float) -> str:
     return f"{value:.3g}" if value else "0"
 
 
-def _per_call(value: float) -> str:
+def per_call_text(value: float) -> str:
     return format_ns(value) if np.isfinite(value) else "—"

@@ -3,9 +3,10 @@
 No script, font or style is fetched: everything is inline, so the file opens offline and can be
 attached to a ticket. The charts are Vega-Lite drawn to inline SVG (`teller.report.charts`): each
 rank's step times against what their batches predict, where the worst step's time went against a
-normal step's, and the operators that took longer. Every string that came from a trace or a log
-goes through `esc` (html.escape with quotes), and the page needs no JavaScript (findings and the
-tree fold with <details>). Nothing is wider than the page: wide tables scroll inside their box.
+normal step's, the operators that took longer, and a Gantt chart of the worst step's collectives
+rank by rank (`teller.report.step_collectives`: arrival, wait for the last rank, the rest). Every
+string that came from a trace or a log goes through `esc` (html.escape with quotes), and the page
+needs no JavaScript (findings and the tree fold with <details>). Nothing is wider than the page: wide tables scroll inside their box.
 """
 
 from __future__ import annotations
@@ -20,16 +21,29 @@ from teller.callchain.render import format_ns, short_name
 from teller.callchain.tree import EDGE_LAUNCH
 from teller.ingest.schema import LAYERS
 from teller.rca.verdict import Finding, LogLine, Verdict
-from teller.report.charts import StepPoint, breakdown_spec, excess_spec, render_svg, steps_spec
+from teller.report.charts import (
+    StepPoint,
+    breakdown_spec,
+    excess_spec,
+    gantt_spec,
+    render_svg,
+    steps_spec,
+)
+from teller.report.step_collectives import StepCollectives, step_collectives
 
 if TYPE_CHECKING:
     from teller.callchain.breakdown import RunBreakdown, StepBreakdown
+    from teller.callchain.facts import RunFacts
     from teller.callchain.tree import CallTree
 
 #: Operators shown in the excess chart.
 EXCESS_OPERATORS = 10
 #: Timestamps past this are unix ns (2001 on), shown as wall-clock time; others as ms into the run.
 UNIX_NS_FLOOR = 10**18
+#: A collective's name in the Gantt chart's tooltips: long enough that distinct names stay apart.
+TOOLTIP_NAME_CHARS = 200
+#: Collective instances listed in the arrivals table (the Gantt chart draws every one).
+TABLE_INSTANCES = 60
 #: Children shown per tree node, and levels below the step, before the rest is summarised.
 TREE_CHILDREN = 30
 TREE_DEPTH = 6
@@ -67,13 +81,21 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def render_html(verdict: Verdict, tree: CallTree, breakdown: RunBreakdown | None = None) -> str:
-    """The report; `breakdown` (where the time went, `Analysis.breakdown()`) is computed from
-    `tree` when not given."""
+def render_html(
+    verdict: Verdict,
+    tree: CallTree,
+    breakdown: RunBreakdown | None = None,
+    facts: RunFacts | None = None,
+) -> str:
+    """The report; `breakdown` (where the time went, `Analysis.breakdown()`) and `facts` (the
+    run's collective arrivals, `Analysis.facts`) are computed from `tree` when not given."""
+    from teller.callchain.facts import RunFacts
+
     if breakdown is None:
         from teller.callchain.breakdown import run_breakdown
 
         breakdown = run_breakdown(tree)
+    facts = RunFacts.of(tree, facts)
     worst = verdict.findings[0] if verdict.findings else None
     origin_ns = _run_origin(verdict, tree)
     parts = [
@@ -106,14 +128,19 @@ def render_html(verdict: Verdict, tree: CallTree, breakdown: RunBreakdown | None
             f"<h2>Where the time went: step {longest.step} (the longest), rank {longest.rank}</h2>"
         )
         parts.append(_breakdown_chart(breakdown, longest.rank, longest.step, None))
+    focus = worst.step if worst is not None else _longest_step(verdict)
+    collectives = step_collectives(tree, facts.arrivals, focus) if focus is not None else None
+    if collectives is not None and collectives.visits:
+        which = "" if worst is not None else " (the longest)"
+        parts.append(f"<h2>Collectives of step {focus}{which}: arrival and wait per rank</h2>")
+        parts.append(_gantt_chart(collectives))
+        parts.append(f"<div class='scroll'>{_collectives_table(collectives)}</div>")
     parts.append("<h2>Anomalous steps</h2>")
     parts.append(_findings_table(verdict))
     parts.extend(_finding_details(verdict, f, origin_ns) for f in verdict.findings)
     if worst is not None:
         parts.append(f"<h2>Call-chain tree of step {worst.step} (suspect path highlighted)</h2>")
         parts.append(_tree_section(tree, worst))
-        parts.append(f"<h2>Collectives of step {worst.step}: arrival per rank</h2>")
-        parts.append(f"<div class='scroll'>{_collectives(tree, worst)}</div>")
     if verdict.warnings:
         parts.append("<h2>Warnings</h2><ul>")
         parts.extend(f"<li>{esc(w)}</li>" for w in verdict.warnings)
@@ -122,7 +149,8 @@ def render_html(verdict: Verdict, tree: CallTree, breakdown: RunBreakdown | None
     return "\n".join(parts)
 
 
-def _chart(chart_id: str, spec: dict, what: str) -> str:
+def chart(chart_id: str, spec: dict, what: str) -> str:
+    """A chart as inline SVG in a figure, or a one-line note without vl-convert-python."""
     svg = render_svg(spec)
     if svg is None:
         return f"<p class='missing'>{esc(what)}: install vl-convert-python to draw this chart.</p>"
@@ -138,7 +166,7 @@ def _steps_chart(verdict: Verdict) -> str:
         )
         for row in verdict.steps
     ]
-    return _chart("chart-steps", steps_spec(points), "step time per rank, observed and expected")
+    return chart("chart-steps", steps_spec(points), "step time per rank, observed and expected")
 
 
 def _finding_rank(verdict: Verdict, finding: Finding) -> int:
@@ -169,7 +197,7 @@ def _breakdown_chart(breakdown: RunBreakdown, rank: int, worst: int, normal: int
             rows.extend(_breakdown_rows(label, part))
     if not rows:
         return "<p>No GPU activity recorded for these steps.</p>"
-    return _chart("chart-breakdown", breakdown_spec(rows), "where the step's time went")
+    return chart("chart-breakdown", breakdown_spec(rows), "where the step's time went")
 
 
 def _breakdown_rows(label: str, part: StepBreakdown) -> list[dict]:
@@ -210,7 +238,7 @@ def _excess_chart(tree: CallTree, rank: int, worst: int, normal: int | None) -> 
     rows.sort(key=lambda r: -r["excess (ms)"])
     if not rows:
         return "<p>No operator took longer than in the normal step.</p>"
-    return _chart(
+    return chart(
         "chart-excess", excess_spec(rows[:EXCESS_OPERATORS]), "operators' excess self time"
     )
 
@@ -433,40 +461,82 @@ def _node_html(
     )
 
 
-def _collectives(tree: CallTree, finding: Finding) -> str:
-    comm = tree.comm
-    if not len(comm):
-        return "<p>No collectives in this run.</p>"
-    in_step = np.flatnonzero(tree.step[comm.node] >= 0)
-    in_step = [
-        k for k in in_step.tolist() if tree.steps.index[tree.step[comm.node[k]]] == finding.step
-    ]
-    if not in_step:
-        return "<p>No collectives in this step.</p>"
-    ranks = sorted(set(comm.rank[in_step].tolist()))
+def _longest_step(verdict: Verdict) -> int | None:
+    return max(verdict.steps, key=lambda row: row.dur_ns).step if verdict.steps else None
+
+
+def _rank_labels(collectives: StepCollectives) -> dict[int, str]:
+    """'rank 1 · last in at 15 of 16': how often each rank was the one the others waited for."""
+    if not collectives.shared:
+        return {rank: f"rank {rank}" for rank in collectives.ranks}
+    shared = sum(1 for group in collectives.instances() if len(group) > 1)
+    last = collectives.last_arrivals()
+    return {
+        rank: f"rank {rank} · last in at {last[rank]} of {shared}" for rank in collectives.ranks
+    }
+
+
+def _gantt_chart(collectives: StepCollectives) -> str:
+    origin = collectives.origin_ns
+    labels = _rank_labels(collectives)
+    rows = []
+    for segment in collectives.segments():
+        row = {
+            "rank": labels[segment.rank],
+            "part": segment.part,
+            "start (ms)": round((segment.start_ns - origin) / 1e6, 6),
+            "end (ms)": round((segment.end_ns - origin) / 1e6, 6),
+        }
+        visit = segment.visit
+        if visit is not None:
+            row |= {
+                "collective": short_name(visit.name, TOOLTIP_NAME_CHARS),
+                "arrival (ms)": round((visit.start_ns - origin) / 1e6, 6),
+                "wait (ms)": round(visit.wait_ns / 1e6, 6),
+                "own time (ms)": round((visit.end_ns - visit.start_ns) / 1e6, 6),
+            }
+        rows.append(row)
+    note = (
+        ""
+        if collectives.shared
+        else "<p class='meta'>Only one rank ran these collectives in the traces given: its"
+        " waiting cannot be told apart from transfer.</p>"
+    )
+    drawn = chart(
+        "chart-gantt",
+        gantt_spec(rows, collectives.step),
+        f"collectives of step {collectives.step} per rank: arrival and wait",
+    )
+    return drawn + note
+
+
+def _collectives_table(collectives: StepCollectives) -> str:
+    """Arrival (after the first rank) and own time of each collective on every rank."""
+    ranks = collectives.ranks
     rows = ["<table id='collectives'><tr><th>collective</th>"]
     rows.extend(f"<th>rank {r} arrival</th><th>rank {r} time</th>" for r in ranks)
     rows.append("<th>arrival skew</th></tr>")
-    for instance in sorted(set(comm.instance[in_step].tolist()))[:60]:
-        members = [k for k in in_step if comm.instance[k] == instance]
-        first = min(int(comm.start_ns[k]) for k in members)
-        last = max(int(comm.start_ns[k]) for k in members)
-        by_rank = {int(comm.rank[k]): k for k in members}
-        late_rank = max(members, key=lambda k: comm.start_ns[k])
-        name = short_name(tree.node_name(int(comm.node[members[0]])), 50)
-        cells = [f"<tr><td><code>{esc(name)}</code></td>"]
+    for group in collectives.instances()[:TABLE_INSTANCES]:
+        first = min(v.start_ns for v in group)
+        last = max(v.start_ns for v in group)
+        by_rank = {v.rank: v for v in group}
+        name = group[0].name
+        cells = [f"<tr><td><code title='{esc(name)}'>{esc(short_name(name, 50))}</code></td>"]
         for r in ranks:
-            k = by_rank.get(r)
-            if k is None:
+            visit = by_rank.get(r)
+            if visit is None:
                 cells.append("<td>—</td><td>—</td>")
                 continue
-            cls = " bad" if k == late_rank and last - first > 0 else ""
+            cls = " bad" if visit.is_last and last > first else ""
             cells.append(
-                f"<td class='num{cls}'>+{esc(format_ns(int(comm.start_ns[k]) - first))}</td>"
-                f"<td class='num'>{esc(format_ns(int(comm.end_ns[k] - comm.start_ns[k])))}</td>"
+                f"<td class='num{cls}'>+{esc(format_ns(visit.start_ns - first))}</td>"
+                f"<td class='num'>{esc(format_ns(visit.end_ns - visit.start_ns))}</td>"
             )
         cells.append(f"<td class='num'>{esc(format_ns(last - first))}</td></tr>")
         rows.append("".join(cells))
+    hidden = len(collectives.instances()) - TABLE_INSTANCES
+    if hidden > 0:
+        rows.append(f"<tr><td colspan='{2 * len(ranks) + 2}'>… {hidden} more</td></tr>")
     rows.append("</table>")
     return "".join(rows)
 

@@ -1,12 +1,12 @@
 """The verdict as a few lines for a terminal: what was slow, who, why, and what was missing.
 
 Anomalous steps that blame the same rank are one incident (`teller.rca.diagnose.incidents`): a
-person wants one paragraph per cause, not per step.
+person wants one paragraph per cause, not per step. Tables and wrapping come from
+`teller.report.console`: plain text at a fixed width unless the `Look` says a terminal.
 """
 
 from __future__ import annotations
 
-import textwrap
 from collections import Counter
 
 from teller.callchain.breakdown import RunBreakdown, StepBreakdown, idle_summary, share
@@ -15,11 +15,16 @@ from teller.callchain.render import format_ns, short_name
 from teller.errors import printable
 from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges, worst_of
 from teller.rca.verdict import Finding, Verdict
+from teller.report.console import PLAIN, Look, table_lines, wrapped
 
 #: Incidents printed in full; the JSON and HTML reports hold every finding.
 SHOWN_INCIDENTS = 5
 #: Ranks in the "where the time went" table; the JSON holds every rank and step.
 SHOWN_RANKS = 8
+#: Lines a log line may wrap to before it is shortened (at a space).
+LOG_LINES = 3
+#: Characters the share, calls and time columns of the top-kernel tables take, with the indent.
+TOP_COLUMNS_WIDTH = 34
 _CAUSE_COLUMNS = {
     "sync": "sync",
     "launch": "launch",
@@ -29,8 +34,11 @@ _CAUSE_COLUMNS = {
 }
 
 
-def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> str:
-    lines = [verdict.summary.splitlines()[0] if verdict.summary else "", ""]
+def render_terminal(
+    verdict: Verdict, breakdown: RunBreakdown | None = None, look: Look = PLAIN
+) -> str:
+    lines = wrapped("", verdict.summary.splitlines()[0], look) if verdict.summary else [""]
+    lines.append("")
     groups = incidents(verdict.findings)
     for group in groups[:SHOWN_INCIDENTS]:
         worst = worst_of(group)
@@ -45,9 +53,13 @@ def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> 
             else "no single operator"
         )
         noun = "step" if len(group) == 1 else "steps"
-        lines.append(
-            f"{noun} {step_ranges([f.step for f in group])}  ({len(group)} {noun}, worst: step "
-            f"{worst.step} [{worst.step_kind}] {_took(worst)})"
+        lines.extend(
+            wrapped(
+                "",
+                f"{noun} {step_ranges([f.step for f in group])}  ({len(group)} {noun}, worst: "
+                f"step {worst.step} [{worst.step_kind}] {_took(worst)})",
+                look,
+            )
         )
         kinds = Counter(f.fault_type for f in group if f.fault_type)
         fault = (
@@ -58,13 +70,17 @@ def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> 
             if kinds
             else ""
         )
-        lines.append(f"  suspect: {operator} on {where}{fault}")
-        lines.extend(_wrapped("  why: ", worst.explanation))
+        lines.extend(wrapped("  suspect: ", f"{operator} on {where}{fault}", look))
+        lines.extend(wrapped("  why: ", worst.explanation, look))
         for evidence in worst.evidence[:2]:
             normal = format_ns(evidence.normal_ns) if evidence.normal_ns else "—"
-            lines.append(
-                f"  evidence: {short_name(evidence.what, 70)}: {format_ns(evidence.observed_ns)} "
-                f"(normal {normal}; {evidence.reference})"
+            lines.extend(
+                wrapped(
+                    "  evidence: ",
+                    f"{short_name(evidence.what, 70)}: {format_ns(evidence.observed_ns)} "
+                    f"(normal {normal}; {evidence.reference})",
+                    look,
+                )
             )
         shown_logs = [
             line
@@ -73,34 +89,39 @@ def render_terminal(verdict: Verdict, breakdown: RunBreakdown | None = None) -> 
             if line.level in ("WARNING", "ERROR", "CRITICAL")
         ]
         for line in (shown_logs or worst.log_lines)[:3]:
-            lines.append(f"  log: {line.text[:160]}")
+            lines.extend(wrapped("  log: ", line.text, look, max_lines=LOG_LINES))
         if worst.requests:
-            lines.append(
-                f"  requests in step {worst.step}: {len(worst.requests)} ({', '.join(worst.requests[:3])}…)"
+            lines.extend(
+                wrapped(
+                    f"  requests in step {worst.step}: ",
+                    f"{len(worst.requests)} ({', '.join(worst.requests[:3])}…)",
+                    look,
+                )
             )
         lines.append("")
     hidden = len(groups) - SHOWN_INCIDENTS
     if hidden > 0:
         lines.append(f"… and {hidden} more incidents (see --format json or html)")
     if breakdown is not None and breakdown.runs:
-        lines.extend(render_breakdown(breakdown))
+        lines.extend(render_breakdown(breakdown, look))
         lines.append("")
     elif breakdown is not None and breakdown.ranks_without_gpu:
         ranks = ", ".join(map(str, breakdown.ranks_without_gpu))
         lines.extend([f"where the time went: no GPU activity recorded (rank {ranks})", ""])
     for item in verdict.missing:
-        lines.append(f"missing: {item}")
-    lines.extend(f"warning: {w}" for w in _method_warnings(verdict))
-    return printable("\n".join(lines).rstrip() + "\n")
+        lines.extend(wrapped("missing: ", item, look))
+    for warning in _method_warnings(verdict):
+        lines.extend(wrapped("warning: ", warning, look))
+    return "\n".join(lines).rstrip() + "\n"  # every line from `wrapped` or `table_lines`
 
 
-def render_breakdown(breakdown: RunBreakdown) -> list[str]:
+def render_breakdown(breakdown: RunBreakdown, look: Look = PLAIN) -> list[str]:
     """Where the time went: one row per rank over its whole run (shares of its span: busy and
     idle add up to 100%, the idle causes to idle), the most idle step's sentence, and the kernels
     and operators that took the most GPU time on the busiest rank."""
     causes = [_CAUSE_COLUMNS[c] for c in IDLE_CAUSES]
     header = ["rank", "span", "busy", "compute", "comm", "exposed", "memcpy", "idle", *causes]
-    rows = [header]
+    rows = []
     for run in breakdown.runs[:SHOWN_RANKS]:
         busy, span = run.busy, run.span_ns
         rows.append(
@@ -121,51 +142,44 @@ def render_breakdown(breakdown: RunBreakdown) -> list[str]:
                 *(share(run.idle.of(cause), span) for cause in IDLE_CAUSES),
             ]
         )
-    widths = [max(len(row[k]) for row in rows) for k in range(len(header))]
-    lines = ["where the time went (GPU, whole run per rank; every step in --format json):"]
-    for row in rows:
-        lines.append(
-            "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
-        )
+    title = "where the time went (GPU, whole run per rank; every step in --format json):"
+    lines = wrapped("", title, look)
+    lines.extend(table_lines(header, rows, look, right=range(1, len(header))))
     hidden = len(breakdown.runs) - SHOWN_RANKS
     if hidden > 0:
         lines.append(f"  … and {hidden} more ranks")
     most_idle_run = max(breakdown.runs, key=_idle_share)
-    lines.append(f"  {idle_summary(most_idle_run)}")
+    lines.extend(wrapped("  ", idle_summary(most_idle_run), look))
     if len(breakdown.steps) > 1:
-        lines.append(f"  most idle step: {idle_summary(max(breakdown.steps, key=_idle_share))}")
+        most_idle = idle_summary(max(breakdown.steps, key=_idle_share))
+        lines.extend(wrapped("  most idle step: ", most_idle, look))
     busiest = max(breakdown.runs, key=lambda run: run.busy.busy_ns)
     where = f" on rank {busiest.rank}" if len(breakdown.runs) > 1 else ""
     busy_ns = busiest.busy.busy_ns
-    for title, items in (
-        (f"top kernels{where}", busiest.top_kernels[:3]),
-        (f"top operators{where}, by the GPU time they launched", busiest.top_operators[:3]),
+    name_width = max(30, look.width - TOP_COLUMNS_WIDTH)
+    for title, noun, items in (
+        (f"top kernels{where}", "kernel", busiest.top_kernels[:3]),
+        (
+            f"top operators{where}, by the GPU time they launched",
+            "operator",
+            busiest.top_operators[:3],
+        ),
     ):
-        if items:
-            lines.append(f"  {title} (share of GPU busy, calls × time per call):")
-        lines.extend(
-            f"    {share(item.gpu_ns, busy_ns):>5}  {item.calls}× {format_ns(item.per_call_ns)}  "
-            f"{short_name(item.name, 80)}"
+        if not items:
+            continue
+        lines.extend(wrapped("  ", f"{title} (share of GPU busy, calls × time per call):", look))
+        top = [
+            [
+                share(item.gpu_ns, busy_ns),
+                f"{item.calls}×",
+                format_ns(item.per_call_ns),
+                short_name(item.name, name_width),
+            ]
             for item in items
-        )
+        ]
+        header = ["share", "calls", "per call", noun]
+        lines.extend(table_lines(header, top, look, indent=4, right=(0, 1, 2)))
     return lines
-
-
-#: Width the explanation is wrapped to: it runs to several sentences.
-WHY_WIDTH = 100
-
-
-def _wrapped(lead: str, text: str) -> list[str]:
-    """`text` wrapped after `lead`, continued under its first word; words are never broken (a
-    kernel name stays whole)."""
-    return textwrap.wrap(
-        text,
-        WHY_WIDTH,
-        initial_indent=lead,
-        subsequent_indent=" " * len(lead),
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
 
 
 def _idle_share(breakdown: StepBreakdown) -> float:

@@ -20,16 +20,20 @@ from teller.lab.sim.topology import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="case directory to create (new or empty)")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--nodes", type=int, default=1, help="machines in the cluster (1)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per machine (8)")
     parser.add_argument("--tp", type=int, default=8, help="tensor-parallel ranks per stage")
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages")
     parser.add_argument("--steps", type=int, default=50, help="engine steps to simulate")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers in the model")
-    parser.add_argument("--fault", choices=SIM_FAULTS, default="none")
+    parser.add_argument(
+        "--fault", choices=SIM_FAULTS, default="none", help="fault to inject (default none)"
+    )
     parser.add_argument("--rank", type=int, default=0, help="guilty rank")
     parser.add_argument("--peer", type=int, default=-1, help="link_contention: the other rank")
-    parser.add_argument("--intensity", type=float, default=1.0)
+    parser.add_argument(
+        "--intensity", type=float, default=1.0, help="how strong the fault is, 0 or more (1)"
+    )
     parser.add_argument(
         "--variant",
         choices=("kernel_swap", "graph_fallback"),
@@ -37,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="kernel_regression: swap a GEMM kernel (default) or lose CUDA graphs",
     )
     parser.add_argument("--window", default=None, help="fault window A:B in step ordinals")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="workload and noise seed")
     parser.add_argument(
         "--model", default=None, help="served model id in the spans (default: the calibrated one)"
     )
@@ -50,11 +54,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     links.add_argument(
         "--network-gbps", type=float, default=NETWORK_BYTES_PER_NS, help="GB/s between nodes"
     )
-    links.add_argument("--nvlink-latency-us", type=float, default=NVLINK_LATENCY_NS / 1000)
-    links.add_argument("--network-latency-us", type=float, default=NETWORK_LATENCY_NS / 1000)
-    parser.add_argument("--max-batched-tokens", type=int, default=2048)
-    parser.add_argument("--max-seqs", type=int, default=64)
-    parser.add_argument("--kv-blocks", type=int, default=4096)
+    links.add_argument(
+        "--nvlink-latency-us",
+        type=float,
+        default=NVLINK_LATENCY_NS / 1000,
+        help="latency between GPUs of a node, µs",
+    )
+    links.add_argument(
+        "--network-latency-us",
+        type=float,
+        default=NETWORK_LATENCY_NS / 1000,
+        help="latency between nodes, µs",
+    )
+    parser.add_argument(
+        "--max-batched-tokens", type=int, default=2048, help="the scheduler's tokens per step"
+    )
+    parser.add_argument(
+        "--max-seqs", type=int, default=64, help="the scheduler's requests per step"
+    )
+    parser.add_argument(
+        "--kv-blocks", type=int, default=4096, help="KV-cache blocks the engine has"
+    )
     parser.add_argument("--rate", type=float, default=100.0, help="request arrivals per second")
     parser.add_argument(
         "--jobs", type=int, default=min(os.cpu_count() or 1, 8), help="replica processes"
