@@ -116,6 +116,12 @@ def _comm_table(tree: CallTree) -> _CommTable | None:
     on_gpu = tree.stream[comm.node] >= 0
     if on_gpu.any():
         use &= on_gpu
+    else:
+        # gloo runs a host collective twice in the trace: the call in the caller's stack (its
+        # arrival) and the work on a background thread, a root of its own; one is the collective
+        called = tree.parent[comm.node] >= 0
+        callers = np.isin(comm.rank, np.unique(comm.rank[use & called]))
+        use &= called | ~callers
     rows = np.flatnonzero(use)
     rows = rows[np.argsort(comm.instance[rows], kind="stable")]
     if not len(rows):
