@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from teller.lab.faults import inprocess
+from teller.lab.guard import die_with_expected_parent
 from teller.lab.serve.config import ServeConfig
 from teller.lab.serve.control import ProfileControl
 from teller.lab.serve.endpoints import EngineEndpoints
@@ -45,6 +46,7 @@ IDLE_POLL_S = 0.005
 
 
 def main(argv: list[str]) -> int:
+    die_with_expected_parent()  # a killed launcher leaves no rank waiting at a collective
     config = ServeConfig.read(argv[0])
     rank = int(os.environ["RANK"])
     run_dir = Path(config.run_dir)
