@@ -111,3 +111,17 @@ def test_tree_and_info_escape_control_characters_from_names(
         assert "\x1b" not in out and "\r" not in out and "\x07" not in out
     assert "aten::mm\\x1b[31m\\x0dEVIL" in tree
     assert "aten::add\\x07" in tree
+
+
+def test_otlp_spans_without_logs_are_a_one_line_error_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace_with_a_hostile_name(tmp_path)
+    spans = tmp_path / "spans.json"
+    spans.write_text(json.dumps({"resourceSpans": []}))
+    report = tmp_path / "report.json"
+    assert main(["-q", "analyze", str(trace), "--otlp", str(spans), "-o", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("teller: error: ")
+    assert str(spans) in err and "--logs" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.pt.trace.json", "spans.json"]
