@@ -116,10 +116,12 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
             _interrupt_on_sigterm(),
             contextlib.ExitStack() as stack,
         ):
-            network = stack.enter_context(netns.lab_network(spec.tp)) if netns.is_root() else None
+            network = (
+                stack.enter_context(netns.lab_network(spec.tp, tag)) if netns.is_root() else None
+            )
             groups = None
             if netns.is_root() and cgroup_version():
-                groups = stack.enter_context(rank_cgroups(spec.tp))
+                groups = stack.enter_context(rank_cgroups(spec.tp, tag))
             config = _serve_config(spec, partial / "run", network)
             if groups is not None:
                 config.cgroup_procs = [group.procs_files() for group in groups]
