@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,64 @@ def test_bad_input_exits_2_naming_the_file_and_writes_nothing(
     err = capsys.readouterr().err
     assert str(bad) in err and "byte" in err and "truncated" in err
     assert not out.exists() or not any(out.iterdir())
+
+
+#: An operator name that would turn the terminal red and rewrite the line it is on.
+HOSTILE = "aten::mm\x1b[31m\rEVIL"
+
+
+def _trace_with_a_hostile_name(tmp_path: Path) -> Path:
+    events = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#0",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 100,
+        },
+        {"ph": "X", "cat": "cpu_op", "name": HOSTILE, "pid": 1, "tid": 1, "ts": 10, "dur": 50},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::add\x07",
+            "pid": 1,
+            "tid": 1,
+            "ts": 70,
+            "dur": 10,
+        },
+    ]
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_tree_and_info_escape_control_characters_from_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _trace_with_a_hostile_name(tmp_path)
+    assert main(["-q", "tree", str(path), "--step", "0"]) == 0
+    tree = capsys.readouterr().out
+    assert main(["-q", "tree", str(path)]) == 0
+    tree += capsys.readouterr().out
+    assert main(["-q", "info", str(path)]) == 0
+    info = capsys.readouterr().out
+    for out in (tree, info):
+        assert "\x1b" not in out and "\r" not in out and "\x07" not in out
+    assert "aten::mm\\x1b[31m\\x0dEVIL" in tree
+    assert "aten::add\\x07" in tree
+
+
+def test_otlp_spans_without_logs_are_a_one_line_error_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace_with_a_hostile_name(tmp_path)
+    spans = tmp_path / "spans.json"
+    spans.write_text(json.dumps({"resourceSpans": []}))
+    report = tmp_path / "report.json"
+    assert main(["-q", "analyze", str(trace), "--otlp", str(spans), "-o", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("teller: error: ")
+    assert str(spans) in err and "--logs" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.pt.trace.json", "spans.json"]

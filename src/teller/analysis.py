@@ -75,6 +75,12 @@ class Analysis:
         self.otlp_files = (
             [Path(p) for p in otlp] if otlp is not None else self._found(CaseDir.otlp_files)
         )
+        if self.otlp_files and not self.log_files:
+            shown = ", ".join(map(str, self.otlp_files))
+            raise TellerError(
+                f"{shown}: OTLP spans are placed on the trace through the engine's logs, and no "
+                "log files were given (--logs) or found under DIR/logs/"
+            )
         self.step_regex = step_regex
         self.progress = progress
         self.method = method

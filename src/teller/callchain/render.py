@@ -3,6 +3,9 @@
 A step's tree holds thousands of nodes; a person reads a few dozen lines. The renderer folds runs of
 same-named siblings into one line with a count, cuts at a depth, and lists the GPU work an
 operator launched on the operator's own line so "which kernels did this op run" is one glance.
+Names, paths and warnings come from the input files, so every one is shown escaped
+(`teller.errors.printable`): a name holding a terminal escape sequence or a carriage return is
+printed as `\x1b[31m` or `\r`, never acted on.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 
 from teller.callchain.steps import FOUND_BY_PERIOD
 from teller.callchain.tree import EDGE_LAUNCH, CallTree
+from teller.errors import printable
 from teller.ingest.schema import LAYER_CODE
 
 _GPU_CODES = {LAYER_CODE[n] for n in ("kernel", "memcpy", "memset", "sync")}
@@ -39,6 +43,10 @@ def short_name(name: str, limit: int = _MAX_NAME) -> str:
     if cut > 0 and len(name) > limit:
         name = name[:cut] + "<…>"
     return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def _node_name(tree: CallTree, node: int, limit: int = _MAX_NAME) -> str:
+    return short_name(printable(tree.node_name(node), one_line=True), limit)
 
 
 def render_tree(
@@ -109,14 +117,14 @@ def _lines(
     ]
     launched = ""
     if gpu:
-        kernel_names = sorted({short_name(tree.node_name(c), 50) for c in gpu})
+        kernel_names = sorted({_node_name(tree, c, 50) for c in gpu})
         gpu_ns = int(tree.dur[gpu].sum())
         shown = ", ".join(kernel_names[:3]) + (
             f", +{len(kernel_names) - 3}" if len(kernel_names) > 3 else ""
         )
         launched = f"  ⇒ GPU {format_ns(gpu_ns)} [{shown}]"
     yield (
-        f"{'  ' * level}{short_name(tree.node_name(node))}  "
+        f"{'  ' * level}{_node_name(tree, node)}  "
         f"{format_ns(tree.dur[node])} (self {format_ns(tree.self_ns[node])}) "
         f"[{tree.layer_name(node)}]{launched}"
     )
@@ -130,7 +138,7 @@ def _lines(
             yield from _lines(tree, first, level + 1, max_depth, max_children, hidden)
         else:
             yield (
-                f"{'  ' * (level + 1)}{short_name(tree.node_name(first))}  ×{count}  "
+                f"{'  ' * (level + 1)}{_node_name(tree, first)}  ×{count}  "
                 f"total {format_ns(total)} [{tree.layer_name(first)}]"
             )
     if len(groups) > max_children:
@@ -148,3 +156,7 @@ def _fold(tree: CallTree, nodes: list[int]) -> list[tuple[int, int, int]]:
         else:
             groups.append((node, 1, int(tree.dur[node])))
     return groups
+
+
+def _shown(text: object) -> str:
+    return printable(str(text), one_line=True)

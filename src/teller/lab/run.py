@@ -12,7 +12,8 @@ ns and the step ordinals it covers, found by reading the recorded traces back wi
 As root each rank gets its own network namespace and cgroup; without root ranks share loopback and
 faults that need root are refused. The case is written to a temporary sibling folder and renamed
 into place only when complete; namespaces, links, cgroups and helper processes are removed on
-success, error, Ctrl-C or SIGTERM.
+success, error, Ctrl-C or SIGTERM, and by the run's guard process (`teller.lab.guard`) when the run
+is killed outright (SIGKILL); the launcher and the ranks die with their parent.
 """
 
 from __future__ import annotations
@@ -32,16 +33,14 @@ from pathlib import Path
 from teller.errors import TellerError
 from teller.faults import FAULTS
 from teller.lab import netns
-from teller.lab.cgroups import RankCgroup, cgroup_version, rank_cgroups
-from teller.lab.faults.catalog import LAB_FAULTS, explanation, os_fault
-from teller.lab.faults.os_fault import RankTarget
+from teller.lab.cgroups import cgroup_version, rank_cgroups
+from teller.lab.faults.catalog import LAB_FAULTS, explanation
+from teller.lab.guard import PARENT_PID_ENV, guarded
+from teller.lab.inject import FaultInjector, FaultPlan
 from teller.lab.netns import LabNetwork
 from teller.lab.serve.config import InProcessFault, ServeConfig
 from teller.labels import CaseLabels
 
-#: How long to wait for the ranks to load the model and warm up before giving up on the fault.
-STARTUP_TIMEOUT_S = 300.0
-_POLL_S = 0.02
 #: cpu.shares of each rank's cgroup (v1 default 1024): ranks in their own groups are outside the
 #: kernel's session autogroups, and this weight keeps unrelated load on a shared machine from
 #: disturbing them much; contention injected into a rank's own group still hits it fully.
@@ -60,6 +59,10 @@ class CaseSpec:
     seed: int = 0
     duration_s: float = 10.0
     rate_per_s: float = 6.0
+
+    @property
+    def plan(self) -> FaultPlan:
+        return FaultPlan(self.fault, self.rank, self.intensity, self.window_s)
 
     def validate(self) -> None:
         if self.fault not in LAB_FAULTS:
@@ -99,25 +102,33 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
     if out.exists() and any(out.iterdir()):
         raise TellerError(f"{out}: already exists and is not empty; choose a new --out")
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    failed = out.parent / f"{out.name}.failed"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     if netns.is_root():  # what a killed run left (namespaces, links, cgroups) goes first
         from teller.lab.sweep import sweep
 
         sweep()
+    tag = f"tl{os.getpid() % 100000}"
     try:
-        with _interrupt_on_sigterm(), contextlib.ExitStack() as stack:
-            network = stack.enter_context(netns.lab_network(spec.tp)) if netns.is_root() else None
+        with (
+            guarded(tag, partial, failed),
+            _interrupt_on_sigterm(),
+            contextlib.ExitStack() as stack,
+        ):
+            network = (
+                stack.enter_context(netns.lab_network(spec.tp, tag)) if netns.is_root() else None
+            )
             groups = None
             if netns.is_root() and cgroup_version():
-                groups = stack.enter_context(rank_cgroups(spec.tp))
+                groups = stack.enter_context(rank_cgroups(spec.tp, tag))
             config = _serve_config(spec, partial / "run", network)
             if groups is not None:
                 config.cgroup_procs = [group.procs_files() for group in groups]
                 for group in groups:
                     group.set_cpu_weight(RANK_CPU_SHARES)
             config_path = config.write(partial / "run" / "serve.json")
-            injector = _Injector(spec, config, network, groups)
+            injector = FaultInjector(spec.plan, config, network, groups)
             stack.callback(injector.stop)
             injector.start()
             began = time.monotonic()
@@ -125,6 +136,7 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
                 [sys.executable, "-m", "teller.lab.serve.launch", str(config_path)],
                 partial,
                 steps=(0, 10**9),
+                env={PARENT_PID_ENV: str(os.getpid())},
             )
             serve_s = time.monotonic() - began
             injector.stop()
@@ -142,7 +154,6 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
         os.replace(partial, out)
         return CaseResult(out, labels, serve_s)
     except BaseException:
-        failed = out.parent / f"{out.name}.failed"
         shutil.rmtree(failed, ignore_errors=True)
         if partial.exists():
             os.replace(partial, failed)
@@ -171,97 +182,7 @@ def _serve_config(spec: CaseSpec, run_dir: Path, network: LabNetwork | None) -> 
     return config
 
 
-class _Injector:
-    """Applies an OS fault to the guilty rank at t0 + A and reverts it at t0 + B (or on stop)."""
-
-    def __init__(
-        self,
-        spec: CaseSpec,
-        config: ServeConfig,
-        network: LabNetwork | None,
-        groups: list[RankCgroup] | None,
-    ) -> None:
-        self.spec = spec
-        self.config = config
-        self.run_dir = Path(config.run_dir)
-        self.network = network
-        self._groups = groups
-        self.error: BaseException | None = None
-        self.t0_ns: int | None = None
-        self.applied_ns: int | None = None
-        self.reverted_ns: int | None = None
-        self._stop = threading.Event()
-        self._fault = None
-        self._thread = threading.Thread(target=self._run, name="fault-injector", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=30)
-        self._revert()
-
-    def _run(self) -> None:
-        try:
-            pids = self._wait_for_ranks()
-            if pids is None:
-                return
-            if LAB_FAULTS[self.spec.fault].mechanism != "os":
-                return
-            target = self._target(pids[self.spec.rank])
-            self._fault = os_fault(self.spec.fault, target, self.spec.intensity)
-            start_s, end_s = self.spec.window_s
-            if self._stop.wait(self._seconds_until(start_s)):
-                return
-            self._fault.apply()
-            self.applied_ns = time.time_ns()
-            self._stop.wait(self._seconds_until(end_s))
-            self._revert()
-        except BaseException as error:  # reported by run_case after the run
-            self.error = error
-            self._revert()
-
-    def _wait_for_ranks(self) -> list[int] | None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        pids: list[int | None] = [None] * self.spec.tp
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            for r in range(self.spec.tp):
-                path = self.run_dir / f"rank{r}.pid"
-                if pids[r] is None and path.exists() and path.read_text().strip():
-                    pids[r] = int(path.read_text())
-            t0_path = self.run_dir / "t0_ns"
-            if all(p is not None for p in pids) and t0_path.exists():
-                self.t0_ns = int(t0_path.read_text())
-                return [int(p) for p in pids]  # type: ignore[arg-type]
-            self._stop.wait(_POLL_S)
-        return None
-
-    def _target(self, pid: int) -> RankTarget:
-        rank = self.spec.rank
-        network = self.network
-        return RankTarget(
-            rank=rank,
-            pid=pid,
-            core=self.config.cores[rank] if self.config.cores else None,
-            cgroup=self._groups[rank] if self._groups is not None else None,
-            namespace=network.namespaces[rank] if network else None,
-            rank_link=network.rank_links[rank] if network else None,
-            host_link=network.host_links[rank] if network else None,
-        )
-
-    def _seconds_until(self, serve_s: float) -> float:
-        assert self.t0_ns is not None
-        return max(0.0, (self.t0_ns + serve_s * 1e9 - time.time_ns()) / 1e9)
-
-    def _revert(self) -> None:
-        if self._fault is not None and self.applied_ns is not None and self.reverted_ns is None:
-            self.reverted_ns = time.time_ns()
-            self._fault.revert()
-
-
-def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: _Injector) -> CaseLabels:
+def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjector) -> CaseLabels:
     from teller.callchain.tree import build_tree
     from teller.ingest import read_run
 

@@ -3,8 +3,9 @@
 A run names everything it makes after its tag, `tl<pid % 100000>`: namespaces and cgroups
 `teller-<tag>-<rank>`, links `<tag>r<rank>` / `<tag>h<rank>` and the bridge `<tag>br` (tc
 qdiscs live on those links and go with them). SIGINT and SIGTERM clean up in the run itself; a
-SIGKILL cannot, so every run sweeps first, and `teller lab clean` sweeps on demand. Only tags
-whose run is gone are touched: a tag is live while any process has that pid modulo 100000, so a
+SIGKILL cannot, so the run's guard process (`teller.lab.guard`) sweeps its tag as soon as the run
+dies, every run sweeps first (what a killed guard left), and `teller lab clean` sweeps on demand.
+Only tags whose run is gone are touched: a tag is live while any process has that pid modulo 100000, so a
 concurrent run's resources stay.
 """
 
@@ -15,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,8 @@ _NAMESPACE = re.compile(rf"^teller-({_TAG})-\d+$")
 _LINK = re.compile(rf"^({_TAG})(?:r\d+|h\d+|br)$")
 #: How deep below /sys/fs/cgroup rank groups are looked for (they sit beside the lab process).
 _CGROUP_DEPTH = 6
+#: How long a killed group's processes get to exit before the group is removed.
+_EXIT_WAIT_S = 2.0
 
 
 @dataclass
@@ -91,26 +95,39 @@ def stale_cgroups(cgroup_root: Path, stale: Callable[[str], bool]) -> list[Path]
 
 
 def _remove_cgroup(directory: Path, swept: Swept) -> None:
-    """Kill what still runs in it (a rank of the dead run, possibly stuck at its memory limit),
-    lift the limit, then remove the group."""
+    """Lift the memory limit and turn the OOM killer back on (a rank of the dead run may be
+    stalled at its limit, where v1 with the OOM killer off would hold it), kill what still runs in
+    it, wait a moment for it to exit, then remove the group."""
+    for limit, value in (
+        ("memory.high", "max"),
+        ("memory.limit_in_bytes", "-1"),
+        ("memory.oom_control", "0"),
+    ):
+        with contextlib.suppress(OSError):
+            if (directory / limit).exists():
+                (directory / limit).write_text(value)
     kill_file = directory / "cgroup.kill"
     if kill_file.exists():
         with contextlib.suppress(OSError):
             kill_file.write_text("1")
-    procs = directory / "cgroup.procs"
-    with contextlib.suppress(OSError):
-        for pid in procs.read_text().split():
-            _kill(int(pid), swept)
-    for limit, value in (("memory.high", "max"), ("memory.limit_in_bytes", "-1")):
-        with contextlib.suppress(OSError):
-            if (directory / limit).exists():
-                (directory / limit).write_text(value)
+    for pid in _cgroup_pids(directory):
+        _kill(pid, swept)
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while _cgroup_pids(directory) and time.monotonic() < deadline:
+        time.sleep(0.02)
     try:
         directory.rmdir()
     except OSError as error:
         swept.failed.append(f"{directory}: {error.strerror}")
     else:
         swept.cgroups.append(str(directory))
+
+
+def _cgroup_pids(directory: Path) -> list[int]:
+    try:
+        return [int(pid) for pid in (directory / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
 
 
 def _kill(pid: int, swept: Swept) -> None:

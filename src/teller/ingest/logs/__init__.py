@@ -51,7 +51,7 @@ def read_logs(paths: Iterable[str | Path], year: int | None = None, host: str = 
     paths = list(paths)
     files, skipped = find_log_files(paths)
     if not files:
-        shown = ", ".join(str(p) for p in paths)
+        shown = ", ".join(str(p) for p in paths) or "logs"
         raise TraceError(shown, "no log files found (looked for *.log, *.txt, *.out, *.err)")
     miner = Templates()
     hosts = {} if host else manifest_hosts(files)

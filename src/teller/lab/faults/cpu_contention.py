@@ -10,13 +10,23 @@ unrelated session the kernel's autogroup scheduling would weigh as a single task
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 from teller.errors import TellerError
 from teller.lab.faults.os_fault import RankTarget
 
-_BUSY_LOOP = "while True:\n    pass\n"
+#: A hog dies with the run that started it (PR_SET_PDEATHSIG), even when the run is SIGKILLed;
+#: if the run is already gone by the time the setting is made, the hog exits at once.
+_BUSY_LOOP = """\
+import ctypes, os, sys
+ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(0)
+while True:
+    pass
+"""
 
 
 class CpuContention:
@@ -37,7 +47,7 @@ class CpuContention:
         for _ in range(self.hogs):
             self.processes.append(
                 subprocess.Popen(
-                    [*self._pinned, sys.executable, "-S", "-c", _BUSY_LOOP],
+                    [*self._pinned, sys.executable, "-S", "-c", _BUSY_LOOP, str(os.getpid())],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

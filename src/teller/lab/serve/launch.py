@@ -3,7 +3,8 @@
 This is the command the collector runs for `teller lab run` and the body of `teller lab serve`.
 Each rank is its own process (in its own network namespace and pinned to its own core when the
 config says so). If one rank fails or the launcher is interrupted, the others are stopped too, so
-no rank is left waiting at a collective.
+no rank is left waiting at a collective; if the launcher is killed outright, the ranks die with it
+(`teller.lab.guard.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from teller.collect.inject._teller_collect_agent import ENV_DIR as COLLECTOR_DIR_ENV
 from teller.errors import TellerError
+from teller.lab.guard import PARENT_PID_ENV, die_with_expected_parent
 from teller.lab.serve.config import InProcessFault, ServeConfig
 
 #: Grace period between SIGTERM and SIGKILL when stopping ranks.
@@ -51,6 +53,7 @@ def rank_env(config: ServeConfig, rank: int) -> dict[str, str]:
         OMP_NUM_THREADS=str(config.threads_per_rank),
         TOKENIZERS_PARALLELISM="false",
     )
+    env[PARENT_PID_ENV] = str(os.getpid())  # the rank dies with this launcher
     if config.ifnames:
         env["GLOO_SOCKET_IFNAME"] = config.ifnames[rank]
     return env
@@ -144,7 +147,9 @@ def _fault_injector(fault: ServeFault, config: ServeConfig, stack: contextlib.Ex
     from teller.lab import netns
     from teller.lab.cgroups import cgroup_version, rank_cgroups
     from teller.lab.faults.catalog import LAB_FAULTS
-    from teller.lab.run import RANK_CPU_SHARES, CaseSpec, _Injector  # `teller lab run`'s own
+    from teller.lab.guard import guarded
+    from teller.lab.inject import FaultInjector
+    from teller.lab.run import RANK_CPU_SHARES, CaseSpec
 
     spec = CaseSpec(fault.name, fault.rank, fault.intensity, fault.window_s, config.tp)
     spec.validate()
@@ -161,11 +166,13 @@ def _fault_injector(fault: ServeFault, config: ServeConfig, stack: contextlib.Ex
         )
     groups = None
     if netns.is_root() and cgroup_version():
-        groups = stack.enter_context(rank_cgroups(config.tp))
+        tag = f"tl{os.getpid() % 100000}"
+        stack.enter_context(guarded(tag))  # a killed server leaves no rank cgroup behind
+        groups = stack.enter_context(rank_cgroups(config.tp, tag))
         config.cgroup_procs = [group.procs_files() for group in groups]
         for group in groups:
             group.set_cpu_weight(RANK_CPU_SHARES)
-    return _Injector(spec, config, None, groups)
+    return FaultInjector(spec.plan, config, None, groups)
 
 
 def _free_port(host: str, port: int) -> int:
@@ -198,4 +205,5 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 if __name__ == "__main__":
+    die_with_expected_parent()  # under `teller lab run`: a killed run takes its launcher along
     sys.exit(launch(sys.argv[1]))

@@ -17,6 +17,7 @@ import gc
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from teller.lab.faults import inprocess
+from teller.lab.guard import die_with_expected_parent
 from teller.lab.serve.config import ServeConfig
 from teller.lab.serve.control import ProfileControl
 from teller.lab.serve.endpoints import EngineEndpoints
@@ -45,15 +47,14 @@ IDLE_POLL_S = 0.005
 
 
 def main(argv: list[str]) -> int:
+    die_with_expected_parent()  # a killed launcher leaves no rank waiting at a collective
     config = ServeConfig.read(argv[0])
     rank = int(os.environ["RANK"])
     run_dir = Path(config.run_dir)
     (run_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     torch.set_num_threads(config.threads_per_rank)
     worker_log = process_logger(f"Worker_TP{rank}")
-    store = dist.TCPStore(
-        config.master_addr, config.master_port, config.tp, rank == 0, timeout=STORE_TIMEOUT
-    )
+    store = rendezvous_store(config, rank)
     device = rank_device(rank)
     if config.tp > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -103,6 +104,30 @@ def main(argv: list[str]) -> int:
         # (see tests/align/gloo_run.py); freeing it here keeps a clean run's exit status 0
         gc.collect()
     return 0
+
+
+def rendezvous_store(config: ServeConfig, rank: int) -> dist.TCPStore:
+    """The run's TCP store; rank 0 serves it on `master_addr` only (loopback, or the lab's private
+    namespace address), not on every interface.
+
+    TCPStore's own server listens on all interfaces whatever host it is given, so rank 0 binds
+    the socket itself and hands the store the listening descriptor."""
+    if rank != 0:
+        return dist.TCPStore(
+            config.master_addr, config.master_port, config.tp, False, timeout=STORE_TIMEOUT
+        )
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((config.master_addr, config.master_port))
+    listener.listen()
+    return dist.TCPStore(
+        config.master_addr,
+        config.master_port,
+        config.tp,
+        True,
+        timeout=STORE_TIMEOUT,
+        master_listen_fd=listener.detach(),
+    )
 
 
 def rank_device(rank: int) -> torch.device:
