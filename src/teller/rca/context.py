@@ -114,14 +114,11 @@ def _comm_table(tree: CallTree) -> _CommTable | None:
         return None
     use = tree.step[comm.node] >= 0
     on_gpu = tree.stream[comm.node] >= 0
+    own = (comm.end_ns - comm.start_ns).astype(float)
     if on_gpu.any():
         use &= on_gpu
     else:
-        # gloo runs a host collective twice in the trace: the call in the caller's stack (its
-        # arrival) and the work on a background thread, a root of its own; one is the collective
-        called = tree.parent[comm.node] >= 0
-        callers = np.isin(comm.rank, np.unique(comm.rank[use & called]))
-        use &= called | ~callers
+        use, own = _host_collectives(tree, use, own)
     rows = np.flatnonzero(use)
     rows = rows[np.argsort(comm.instance[rows], kind="stable")]
     if not len(rows):
@@ -148,13 +145,39 @@ def _comm_table(tree: CallTree) -> _CommTable | None:
         rank=comm.rank[rows].astype(np.int64),
         instance=instance,
         start_ns=start,
-        own_ns=(comm.end_ns[rows] - comm.start_ns[rows]).astype(float),
+        own_ns=own[rows],
         kind=np.array([collective_word(comm.kind[i]) for i in rows.tolist()], dtype=object),
         size_bytes=size,
         late_ns=late,
         wait_ns=wait,
         last=last,
     )
+
+
+def _host_collectives(
+    tree: CallTree, use: np.ndarray, own: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host-side collectives counted once, with their whole time.
+
+    gloo records a collective twice: the call in the caller's stack (when the rank arrived; it
+    only enqueues the work) and the work on a background thread, a root of its own (the
+    transfer). Where a rank has both, as many as each other, its calls are its collectives and
+    each call's time is that of the work it enqueued, the next of that rank's background rows."""
+    comm = tree.comm
+    called = tree.parent[comm.node] >= 0
+    own = own.copy()
+    for rank in np.unique(comm.rank[use]).tolist():
+        mine = use & (comm.rank == rank)
+        calls = np.flatnonzero(mine & called)
+        work = np.flatnonzero(mine & ~called)
+        if not len(calls) or not len(work):
+            continue
+        use = use & ~(mine & ~called)
+        if len(calls) == len(work):
+            calls = calls[np.argsort(comm.start_ns[calls], kind="stable")]
+            work = work[np.argsort(comm.start_ns[work], kind="stable")]
+            own[calls] = own[work]
+    return use, own
 
 
 class RunContext:
