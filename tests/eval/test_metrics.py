@@ -206,7 +206,7 @@ def test_agreement_reads_the_plans_fault_rank_and_operator() -> None:
         text + " It shows in aten::mm.", "cpu_contention", "aten::mm", 1
     ).well_formed
     # the share of the operator the rest went to adds to the pointed node's, capped at all of it
-    rest = example("share.rest_operator")  # <1% + 79%
+    rest = example("share.rest_operator")  # under 1% + 79%
     assert agreement(rest, None, None, None).excess_explained == pytest.approx(0.795)
     # a mechanism's rise already holds the time its rank lost in the other operator
     rise = example("share.rise_rest_operator")

@@ -70,7 +70,7 @@ def test_counts_agree_with_their_nouns():
     one = render("evidence.shift", rank=0, op="aten::mm", observed=2e6, normal=1e6, steps=1)
     assert one.endswith("for 1 step.") and parse(one) is not None
     assert parse(one.replace("1 step.", "1 steps.")) is None
-    assert [format_share(v) for v in (1.4, 0.999, 0.5, 0.001)] == ["all", "all", "50%", "<1%"]
+    assert [format_share(v) for v in (1.4, 0.999, 0.5, 0.001)] == ["all", "all", "50%", "under 1%"]
 
 
 def test_broken_text_and_families_out_of_order_do_not_parse():

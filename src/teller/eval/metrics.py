@@ -284,7 +284,7 @@ def agreement(text: str, fault: str | None, operator: str | None, rank: int | No
 def _share_value(text: str) -> float:
     if text == "all":
         return 1.0
-    if text == "<1%":
+    if text == "under 1%":
         return 0.005
     return float(text.rstrip("%")) / 100
 

@@ -76,11 +76,11 @@ def format_bytes(value: float) -> str:
 
 
 def format_share(share: float) -> str:
-    """A share of an excess: 'all', '<1%' or a whole percentage below 100."""
+    """A share of an excess: 'all', 'under 1%' or a whole percentage below 100."""
     if share >= 0.995:
         return "all"
     if share < 0.005:
-        return "<1%"
+        return "under 1%"
     return f"{min(round(share * 100), 99)}%"
 
 
@@ -145,8 +145,8 @@ SLOT_TYPES: dict[str, SlotType] = {
         _COUNT_WORDS.format(noun=_COLLECTIVE) + rf"(?: of {_SIZE}(?: each| to {_SIZE})?)?",
     ),
     "basis": SlotType(f"{BASIS_BATCH}|{BASIS_RUN}"),
-    "share": SlotType(r"all|<1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
-    "other_share": SlotType(r"all|<1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
+    "share": SlotType(r"all|under 1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
+    "other_share": SlotType(r"all|under 1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
     **{
         name: _NS
         for name in (

@@ -77,7 +77,7 @@ def render_terminal(
             lines.extend(
                 wrapped(
                     "  evidence: ",
-                    f"{short_name(evidence.what, 70)}: {format_ns(evidence.observed_ns)} "
+                    f"{_evidence_name(evidence.what)}: {format_ns(evidence.observed_ns)} "
                     f"(normal {normal}; {evidence.reference})",
                     look,
                 )
@@ -220,10 +220,19 @@ def render_findings(verdict: Verdict, top: int = 10) -> str:
         lines.append(f"  {f.explanation}")
         for evidence in f.evidence[:1]:
             lines.append(
-                f"  evidence: {short_name(evidence.what, 70)}: {format_ns(evidence.observed_ns)}"
+                f"  evidence: {_evidence_name(evidence.what)}: {format_ns(evidence.observed_ns)}"
                 f" observed vs {format_ns(evidence.normal_ns)} normal ({evidence.reference})"
             )
     if len(verdict.findings) > top:
         lines.append(f"… {len(verdict.findings) - top} more")
     lines.extend(f"warning: {w}" for w in _method_warnings(verdict))
     return printable("\n".join(lines))
+
+
+def _evidence_name(what: str) -> str:
+    """An evidence line's subject with a long operator or kernel name shortened and its
+    " on rank N (kind)" tail kept whole: the tail says where and what was measured."""
+    name, on, where = what.rpartition(" on rank ")
+    if not on:
+        return short_name(what, 70)
+    return f"{short_name(name, 60)}{on}{where}"
