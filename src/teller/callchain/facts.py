@@ -247,6 +247,10 @@ class StepNodes:
     def _by_step(self) -> RowIndex:
         return RowIndex(self.iteration)
 
+    @cached_property
+    def _by_key(self) -> RowIndex:
+        return RowIndex(self.iteration, self.rank, self.name)
+
     def rows_in(self, iteration: int) -> np.ndarray:
         """Positions of `iteration`'s nodes, ascending: what `self.iteration == iteration`
         selects, found without scanning the run."""
@@ -255,8 +259,7 @@ class StepNodes:
     def largest(self, iteration: int, rank: int, name: int) -> int:
         """Position of the longest self-time node of `name` on `rank` in the step (the first
         of equals), -1 where the step has none."""
-        rows = self.rows_in(iteration)
-        where = rows[(self.rank[rows] == rank) & (self.name[rows] == name)]
+        where = self._by_key.rows(iteration, rank, name)
         return int(where[np.argmax(self.self_ns[where])]) if len(where) else -1
 
 
