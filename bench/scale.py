@@ -4,6 +4,7 @@
     .venv/bin/python bench/scale.py --method model           # the model method too
     .venv/bin/python bench/scale.py --large                  # adds 8x200 16x200 8x400
     .venv/bin/python bench/scale.py --cases 8x800 --keep /tmp/scale   # any RANKSxSTEPS, kept
+    .venv/bin/python bench/scale.py --sources /tmp/anchor/src          # another checkout's code
 
 Each case is a `teller lab sim` run of TP4 replicas (ranks / 4 replicas of one 4-GPU node,
 Python frames on, a straggler on rank 1 over the middle tenth of the steps, seed 0), written once
@@ -86,8 +87,12 @@ class Measured:
     peak_rss_kib: int
 
 
+#: The teller sources analyses run (`--sources`: another checkout's src, as an anchor).
+SOURCES = [REPO / "src"]
+
+
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return {**os.environ, "PYTHONPATH": str(SOURCES[0])}
 
 
 def _input_bytes(case: Path) -> int:
@@ -184,7 +189,12 @@ def main() -> int:
     )
     parser.add_argument("--keep", type=Path, help="write (or reuse) the cases here")
     parser.add_argument("--jobs", type=int, help="pass --jobs N to teller analyze")
+    parser.add_argument(
+        "--sources", type=Path, help="teller sources to analyse with (default: this checkout)"
+    )
     args = parser.parse_args()
+    if args.sources is not None:
+        SOURCES[0] = args.sources.resolve()
     shapes = [Shape.parse(text) for text in args.cases + (list(LARGE_CASES) if args.large else [])]
     methods = ["localizer"] + (["model"] if args.method and "model" in args.method else [])
     extra = ["--jobs", str(args.jobs)] if args.jobs else []
