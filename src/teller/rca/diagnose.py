@@ -16,7 +16,7 @@ is never mistaken for a verdict with logs.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -289,6 +289,7 @@ def _findings(
     name_of_step = {int(tree.steps.index[k]): tree.steps.name[k] for k in range(len(tree.steps))}
     findings = []
     chosen = localization.anomalous_steps() if steps is None else steps
+    peers = len(np.unique(tree.rank)) > 1  # once: a scan of every node, not one per finding
     for step in sorted(chosen, key=lambda s: -s.z):
         candidates = localization.candidates.get(step.iteration, [])
         top = candidates[0] if candidates else None
@@ -308,7 +309,7 @@ def _findings(
                 operator_node=top.node if top else None,
                 fault_type=fault_type,
                 view=view,
-                explanation=_explain(step, top, fault_type, peers=len(set(tree.rank.tolist())) > 1),
+                explanation=_explain(step, top, fault_type, peers=peers),
                 candidates=[_candidate(c) for c in candidates],
                 evidence=[_evidence(c) for c in candidates[:3]],
             )
@@ -333,8 +334,9 @@ def _attach_logs(aligned: AlignResult | None, findings: list[Finding]) -> None:
     ts = table.column("ts_ns").to_numpy()
     ranks = table.column("rank").to_numpy()
     memberships = aligned.requests
+    lines_of, requests_of = _rows_by_value(step), _rows_by_value(memberships.step)
     for finding in findings:
-        rows = np.flatnonzero(step == finding.step).tolist()
+        rows = lines_of(finding.step).tolist()
         rows.sort(key=lambda i: (_SEVERITY.get(levels[i] or "", 5), -confidence[i], ts[i]))
         seen: set[str] = set()  # the same line captured twice (launcher and rank log) shows once
         rows = [i for i in rows if not (raws[i] in seen or seen.add(raws[i]))]
@@ -347,8 +349,21 @@ def _attach_logs(aligned: AlignResult | None, findings: list[Finding]) -> None:
             )
             for i in rows[:LOG_LINES_PER_FINDING]
         ]
-        in_step = memberships.request[memberships.step == finding.step]
+        in_step = memberships.request[requests_of(finding.step)]
         finding.requests = sorted({memberships.requests.key[i] for i in in_step.tolist()})
+
+
+def _rows_by_value(values: np.ndarray) -> Callable[[int], np.ndarray]:
+    """A lookup of the rows holding a value, ascending (what `values == v` selects), by binary
+    search: one scan per finding over every log line would grow with findings times lines."""
+    values = np.asarray(values)
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+
+    def rows(value: int) -> np.ndarray:
+        return order[np.searchsorted(ordered, value) : np.searchsorted(ordered, value, "right")]
+
+    return rows
 
 
 def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | None, str]:
