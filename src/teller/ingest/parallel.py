@@ -1,9 +1,10 @@
 """Reading rank files in a pool of processes: the per-rank map of DESIGN.md §6 on every core.
 
 Rank files are independent until the horizontal join, so each is read in its own worker and
-the tables come back in file order; the run is then the same as read one by one. Workers start
-from a fresh interpreter (forkserver, else spawn), never a fork of a parent that may hold a large
-run already. What crosses between processes is teller's own result (an `EventTable`, or the
+the tables come back in file order; the run is then the same as read one by one. Workers are
+spawned (a fresh interpreter each), never forked from a parent that may hold a large run
+already, and as the caller's own children they count in its resource usage (a forkserver's
+workers would be the server's). What crosses between processes is teller's own result (an `EventTable`, or the
 parts of a `TraceError`), never the input file's bytes.
 """
 
@@ -44,8 +45,7 @@ def read_each(
             except TraceError as error:
                 yield error
         return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
         for result in pool.map(_read_one, [read] * len(files), files):
             yield TraceError(*result) if isinstance(result, tuple) else result
