@@ -61,6 +61,7 @@ class Analysis:
         progress: bool = False,
         method: str = "model",
         model_dir: PathLike | None = None,
+        jobs: int = 1,
     ) -> None:
         if method not in METHODS:
             raise TellerError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
@@ -85,6 +86,7 @@ class Analysis:
         self.progress = progress
         self.method = method
         self.model_dir = Path(model_dir) if model_dir is not None else None
+        self.jobs = jobs  # worker processes reading the rank files (1: this process)
 
     def _found(self, files_of: Callable[[CaseDir], list[Path]]) -> list[Path]:
         """Logs or spans beside the traces, in the case layout (`teller.layout`)."""
@@ -93,7 +95,7 @@ class Analysis:
     # -- the stages, computed once each ---------------------------------------------------------
     @cached_property
     def event_table(self) -> EventTable:
-        return read_run(self.trace_files, progress=self.progress)
+        return read_run(self.trace_files, progress=self.progress, jobs=self.jobs)
 
     @cached_property
     def tree(self) -> CallTree:

@@ -169,9 +169,12 @@ def cmd_lab_dataset(args: argparse.Namespace) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from teller.analysis import Analysis
+    from teller.ingest.parallel import default_jobs
     from teller.report import format_for, render, write_atomic
     from teller.report.console import PLAIN, look_for
 
+    if args.jobs is not None and args.jobs < 1:
+        raise TellerError(f"--jobs {args.jobs}: needs at least 1")
     analysis = Analysis(
         args.paths,
         logs=args.logs,
@@ -180,6 +183,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         method=args.method,
         model_dir=args.model,
+        jobs=args.jobs if args.jobs is not None else default_jobs(),
     )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
     verdict, tree, breakdown = analysis.diagnose(), analysis.tree, analysis.breakdown()
@@ -509,6 +513,9 @@ def _parser() -> argparse.ArgumentParser:
         "ends in .gz, e.g. annotated.json.gz)",
     )
     analyze.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
+    analyze.add_argument(
+        "--jobs", type=int, help="processes reading the rank files (default: the core count)"
+    )
     _method_arguments(analyze)
 
     evaluate = command("eval", cmd_eval, "score methods on labelled cases (DESIGN.md §5)")

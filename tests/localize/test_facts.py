@@ -87,3 +87,30 @@ def test_host_work_without_waits_leaves_out_the_waiting_calls(straggler) -> None
     work = RunFacts(straggler).work
     assert np.all(work.host_without_waits_ns <= work.host_ns)
     assert work.host_ns.sum() > 0
+
+
+def test_row_index_finds_what_a_mask_selects() -> None:
+    rng = np.random.default_rng(0)
+    iteration, rank, name = (rng.integers(0, n, 500) for n in (7, 3, 5))
+    index = facts_module.RowIndex(iteration, rank, name)
+    for i, r, n in [(0, 0, 0), (6, 2, 4), (3, 1, 2)]:
+        mask = (iteration == i) & (rank == r) & (name == n)
+        assert index.rows(i, r, n).tolist() == np.flatnonzero(mask).tolist()
+    assert len(index.rows(7, 0, 0)) == 0 and len(index.rows(-1, 0, 0)) == 0
+
+
+def test_step_lookups_match_a_scan(straggler) -> None:
+    facts = RunFacts(straggler)
+    nodes, arrivals = facts.step_nodes, facts.arrivals
+    assert arrivals is not None and len(arrivals)
+    for iteration in np.unique(nodes.iteration).tolist():
+        rows = nodes.rows_in(iteration)
+        assert rows.tolist() == np.flatnonzero(nodes.iteration == iteration).tolist()
+        r, n = int(nodes.rank[rows[-1]]), int(nodes.name[rows[-1]])
+        where = np.flatnonzero(
+            (nodes.iteration == iteration) & (nodes.rank == r) & (nodes.name == n)
+        )
+        assert nodes.largest(iteration, r, n) == int(where[np.argmax(nodes.self_ns[where])])
+    i, r, n = int(arrivals.iteration[0]), int(arrivals.rank[0]), int(arrivals.name[0])
+    mask = (arrivals.iteration == i) & (arrivals.rank == r) & (arrivals.name == n)
+    assert arrivals.rows_of(i, r, n).tolist() == np.flatnonzero(mask).tolist()

@@ -67,6 +67,46 @@ class Arrivals:
     def __len__(self) -> int:
         return len(self.iteration)
 
+    @cached_property
+    def _by_step(self) -> RowIndex:
+        return RowIndex(self.iteration)
+
+    @cached_property
+    def _by_key(self) -> RowIndex:
+        return RowIndex(self.iteration, self.rank, self.name)
+
+    def rows_in(self, iteration: int) -> np.ndarray:
+        """Rows of `iteration`, ascending: what `self.iteration == iteration` selects, found
+        without scanning the run."""
+        return self._by_step.rows(iteration)
+
+    def rows_of(self, iteration: int, rank: int, name: int) -> np.ndarray:
+        """Rows of one rank's collective `name` in `iteration`, ascending."""
+        return self._by_key.rows(iteration, rank, name)
+
+
+class RowIndex:
+    """Rows grouped by their values in some non-negative int columns, so that one group's rows
+    (ascending, as a boolean mask would select them) are found by binary search instead of a
+    scan over every row: per-step searches run once per step, and a scan each would make the
+    run quadratic in its steps."""
+
+    def __init__(self, *columns: np.ndarray) -> None:
+        self.sizes = [int(np.asarray(c, dtype=np.int64).max(initial=0)) + 1 for c in columns]
+        keys = packed_keys(*columns)
+        self.order = np.argsort(keys, kind="stable")
+        self.sorted_keys = keys[self.order]
+
+    def rows(self, *values: int) -> np.ndarray:
+        """The rows whose columns hold `values`, ascending (none for a value no row has)."""
+        key = 0
+        for size, value in zip(self.sizes, values, strict=True):
+            if not 0 <= value < size:
+                return self.order[:0]
+            key = key * size + int(value)
+        lo, hi = np.searchsorted(self.sorted_keys, [key, key + 1])
+        return self.order[lo:hi]
+
 
 def arrivals_of(tree: CallTree) -> Arrivals | None:
     """The run's `Arrivals` (None without collectives)."""
@@ -208,6 +248,25 @@ class StepNodes:
     dur_ns: np.ndarray
     layer: np.ndarray
     on_gpu: np.ndarray
+
+    @cached_property
+    def _by_step(self) -> RowIndex:
+        return RowIndex(self.iteration)
+
+    @cached_property
+    def _by_key(self) -> RowIndex:
+        return RowIndex(self.iteration, self.rank, self.name)
+
+    def rows_in(self, iteration: int) -> np.ndarray:
+        """Positions of `iteration`'s nodes, ascending: what `self.iteration == iteration`
+        selects, found without scanning the run."""
+        return self._by_step.rows(iteration)
+
+    def largest(self, iteration: int, rank: int, name: int) -> int:
+        """Position of the longest self-time node of `name` on `rank` in the step (the first
+        of equals), -1 where the step has none."""
+        where = self._by_key.rows(iteration, rank, name)
+        return int(where[np.argmax(self.self_ns[where])]) if len(where) else -1
 
 
 def step_nodes(tree: CallTree) -> StepNodes:

@@ -15,6 +15,7 @@ from pathlib import Path
 from teller.errors import TraceError
 from teller.ingest import kineto
 from teller.ingest.files import NSYS_REPORT_SUFFIXES
+from teller.ingest.parallel import read_each
 from teller.ingest.schema import EventTable, concat
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -32,11 +33,13 @@ def read_trace(path: str | Path) -> EventTable:
     return kineto.read(path)
 
 
-def read_run(paths: Iterable[str | Path], progress: bool = False) -> EventTable:
+def read_run(paths: Iterable[str | Path], progress: bool = False, jobs: int = 1) -> EventTable:
     """Read every trace file of one run; directories are searched for rank files.
 
     A rank file that cannot be read is left out with a warning naming it and why, so the other
     ranks are still analysed; only when no file can be read is the first one's TraceError raised.
+    With `jobs` > 1 the files are read in that many worker processes (`teller.ingest.parallel`);
+    the run read is the same.
     """
     paths = list(paths)  # named again in the error below
     files = find_trace_files(paths)
@@ -45,18 +48,18 @@ def read_run(paths: Iterable[str | Path], progress: bool = False) -> EventTable:
         raise TraceError(
             shown, "no trace files found (looked for *.json, *.json.gz, *.sqlite, *.nsys-rep)"
         )
-    iterator: Iterable[Path] = files
+    results: Iterable[EventTable | TraceError] = read_each(read_trace, files, jobs)
     if progress and len(files) > 1:
         from tqdm import tqdm
 
-        iterator = tqdm(files, desc="reading traces", unit="file", leave=False)
+        results = tqdm(results, total=len(files), desc="reading traces", unit="file", leave=False)
     tables: list[EventTable] = []
     refused: list[TraceError] = []
-    for path in iterator:
-        try:
-            tables.append(read_trace(path))
-        except TraceError as error:
-            refused.append(error)
+    for result in results:
+        if isinstance(result, TraceError):
+            refused.append(result)
+        else:
+            tables.append(result)
     if not tables:
         raise refused[0]
     run = concat(tables)

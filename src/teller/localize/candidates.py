@@ -62,6 +62,14 @@ class RunTables:
     ranks: list[int]
 
     @cached_property
+    def gaps_by_step(self) -> dict[int, list[tuple[int, dict[int, float]]]]:
+        """`gaps` by iteration: [(rank, {name: idle ns})], in the order of `gaps`."""
+        out: dict[int, list[tuple[int, dict[int, float]]]] = {}
+        for (rank, iteration), per_name in self.gaps.items():
+            out.setdefault(iteration, []).append((rank, per_name))
+        return out
+
+    @cached_property
     def totals_by_step(self) -> StepTotals:
         """`step_totals` indexed by iteration, built on first need (a new-operator search)."""
         return StepTotals.of(self.step_totals)
@@ -206,7 +214,7 @@ def step_candidates(
                 observed_ns=int(observed),
                 normal_ns=0,
                 z=significance(observed, [], noise_floor_ns),
-                node=int(nodes.node[_largest_node(nodes, iteration, rank, name)]),
+                node=int(nodes.node[nodes.largest(iteration, rank, name)]),
                 reference=why,
                 kind="compute",
             )
@@ -241,7 +249,7 @@ def _operator_excess(
     A node's reference is the same instance in the reference steps where at least two ran it,
     else on the peer ranks in this step; a node with neither is left to the layer comparison."""
     tree, nodes = tables.tree, tables.nodes
-    rows = np.flatnonzero(nodes.iteration == iteration)
+    rows = nodes.rows_in(iteration)
     rows = rows[
         np.isin(nodes.layer[rows], list(COMPUTE_CODES))
         & ~np.isin(nodes.name[rows], list(tables.waiting))
@@ -303,9 +311,7 @@ def _idle_candidates(
     out: list[OperatorCandidate] = []
     if not reference:  # no step to say how long the GPU usually waits here
         return out
-    for (rank, it), per_name in gaps.items():
-        if it != iteration:
-            continue
+    for rank, per_name in tables.gaps_by_step.get(iteration, []):
         usual_totals = [sum(gaps.get((rank, r), {}).values()) for r in reference]
         rank_z = significance(sum(per_name.values()), usual_totals, noise_floor_ns)
         weight = credit(rank_z)
@@ -316,10 +322,8 @@ def _idle_candidates(
             excess = idle - (float(np.median(usual)) if usual else 0.0)
             if excess <= noise_floor_ns:
                 continue
-            where = np.flatnonzero(
-                (nodes.iteration == iteration) & (nodes.rank == rank) & (nodes.name == name)
-            )
-            if not len(where):
+            largest = nodes.largest(iteration, rank, name)
+            if largest < 0:
                 continue
             out.append(
                 OperatorCandidate(
@@ -330,7 +334,7 @@ def _idle_candidates(
                     observed_ns=int(idle),
                     normal_ns=int(np.median(usual)) if usual else 0,
                     z=rank_z,
-                    node=int(nodes.node[where[np.argmax(nodes.self_ns[where])]]),
+                    node=int(nodes.node[largest]),
                     reference="GPU idle while this host work delayed the next launch, "
                     "vs nearest normal steps",
                     kind="idle",
@@ -419,14 +423,6 @@ def keep_top(candidates: list[OperatorCandidate], k: int) -> list[OperatorCandid
     others = [i for i, c in enumerate(candidates) if c.reference not in FRESH]
     kept = sorted(fresh + others[: max(k - len(fresh), 0)])
     return [candidates[i] for i in kept]
-
-
-def _largest_node(nodes: StepNodes, iteration: int, rank: int, name: int) -> int:
-    """Position (in `nodes`) of the longest self-time node of `name` on `rank` in the step."""
-    where = np.flatnonzero(
-        (nodes.iteration == iteration) & (nodes.rank == rank) & (nodes.name == name)
-    )
-    return int(where[np.argmax(nodes.self_ns[where])])
 
 
 def _nearest(

@@ -35,7 +35,7 @@ def collective_candidates(
     """Arrival and transfer candidates of one step, against the `reference` steps."""
     if arrivals is None:
         return []
-    iteration_of, rank, name = arrivals.iteration, arrivals.rank, arrivals.name
+    rank, name = arrivals.rank, arrivals.name
     late_ns, own_ns, node, is_last = (
         arrivals.late_ns,
         arrivals.own_ns,
@@ -43,15 +43,15 @@ def collective_candidates(
         arrivals.is_last,
     )
     out: list[OperatorCandidate] = []
-    here = iteration_of == iteration
+    here = arrivals.rows_in(iteration)
     pooled_scale = _pooled_lateness_scale(arrivals, here, reference)
     for r in np.unique(rank[here]).tolist():
-        for n in np.unique(name[here & (rank == r)]).tolist():
-            mine = (rank == r) & (name == n)
-            now = mine & here
+        for n in np.unique(name[here[rank[here] == r]]).tolist():
+            now = arrivals.rows_of(iteration, r, n)
+            usual_rows = [arrivals.rows_of(it, r, n) for it in reference]
             # lateness against this rank's own lateness in the reference steps: ranks skew a
             # little all the time, only skew beyond the usual points at something
-            usual = [late_ns[mine & (iteration_of == it)].sum() for it in reference]
+            usual = [late_ns[rows].sum() for rows in usual_rows]
             observed = float(late_ns[now].sum())
             lateness = float(late_ns[now].sum() - (np.median(usual) if usual else 0.0))
             if lateness > noise_floor_ns:
@@ -72,10 +72,10 @@ def collective_candidates(
                 )
             # transfer: a collective slower on every rank, the last arriver included, is a
             # transfer problem; the last arriver's own time has no waiting in it
-            last_rows = now & is_last
-            if not last_rows.any():
+            last_rows = now[is_last[now]]
+            if not len(last_rows):
                 continue
-            usual_own = [own_ns[mine & (iteration_of == it) & is_last].sum() for it in reference]
+            usual_own = [own_ns[rows[is_last[rows]]].sum() for rows in usual_rows]
             own = float(own_ns[last_rows].sum())
             excess = float(own_ns[last_rows].sum() - (np.median(usual_own) if usual_own else 0.0))
             if usual_own and excess > noise_floor_ns:
@@ -98,21 +98,16 @@ def collective_candidates(
 
 def _pooled_lateness_scale(arrivals: Arrivals, here: np.ndarray, reference: list[int]) -> float:
     """How much any rank's lateness at a collective wanders from its own usual: the spread of
-    every (rank, collective)'s deviations from its median in the reference steps, pooled.
+    every (rank, collective)'s deviations from its median in the reference steps, pooled;
+    `here`: the step's rows.
 
     Why pooled: host-bound ranks skew by chance, and a rank that is usually on time has no spread
     of its own to judge by."""
-    iteration_of, rank, name, late_ns = (
-        arrivals.iteration,
-        arrivals.rank,
-        arrivals.name,
-        arrivals.late_ns,
-    )
+    rank, name, late_ns = arrivals.rank, arrivals.name, arrivals.late_ns
     deviations = []
     for r in np.unique(rank[here]).tolist():
-        for n in np.unique(name[here & (rank == r)]).tolist():
-            mine = (rank == r) & (name == n)
-            usual = np.array([late_ns[mine & (iteration_of == it)].sum() for it in reference])
+        for n in np.unique(name[here[rank[here] == r]]).tolist():
+            usual = np.array([late_ns[arrivals.rows_of(it, r, n)].sum() for it in reference])
             deviations.extend(np.abs(usual - np.median(usual)).tolist() if len(usual) else [])
     return MAD_TO_SIGMA * float(np.median(deviations)) if deviations else 0.0
 
@@ -137,8 +132,8 @@ def late_in_step(
         for r, i, d in zip(tree.steps.rank, tree.steps.index, tree.steps.dur_ns, strict=True)
     }
     keys = arrivals.iteration * (int(arrivals.rank.max()) + 1) + arrivals.rank
-    for key in np.unique(keys).tolist():
-        rows = np.flatnonzero(keys == key)
+    order = np.argsort(keys, kind="stable")  # each group's rows stay ascending
+    for rows in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1):
         iteration, rank = int(arrivals.iteration[rows[0]]), int(arrivals.rank[rows[0]])
         late = arrivals.late_ns[rows]
         worst = int(np.argmax(late))

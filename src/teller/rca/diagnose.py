@@ -16,7 +16,7 @@ is never mistaken for a verdict with logs.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -440,8 +440,9 @@ def _attach_logs(aligned: AlignResult | None, findings: list[Finding]) -> None:
     ts = table.column("ts_ns").to_numpy()
     ranks = table.column("rank").to_numpy()
     memberships = aligned.requests
+    lines_of, requests_of = _rows_by_value(step), _rows_by_value(memberships.step)
     for finding in findings:
-        rows = np.flatnonzero(step == finding.step).tolist()
+        rows = lines_of(finding.step).tolist()
         rows.sort(key=lambda i: (_SEVERITY.get(levels[i] or "", 5), -confidence[i], ts[i]))
         seen: set[str] = set()  # the same line captured twice (launcher and rank log) shows once
         rows = [i for i in rows if not (raws[i] in seen or seen.add(raws[i]))]
@@ -454,7 +455,7 @@ def _attach_logs(aligned: AlignResult | None, findings: list[Finding]) -> None:
             )
             for i in rows[:LOG_LINES_PER_FINDING]
         ]
-        in_step = memberships.request[memberships.step == finding.step]
+        in_step = memberships.request[requests_of(finding.step)]
         finding.requests = sorted({memberships.requests.key[i] for i in in_step.tolist()})
 
 
@@ -462,6 +463,19 @@ def _grounded(top: OperatorCandidate | None) -> bool:
     """Whether the localizer's fault type for this candidate rests on its pattern (a late
     arrival, a slower transfer, a persistent shift), not on the layer a slower operator ran on."""
     return top is not None and top.kind in ("arrival", "transfer", "shift")
+
+
+def _rows_by_value(values: np.ndarray) -> Callable[[int], np.ndarray]:
+    """A lookup of the rows holding a value, ascending (what `values == v` selects), by binary
+    search: one scan per finding over every log line would grow with findings times lines."""
+    values = np.asarray(values)
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+
+    def rows(value: int) -> np.ndarray:
+        return order[np.searchsorted(ordered, value) : np.searchsorted(ordered, value, "right")]
+
+    return rows
 
 
 def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | None, str]:

@@ -39,12 +39,14 @@ def slice_of_nodes(
     focus: int = -1,
 ) -> Slice:
     """The slice holding `nodes` (tree indices) and all their ancestors, in tree order."""
-    mask = np.zeros(len(tree), dtype=bool)
-    mask[
-        np.asarray(list(nodes) if not isinstance(nodes, np.ndarray) else nodes, dtype=np.int64)
-    ] = True
-    _close_under_ancestors(tree, mask)
-    picked = np.flatnonzero(mask)  # tree order: parents before children
+    wanted = np.asarray(list(nodes) if not isinstance(nodes, np.ndarray) else nodes, np.int64)
+    if len(wanted) <= FEW_NODES and (wanted >= 0).all():
+        picked = _with_ancestors(tree, wanted.tolist())
+    else:
+        mask = np.zeros(len(tree), dtype=bool)
+        mask[wanted] = True
+        _close_under_ancestors(tree, mask)
+        picked = np.flatnonzero(mask)  # tree order: parents before children
     tree_parent = tree.parent[picked]
     parent = np.searchsorted(picked, tree_parent).astype(np.int32)
     parent[tree_parent < 0] = -1
@@ -178,6 +180,21 @@ def _members_by_step(tree: CallTree) -> list[np.ndarray]:
     order = in_step[np.argsort(tree.step[in_step], kind="stable")]
     bounds = np.searchsorted(tree.step[order], np.arange(len(tree.steps) + 1))
     return [order[bounds[k] : bounds[k + 1]] for k in range(len(tree.steps))]
+
+
+#: Up to this many nodes, a slice's ancestors are walked up from them: a mask over the whole
+#: tree would make one small slice per candidate cost the run's size each.
+FEW_NODES = 64
+
+
+def _with_ancestors(tree: CallTree, nodes: list[int]) -> np.ndarray:
+    """`nodes` and all their ancestors, ascending (tree order), without touching the rest."""
+    seen: set[int] = set()
+    for node in nodes:
+        while node >= 0 and node not in seen:
+            seen.add(node)
+            node = int(tree.parent[node])
+    return np.array(sorted(seen), dtype=np.int64)
 
 
 def _close_under_ancestors(tree: CallTree, mask: np.ndarray) -> None:

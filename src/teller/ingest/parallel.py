@@ -1,0 +1,60 @@
+"""Reading rank files in a pool of processes: the per-rank map of DESIGN.md §6 on every core.
+
+Rank files are independent until the horizontal join, so each is read in its own worker and
+the tables come back in file order; the run is then the same as read one by one. Workers are
+spawned (a fresh interpreter each), never forked from a parent that may hold a large run
+already, and as the caller's own children they count in its resource usage (a forkserver's
+workers would be the server's). What crosses between processes is teller's own result (an `EventTable`, or the
+parts of a `TraceError`), never the input file's bytes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from teller.errors import TraceError
+from teller.ingest.schema import EventTable
+
+#: A refused file as it crosses from a worker: TraceError's (path, what, where).
+Refusal = tuple[str, str, str]
+
+
+def default_jobs() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def read_each(
+    read: Callable[[Path], EventTable], files: list[Path], jobs: int
+) -> Iterator[EventTable | TraceError]:
+    """`read(file)` for every file, in file order: the table, or the TraceError it raised.
+
+    `read` must be a module-level function (workers import it by name). With `jobs` ≤ 1 or a
+    single file, everything is read here."""
+    if jobs <= 1 or len(files) <= 1:
+        for path in files:
+            try:
+                yield read(path)
+            except TraceError as error:
+                yield error
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
+        for result in pool.map(_read_one, [read] * len(files), files):
+            yield TraceError(*result) if isinstance(result, tuple) else result
+
+
+def _read_one(read: Callable[[Path], EventTable], path: Path) -> EventTable | Refusal:
+    """In a worker: the table, or the refusal as plain strings (a TraceError does not pickle:
+    its constructor takes more than its message)."""
+    try:
+        return read(path)
+    except TraceError as error:
+        return (error.path, error.what, error.where)
