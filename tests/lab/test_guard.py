@@ -7,9 +7,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from lab.lab_procs import alive
 
 #: A parent that starts one child which asks to die with it, prints the child's pid, and sleeps.
 PARENT = """
@@ -24,27 +25,19 @@ time.sleep(60)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_child_dies_when_its_parent_is_sigkilled() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
         time.sleep(1.0)  # the child has made the setting (it imports little)
-        assert _alive(child)
+        assert alive(child)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child)
+        assert not alive(child)
     finally:
         parent.kill()
         parent.wait()

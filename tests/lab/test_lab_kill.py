@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.lab_procs import alive, descendants
 from teller.lab import netns
 from teller.lab.cgroups import CGROUP_ROOT, cgroup_version
 
@@ -42,31 +43,6 @@ def _can_make_namespaces() -> bool:
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return made
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _cgroups(tag: str) -> list[Path]:
@@ -113,7 +89,7 @@ def _start(tmp_path: Path, fault: str) -> subprocess.Popen:
 
 
 def _launcher(runner_pid: int) -> int:
-    for pid in _descendants(runner_pid):
+    for pid in descendants(runner_pid):
         with contextlib.suppress(OSError):
             if b"teller.lab.serve.launch" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
@@ -148,7 +124,7 @@ def test_a_signalled_run_leaves_no_namespace_link_qdisc_cgroup_or_process(
             lambda: f"{fault} in force ({(tmp_path / 'stderr.txt').read_text()[-1500:]})",
             runner,
         )
-        helpers = _descendants(runner.pid)
+        helpers = descendants(runner.pid)
         assert len(helpers) >= 4  # guard, launcher, two ranks
         assert netns.leftovers(tag) and _cgroups(tag)
         if signal_number == "launcher-SIGKILL":
@@ -164,9 +140,9 @@ def test_a_signalled_run_leaves_no_namespace_link_qdisc_cgroup_or_process(
             ),
         )
         _wait_for(
-            lambda: not [pid for pid in helpers if _alive(pid)],
+            lambda: not [pid for pid in helpers if alive(pid)],
             CLEANUP_LIMIT_S,
-            lambda: f"every process of the run gone ({[p for p in helpers if _alive(p)]} alive)",
+            lambda: f"every process of the run gone ({[p for p in helpers if alive(p)]} alive)",
         )
         assert not _throttled(tag, 1)
         assert (tmp_path / "case.failed").is_dir()  # the guard keeps what was recorded

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.lab_procs import alive, descendants
 from teller.cli import main
 from teller.errors import TellerError
 from teller.lab import netns
@@ -39,31 +40,6 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert "already exists and is not empty" in capsys.readouterr().err
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.lab
 @pytest.mark.skipif(not netns.is_root(), reason="needs root: namespaces and cgroups to clean up")
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
@@ -86,7 +62,7 @@ def test_an_interrupted_run_removes_namespaces_cgroups_and_helpers(tmp_path, sig
         assert time.monotonic() < deadline, "ranks did not start"
         time.sleep(0.2)
     time.sleep(1.0)
-    helpers = _descendants(runner.pid)
+    helpers = descendants(runner.pid)
     assert len(helpers) >= 4  # launcher, two ranks, the CPU hogs (and log tees)
     assert netns.leftovers(tag)
     runner.send_signal(signal_number)
@@ -104,6 +80,6 @@ def test_an_interrupted_run_removes_namespaces_cgroups_and_helpers(tmp_path, sig
     if cgroup_version() == 1:
         for controller in ("cpu", "memory"):
             assert not list(Path("/sys/fs/cgroup", controller).rglob(f"teller-{tag}-*"))
-    assert [pid for pid in helpers if _alive(pid)] == []
+    assert [pid for pid in helpers if alive(pid)] == []
     assert not out.exists() and not partial.exists()
     assert (tmp_path / "case.failed").is_dir()  # what was recorded stays inspectable
