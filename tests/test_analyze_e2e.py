@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 import teller.rca
+from chromium_page import CHROMIUM, Dom, chromium, console_errors
 from teller.cli import main
 from teller.eval.metrics import agreement
 from teller.lab.run import CaseSpec, run_case
@@ -133,3 +135,29 @@ def test_model_names_the_regressed_operator_and_rank(slow_operator_case: Path):
 
 def test_localizer_names_the_regressed_operator_and_rank(slow_operator_case: Path):
     _names_the_fault(slow_operator_case, "localizer")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: apt-get install -y chromium")
+def test_demo_fault_report_in_chromium(case: Path, tmp_path: Path):
+    """The report of the `make demo` fault (a real recording) loads with no console error, its
+    step chart marks the anomalous steps with axes and labels, the Gantt shows both ranks, and it
+    paints a screenshot (kept under TELLER_SCREENSHOTS when set)."""
+    pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
+    page = tmp_path / "report.html"
+    assert main(["-q", "analyze", str(case), "-o", str(page)]) == 0
+    dumped, stderr = chromium(page, tmp_path, "--dump-dom")
+    assert console_errors(stderr) == []
+    dom = Dom(dumped)
+    assert dom.find("figure", id="chart-steps") and dom.find("figure", id="chart-gantt")
+    texts = {e[2].strip() for e in dom.find("text")}
+    assert {"step", "time (ms): bar observed, tick expected", "rank 0", "rank 1"} <= texts
+    marks = [e[1].get("aria-label", "") for e in dom.find("path")]
+    assert any("state: anomalous" in m for m in marks)
+    rows = [t for t in texts if t.startswith("rank ") and " · last in at " in t]
+    assert len(rows) == 2
+    keep = Path(os.environ.get("TELLER_SCREENSHOTS", tmp_path))
+    keep.mkdir(parents=True, exist_ok=True)
+    shot = keep / "demo-fault-1280.png"
+    chromium(page, tmp_path, f"--screenshot={shot}")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
