@@ -37,6 +37,12 @@ FAULTS: dict[str, str] = {
 FAULT_FREE = ("none", "workload_shift")
 
 
+#: Faults that slow one rank's host work and nothing else a trace records: a CPU quota (the
+#: straggler), a co-tenant, a pause, page faults. Without host metrics in the trace they look
+#: alike, and every explanation that states one of them says so.
+HOST_SLOWDOWNS = frozenset({"straggler", "cpu_contention", "host_stall", "memory_pressure"})
+
+
 def view_of(fault: str) -> str:
     """ "H" for faults seen across ranks, "V" for those in one rank's stack (the default for a
     name teller does not know, such as a verdict without a fault type)."""

@@ -122,6 +122,8 @@ def test_explanations_are_plans_naming_only_the_heads_fault_operator_and_rank(tr
             if d.facts is not None:
                 assert (
                     f"On rank {rank}, {operator_text(operator)}" in d.explanation
+                    or f"On rank {rank}, the last to arrive, {operator_text(operator)}"
+                    in d.explanation
                     or f"Rank {rank} " in d.explanation
                 )
             checked += 1
@@ -257,7 +259,9 @@ def test_steps_carry_their_batch_against_the_runs_usual_one():
 def test_the_explanation_head_learns_the_mechanism_of_each_fault(trained, two_cases):
     """Two small cases suffice for the explanation head to learn which mechanism each fault's
     steps state (a straggler's late arrival, a power-capped GPU's slower kernels): on the
-    labelled steps, its best-scored mechanism is the training target."""
+    labelled steps whose fault type the heads got right, its best-scored mechanism is the
+    training target. (The head reads the fault type the run settled on, as it does at diagnosis;
+    where that is wrong, it states that fault's mechanism, which the agreement test covers.)"""
     from teller.rca.plans import MECHANISMS
 
     _, _, root = trained
@@ -268,7 +272,7 @@ def test_the_explanation_head_learns_the_mechanism_of_each_fault(trained, two_ca
         target = {r.iteration: r.mechanism for r in records if r.anomalous}
         assert set(target.values()) - {"none"}  # the facts allow a mechanism on some steps
         for d in model.diagnose_records(records):
-            if d.anomalous and d.iteration in target:
+            if d.anomalous and d.iteration in target and d.fault == CaseLabels.read(case).fault:
                 best = MECHANISMS[max(range(len(MECHANISMS)), key=d.mechanism_scores.__getitem__)]
                 hits += best == target[d.iteration]
                 total += 1

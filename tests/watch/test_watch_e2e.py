@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from teller.faults import HOST_SLOWDOWNS
 from teller.watch.disk import INCIDENT_FILE, PARTIAL_PREFIX, case_dirs
 from teller.watch.quantiles import histogram_quantile
 from teller.watch.scrape import fetch_metrics, parse_metrics
@@ -128,16 +129,20 @@ def test_watch_reports_a_straggler_switched_on_part_way(tmp_path):
 
         (case,) = wait_for(lambda: case_dirs(out), REPORT_TIMEOUT_S, "the first report")
         incident = json.loads((case / INCIDENT_FILE).read_text())
-        assert (incident["fault_type"], incident["rank"]) == ("straggler", 1), incident
+        # the rank is the throttled one; the fault type one of those a trace without host metrics
+        # cannot tell from a CPU quota, with the caveat that says so
+        assert incident["rank"] == 1 and incident["fault_type"] in HOST_SLOWDOWNS, incident
         assert incident["capture_start_ns"] / 1e9 > t0_s + FAULT_AT_S
         assert incident["reference_end_ns"] / 1e9 < t0_s + FAULT_AT_S  # its steps were normal
         assert any(p.name.startswith("reference-") for p in (case / "traces").iterdir())
         report = json.loads((case / "report.json").read_text())
         assert report["findings"] and (case / "report.txt").is_file()
+        headline = next(f for f in report["findings"] if f["rank"] == 1)
+        assert "in the trace:" in headline["explanation"], headline["explanation"]
         # the case is renamed into place first, then exported
         (span,) = wait_for(lambda: receiver.spans, 60.0, "the incident's span")
         span_attributes = attributes(span)
-        assert span_attributes["teller.fault_type"] == "straggler"
+        assert span_attributes["teller.fault_type"] == incident["fault_type"]
         assert span_attributes["teller.rank"] == 1
         assert span_attributes["teller.operator"] == incident["operator"]
 
