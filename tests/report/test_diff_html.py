@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from html.parser import HTMLParser
 
 import numpy as np
 
+from chromium_page import Dom
 from conftest import real_trace
 from teller.callchain.steps import StepTable
 from teller.cli import main
@@ -21,44 +21,24 @@ RANK0_OF_128 = "hta/sampled_rank0_of128.json.gz"
 RANK1_OF_128 = "hta/sampled_rank1_of128.json.gz"
 
 
-class Elements(HTMLParser):
-    """(tag, attributes, text up to the next tag) of every element of a page."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.all: list[tuple[str, dict[str, str], str]] = []
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        self.all.append((tag, {k: v or "" for k, v in attrs}, ""))
-
-    def handle_data(self, data):
-        if self.all:
-            tag, attrs, text = self.all[-1]
-            self.all[-1] = (tag, attrs, text + data)
-
-    def with_id(self, element_id: str) -> list[tuple[str, dict[str, str], str]]:
-        return [e for e in self.all if e[1].get("id") == element_id]
-
-
 def test_html_diff_of_a_regression(baseline_case, contention_case, capsys):
     argv = ["-q", "diff", str(baseline_case), str(contention_case), "--format", "html"]
     assert main([*argv, "--fail-on-regression", "5"]) == 1  # the gate's code, whatever the format
     page = capsys.readouterr().out
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
     assert "<script" not in page and not re.search(r"(src|href)=['\"]?https?:", page)
-    dom = Elements(page)
-    (verdict,) = dom.with_id("verdict")
+    dom = Dom(page)
+    (verdict,) = dom.find(id="verdict")
     assert verdict[1]["class"] == "verdict"  # red: B regressed
     assert any(
-        e[0] == "strong" and e[2].startswith("regression beyond 5%: mixed +") for e in dom.all
+        e[0] == "strong" and e[2].startswith("regression beyond 5%: mixed +") for e in dom.elements
     )
-    assert dom.with_id("kinds") and dom.with_id("operators")
-    headers = [e[2] for e in dom.all if e[0] == "th"]
+    assert dom.find(id="kinds") and dom.find(id="operators")
+    headers = [e[2] for e in dom.elements if e[0] == "th"]
     assert {"A calls per step", "B per call", "operator"} <= set(headers)
     if _charts_drawn():
-        assert dom.with_id("chart-operators") and dom.with_id("chart-kinds")
-        texts = {e[2].strip() for e in dom.all if e[0] == "text"}
+        assert dom.find(id="chart-operators") and dom.find(id="chart-kinds")
+        texts = {e[2].strip() for e in dom.elements if e[0] == "text"}
         assert "self time per step, B minus A (ms)" in texts
         assert "median step time (ms)" in texts
     assert main(argv) == 0  # no gate, no regression verdict
@@ -73,13 +53,13 @@ def test_html_diff_escapes_every_name(baseline_analysis):
     diff = compare(tree, hostile, ["a<b>.json"], [f"b{HOSTILE}.json"])
     page = render_diff_html(diff, top=200)
     assert "<script>" not in page
-    dom = Elements(page)
-    assert [e for e in dom.all if e[0] == "script"] == []
-    codes = [e for e in dom.all if e[0] == "code"]
+    dom = Dom(page)
+    assert [e for e in dom.elements if e[0] == "script"] == []
+    codes = [e for e in dom.elements if e[0] == "code"]
     assert any(e[2] == HOSTILE and e[1]["title"] == HOSTILE for e in codes)
-    assert any(f"b{HOSTILE}.json" in e[2] for e in dom.all if e[0] in ("div", "br"))
+    assert any(f"b{HOSTILE}.json" in e[2] for e in dom.elements if e[0] in ("div", "br"))
     if _charts_drawn():  # Vega writes the name into the SVG as text too
-        labels = [e[1].get("aria-label", "") for e in dom.all if e[0] == "path"]
+        labels = [e[1].get("aria-label", "") for e in dom.elements if e[0] == "path"]
         assert any(HOSTILE in label for label in labels)
 
 
@@ -88,8 +68,8 @@ def test_html_diff_not_comparable_exits_3(capsys):
     assert main(["-q", "diff", a, b, "--format", "html", "--fail-on-regression", "50"]) == 3
     out, err = capsys.readouterr()
     assert "ranks differ (A: rank 0; B: rank 1)" in err
-    dom = Elements(out)
-    assert any(e[0] == "strong" and e[2].startswith("not comparable: ") for e in dom.all)
+    dom = Dom(out)
+    assert any(e[0] == "strong" and e[2].startswith("not comparable: ") for e in dom.elements)
     assert "ranks differ (A: rank 0; B: rank 1)" in out
 
 
@@ -106,7 +86,7 @@ def test_html_diff_of_runs_without_steps(baseline_analysis):
     tree = baseline_analysis.tree
     stepless = replace(tree, steps=StepTable.empty(), step=np.full(len(tree), -1))
     page = render_diff_html(compare(stepless, stepless, ["a"], ["b"]), gate_pct=5.0)
-    dom = Elements(page)
-    assert any(e[0] == "strong" and e[2].startswith("not comparable: ") for e in dom.all)
+    dom = Dom(page)
+    assert any(e[0] == "strong" and e[2].startswith("not comparable: ") for e in dom.elements)
     assert "Neither run has steps." in page and "per second of wall time" in page
     assert re.search(r"\bnan\b", page, re.IGNORECASE) is None

@@ -46,8 +46,34 @@ def waiting_names(tree: CallTree) -> frozenset[int]:
     return frozenset(i for i, name in enumerate(tree.names) if WAITING_CALL.search(name))
 
 
+class StepKeyed:
+    """Rows keyed by `iteration`, `rank` and `name` columns (int arrays of the subclass), found by
+    binary search in an index built once: what a boolean mask over every row would select, without
+    a scan per step."""
+
+    iteration: np.ndarray
+    rank: np.ndarray
+    name: np.ndarray
+
+    @cached_property
+    def _by_step(self) -> RowIndex:
+        return RowIndex(self.iteration)
+
+    @cached_property
+    def _by_key(self) -> RowIndex:
+        return RowIndex(self.iteration, self.rank, self.name)
+
+    def rows_in(self, iteration: int) -> np.ndarray:
+        """Rows of `iteration`, ascending."""
+        return self._by_step.rows(iteration)
+
+    def rows_of(self, iteration: int, rank: int, name: int) -> np.ndarray:
+        """Rows of one rank's `name` in `iteration`, ascending."""
+        return self._by_key.rows(iteration, rank, name)
+
+
 @dataclass(frozen=True)
-class Arrivals:
+class Arrivals(StepKeyed):
     """One row per (collective instance, rank) inside a step: when each rank reached the
     collective against its peers (an instance only one rank ran is never late nor last). Arrival
     is read on the GPU where collectives run there: host-side enqueue times say nothing about
@@ -66,23 +92,6 @@ class Arrivals:
 
     def __len__(self) -> int:
         return len(self.iteration)
-
-    @cached_property
-    def _by_step(self) -> RowIndex:
-        return RowIndex(self.iteration)
-
-    @cached_property
-    def _by_key(self) -> RowIndex:
-        return RowIndex(self.iteration, self.rank, self.name)
-
-    def rows_in(self, iteration: int) -> np.ndarray:
-        """Rows of `iteration`, ascending: what `self.iteration == iteration` selects, found
-        without scanning the run."""
-        return self._by_step.rows(iteration)
-
-    def rows_of(self, iteration: int, rank: int, name: int) -> np.ndarray:
-        """Rows of one rank's collective `name` in `iteration`, ascending."""
-        return self._by_key.rows(iteration, rank, name)
 
 
 class RowIndex:
@@ -235,7 +244,7 @@ def setup_of(tree: CallTree) -> Setup:
 
 
 @dataclass
-class StepNodes:
+class StepNodes(StepKeyed):
     """The nodes that belong to steps, with their keys, in one flat set of arrays."""
 
     node: np.ndarray  # node index in the tree
@@ -249,23 +258,10 @@ class StepNodes:
     layer: np.ndarray
     on_gpu: np.ndarray
 
-    @cached_property
-    def _by_step(self) -> RowIndex:
-        return RowIndex(self.iteration)
-
-    @cached_property
-    def _by_key(self) -> RowIndex:
-        return RowIndex(self.iteration, self.rank, self.name)
-
-    def rows_in(self, iteration: int) -> np.ndarray:
-        """Positions of `iteration`'s nodes, ascending: what `self.iteration == iteration`
-        selects, found without scanning the run."""
-        return self._by_step.rows(iteration)
-
     def largest(self, iteration: int, rank: int, name: int) -> int:
         """Position of the longest self-time node of `name` on `rank` in the step (the first
         of equals), -1 where the step has none."""
-        where = self._by_key.rows(iteration, rank, name)
+        where = self.rows_of(iteration, rank, name)
         return int(where[np.argmax(self.self_ns[where])]) if len(where) else -1
 
 

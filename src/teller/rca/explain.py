@@ -189,44 +189,25 @@ def compose(
         if fault is not None:
             said += _cause(c, fault)
         return _explanation(said, 0.0, 0.0)
-    kind = c.kind.replace("_", " ")
-    basis = BASIS_BATCH if c.kind in BATCHED_STEP_KINDS else BASIS_RUN
+    # the observed sentence: the step, its kind, and what its time was expected from
+    step = dict(
+        step=c.iteration,
+        kind=c.kind.replace("_", " "),
+        basis=BASIS_BATCH if c.kind in BATCHED_STEP_KINDS else BASIS_RUN,
+    )
     slower = c.rank_dur_ns > c.expected_ns
     if top is None:
-        said.append(
-            (
-                "observed.no_rank",
-                dict(
-                    step=c.iteration,
-                    kind=kind,
-                    dur=c.step_dur_ns,
-                    expected=c.expected_ns,
-                    basis=basis,
-                ),
-            )
-        )
+        said.append(("observed.no_rank", dict(step, dur=c.step_dur_ns, expected=c.expected_ns)))
         said.append(("evidence.none", {}))
     elif slower:
         said.append(
             (
                 "observed.slow",
-                dict(
-                    step=c.iteration,
-                    kind=kind,
-                    dur=c.rank_dur_ns,
-                    rank=top.rank,
-                    expected=c.expected_ns,
-                    basis=basis,
-                ),
+                dict(step, dur=c.rank_dur_ns, rank=top.rank, expected=c.expected_ns),
             )
         )
     else:
-        said.append(
-            (
-                "observed.within",
-                dict(step=c.iteration, kind=kind, dur=c.rank_dur_ns, rank=top.rank, basis=basis),
-            )
-        )
+        said.append(("observed.within", dict(step, dur=c.rank_dur_ns, rank=top.rank)))
     named = 0.0
     if top is not None:
         evidence, named = _evidence(c)
