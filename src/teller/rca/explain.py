@@ -169,7 +169,9 @@ def compose(
     """The explanation of one step: `fault` is the fault head's (or the localizer's) type,
     `mechanism` the head's choice (None: `default_mechanism`). Without `state_cause` the fault
     type's own sentences (its cause and caveat) are left out: the localizer's type for an
-    operator that is merely slower is a guess from the layer it ran on, not evidence."""
+    operator that is merely slower is a guess from the layer it ran on, not evidence. Where the
+    rank arrived late at the step's collectives and the mechanism is another one (its host or
+    GPU time), the late arrival is stated after it: that is what the rank cost its peers."""
     if fault in FAULT_FREE:
         fault = None
     if mechanism is None:
@@ -213,6 +215,9 @@ def compose(
         evidence, named = _evidence(c)
         said.append(evidence)
     said += _mechanism(c, mechanism)
+    if mechanism != "late_arrival" and "late_arrival" in allowed_mechanisms(c, fault):
+        # what the rank's own work did is the mechanism; its peers' waiting is what it cost them
+        said += _mechanism(c, "late_arrival")
     if fault is not None and state_cause:
         said += _cause(c, fault)
     explained = 0.0

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from teller.callchain.render import format_ns, short_name
 
 #: Families in the order their sentences appear; an explanation holds at most one sentence of
-#: each, but for what the trace cannot tell (`REPEATED`).
+#: each, but for what the trace cannot tell and for the mechanism (its own work, then the late
+#: arrival it cost its peers) (`REPEATED`).
 FAMILIES = ("observed", "evidence", "mechanism", "cause", "share", "caveat")
-REPEATED = frozenset({"caveat"})
+REPEATED = frozenset({"caveat", "mechanism"})
 #: Longest operator name an explanation shows (kernel names run to kilobytes of templates).
 OPERATOR_CHARS = 90
 
