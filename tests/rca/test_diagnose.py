@@ -15,7 +15,8 @@ from teller.analysis import Analysis
 from teller.cli import main
 from teller.errors import TellerError
 from teller.labels import CaseLabels
-from teller.rca.diagnose import MODEL_UNAVAILABLE, by_incident
+from teller.localize.results import OperatorCandidate, StepScore
+from teller.rca.diagnose import MODEL_UNAVAILABLE, _Draft, by_incident, one_incident_per_cause
 from teller.rca.infer import DEFAULT_MODEL, diagnose_path
 from teller.rca.plans import operator_text
 from teller.rca.verdict import Finding
@@ -218,3 +219,59 @@ def test_a_clean_verdict_says_what_it_compared_on_one_step_and_unbatched_capture
     for f in several.findings:  # profiler steps: no engine batch to predict their time from
         assert "expected from the run's other steps" in f.explanation
         assert "batch" not in f.explanation
+
+
+class _Lateness:
+    """A run context reduced to what `one_incident_per_cause` asks: per rank, (late, wait) ns."""
+
+    def __init__(self, per_step: dict[int, dict[int, tuple[float, float]]]):
+        self.per_step = per_step
+
+    def lateness_and_wait(self, iterations):
+        totals: dict[int, tuple[float, float]] = {}
+        for it in iterations:
+            for rank, (late, wait) in self.per_step[it].items():
+                was = totals.get(rank, (0.0, 0.0))
+                totals[rank] = (was[0] + late, was[1] + wait)
+        return totals
+
+
+def _draft(step: int, picks: list[tuple[str, int, str]]) -> _Draft:
+    ranked = [
+        (OperatorCandidate(step, rank, op, 1e6, 2_000_000, 1_000_000, 9.0, i, "steps", kind), 0.5)
+        for i, (op, rank, kind) in enumerate(picks)
+    ]
+    score = StepScore(step, "decode", 60_000_000, 40_000_000, 5.0, True)
+    return _Draft(score=score, ranked=ranked, fault="slow_operator", view="V")
+
+
+def test_a_clear_straggler_takes_over_its_waiting_peers_findings() -> None:
+    """Rank 1 stalled: rank 0's compute pick (it waited 10 ms, late 0.5) is re-pointed at rank 1."""
+    steps = {s: {0: (0.5e6, 10e6), 1: (10e6, 0.5e6)} for s in (1, 2)}
+    drafts = [
+        _draft(1, [("aten::mm", 0, "compute"), ("aten::cat", 1, "compute")]),
+        _draft(2, [("aten::cat", 1, "compute")]),
+    ]
+    one_incident_per_cause(drafts, _Lateness(steps))
+    assert [(d.top.operator, d.top.rank) for d in drafts] == [("aten::cat", 1)] * 2
+
+
+def test_a_small_regression_keeps_its_pick_when_noise_makes_the_peer_look_late() -> None:
+    """Rank 1's attention regressed by a few percent of a step: the ranks' lateness is within
+    noise (here rank 0 came out later), and the pointer's pick on rank 1 stands."""
+    steps = {s: {0: (3e6, 2.5e6), 1: (2.5e6, 3e6)} for s in (1, 2)}
+    drafts = [
+        _draft(
+            1,
+            [
+                ("aten::scaled_dot_product_attention", 1, "shift"),
+                ("gloo:all_reduce", 0, "transfer"),
+            ],
+        ),
+        _draft(2, [("aten::mm", 0, "compute")]),
+    ]
+    one_incident_per_cause(drafts, _Lateness(steps))
+    assert [(d.top.operator, d.top.rank) for d in drafts] == [
+        ("aten::scaled_dot_product_attention", 1),
+        ("aten::mm", 0),
+    ]

@@ -311,6 +311,12 @@ LOCKSTEP_FAULTS = frozenset(f for f, view in FAULTS.items() if view == "V") | {"
 #: (beyond its own wait there): a second cause, not the straggler's symptom.
 OWN_LATENESS = 0.5
 
+#: The straggler is clear when, over the flagged steps, its peers waited for it at least this many
+#: times as long as it waited for them. A throttled or stalled rank scores 20-30 on the lab's
+#: recordings; a rank whose one operator regressed by a few percent of a step scores 1.2-2, close
+#: to the scheduling noise of a CPU-run collective, which can put the other rank ahead.
+CLEAR_STRAGGLER = 3.0
+
 
 def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
     """In a lock-stepped group, one cause is one incident: the drafts of one fault type that
@@ -318,10 +324,13 @@ def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
     at the straggler's best candidate in that step.
 
     The straggler is the rank that arrives last and waits least over the fault type's flagged
-    steps (lateness minus wait, summed); a rank that was itself late in a step keeps its finding
-    there when that lateness (less its wait) is `OWN_LATENESS` of the step's excess. Why: a peer's collective is long because it waits, and under a CPU-run collective
-    (gloo) its own share of the transfer waits on the straggler too, so a pointer can name the
-    peer's all-reduce; it is the same cause, not a second incident."""
+    steps (lateness minus wait, summed), and only a clear one (`CLEAR_STRAGGLER`) re-points
+    anything: a small regression's own lateness is not told apart from noise, and the pointer's
+    pick on the regressed rank stands. A rank that was itself late in a step keeps its finding
+    there when that lateness (less its wait) is `OWN_LATENESS` of the step's excess. Why: a
+    peer's collective is long because it waits, and under a CPU-run collective (gloo) its own
+    share of the transfer waits on the straggler too, so a pointer can name the peer's
+    all-reduce; it is the same cause, not a second incident."""
     by_fault: dict[str, list[_Draft]] = {}
     for draft in drafts:
         if draft.top is not None and draft.score.kind != "unfinished" and draft.fault:
@@ -333,7 +342,8 @@ def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
         if not totals:
             continue
         straggler = max(totals, key=lambda r: totals[r][0] - totals[r][1])
-        if totals[straggler][0] <= totals[straggler][1]:
+        late, wait = totals[straggler]
+        if late <= 0 or late < CLEAR_STRAGGLER * wait:
             continue  # no rank is clearly the late one
         for draft in group:
             rank = draft.top.rank
