@@ -17,6 +17,9 @@ The method narrows the search for the root-cause model and is a complete diagnos
 7. **Layers** (`layers`): inside one step, an operator instance far slower than the same slot in
    the step's other repeated layers flags the step and is a candidate, with its layer; this is
    the comparison a one-step, one-rank capture still allows.
+8. **Repeats** (`repeats`): across the steps, a kernel far slower than the same launch of the
+   same operator call in the run's other steps flags its step and is a candidate; a slower
+   kernel that made nothing later (the GPU caught up on host slack) still shows there.
 
 Step models are fitted from the normal runs of the same setup only (rank count and operator
 names); a case from another setup is judged against its own quieter steps.
@@ -33,6 +36,7 @@ from teller.localize.candidates import FRESH, keep_top, propose
 from teller.localize.collectives import late_in_step
 from teller.localize.hang import HANG_NS, hang_explanation, unfinished_step
 from teller.localize.layers import LayerOutlier, layer_outliers
+from teller.localize.repeats import RepeatOutlier, repeat_outliers
 from teller.localize.results import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.shifts import OperatorShift, operator_shifts
 from teller.localize.step_model import (
@@ -74,6 +78,7 @@ class NumericLocalizer:
         operator_shifts: bool = True,
         candidate_z: float | None = None,
         layer_share: float | None = 0.01,
+        repeat_share: float | None = 0.005,
     ) -> None:
         self.step_z = step_z
         # which steps get operator candidates: the anomalous ones (None), or every step whose z
@@ -88,6 +93,10 @@ class NumericLocalizer:
         # an instance slower than its slot in the other layers by this share of its step flags
         # the step (None: no layer comparison)
         self.layer_share = layer_share
+        # a kernel slower than the same launch in the run's other steps by this share of its
+        # step flags the step (None: no comparison across steps). Lower than `layer_share`: the
+        # same launch of the same call varies less from step to step than a slot across layers
+        self.repeat_share = repeat_share
 
     def fit(self, normal_trees: list[CallTree]) -> NumericLocalizer:
         """Remember the fault-free runs' steps, each run with its setup's fingerprint.
@@ -115,13 +124,16 @@ class NumericLocalizer:
         )
         shifts = self._operator_shifts(facts)
         layered = self._layer_outliers(facts)
+        repeated = self._repeat_outliers(facts)
         late = self._late_in_step(facts)
         only_shifted = set()
         for step in steps:
             if step.iteration in shifts and not step.anomalous:
                 step.anomalous = True
                 only_shifted.add(step.iteration)
-            elif (step.iteration in layered or step.iteration in late) and not step.anomalous:
+            elif not step.anomalous and any(
+                step.iteration in found for found in (layered, repeated, late)
+            ):
                 step.anomalous = True
         if self.candidate_z is None:
             proposed = {s.iteration for s in steps if s.anomalous}
@@ -141,6 +153,8 @@ class NumericLocalizer:
         in_step: dict[int, list[OperatorCandidate]] = {}
         for iteration, outliers in layered.items():
             in_step.setdefault(iteration, []).extend(_layer_candidate(tree, o) for o in outliers)
+        for iteration, repeats in repeated.items():
+            in_step.setdefault(iteration, []).extend(_repeat_candidate(tree, o) for o in repeats)
         for iteration, found in late.items():
             in_step.setdefault(iteration, []).extend(found)
         for iteration, found in in_step.items():
@@ -177,6 +191,15 @@ class NumericLocalizer:
             lambda: late_in_step(facts.tree, facts.arrivals, share, self.noise_floor_ns),
         )
 
+    def _repeat_outliers(self, facts: RunFacts) -> dict[int, list[RepeatOutlier]]:
+        if self.repeat_share is None:
+            return {}
+        share = self.repeat_share
+        return facts.derived(
+            f"repeat_outliers@{share}@{self.noise_floor_ns}",
+            lambda: repeat_outliers(facts, min_share=share, noise_floor_ns=self.noise_floor_ns),
+        )
+
     def _layer_outliers(self, facts: RunFacts) -> dict[int, list[LayerOutlier]]:
         if self.layer_share is None:
             return {}
@@ -185,6 +208,23 @@ class NumericLocalizer:
             f"layer_outliers@{share}@{self.noise_floor_ns}",
             lambda: layer_outliers(facts, min_share=share, noise_floor_ns=self.noise_floor_ns),
         )
+
+
+def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandidate:
+    return OperatorCandidate(
+        iteration=outlier.iteration,
+        rank=outlier.rank,
+        operator=tree.names[outlier.name],
+        score=outlier.excess_ns,
+        observed_ns=outlier.dur_ns,
+        normal_ns=int(outlier.reference_ns),
+        z=outlier.z,
+        node=outlier.node,
+        reference=f"same launch (kernel {outlier.position + 1} of call "
+        f"{outlier.launch_ordinal + 1} to {tree.names[outlier.launcher]}) in the run's other "
+        + (f"{outlier.steps - 1} steps" if outlier.steps > 2 else "step"),
+        kind="compute",
+    )
 
 
 def _layer_candidate(tree: CallTree, outlier: LayerOutlier) -> OperatorCandidate:

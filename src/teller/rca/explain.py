@@ -77,6 +77,7 @@ _ALONE = {"straggler", "cpu_contention", "host_stall", "slow_operator"}
 _LOGGED = {"kv_pressure", "scheduler_misconfig"}
 _SHIFTED_FOR = re.compile(r"shifted for (\d+) steps")
 _LAYER_OF = re.compile(r"this is layer (\d+) of (\d+)")
+_LAUNCHED_BY = re.compile(r"^same launch \(kernel \d+ of call \d+ to (.+)\) in the run's other")
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,9 @@ def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
         return ("evidence.layer", where), excess
     if top.reference.startswith("same operator on peer ranks"):
         return ("evidence.peers", with_normal), excess
+    launched = _LAUNCHED_BY.search(top.reference)
+    if launched:
+        return ("evidence.repeat", dict(with_normal, other_op=launched.group(1))), excess
     if c.peers_ns is not None and c.peer_rank is not None:
         return (
             "evidence.temporal_peer",

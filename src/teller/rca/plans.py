@@ -266,6 +266,12 @@ _PLANS = (
         note="an instance far slower than the same slot in the step's other repeated layers",
     ),
     Plan(
+        "evidence.repeat",
+        "On rank {rank}, {op}, launched by {other_op}, took {observed} against {normal} for the "
+        "same launch in the run's other steps.",
+        note="a kernel far slower than the same launch of the same call in the run's other steps",
+    ),
+    Plan(
         "evidence.new_operator",
         "On rank {rank}, {op} ran for {observed}, although most normal steps never run it.",
         note="an operator the usual work does not run (a fallback path, a swapped-in kernel)",
@@ -677,6 +683,7 @@ EXAMPLE_FACTS: dict[str, object] = {
 EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
     "share.rest_operator": {"named": 1.28e6, "share": 0.003},
     "share.rest_none": {"named": 1.28e6, "share": 0.003, "rest": 453e6},
+    "evidence.repeat": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
 }
 
 

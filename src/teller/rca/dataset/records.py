@@ -151,11 +151,19 @@ def _no_lines() -> tuple[np.ndarray, np.ndarray, list[str]]:
 
 def step_traces(tree: CallTree, facts: RunFacts) -> list[StepTrace]:
     """The trace's side of every step's record, in the localizer's step order (a hang's
-    unfinished step has no step node to encode, and no record)."""
+    unfinished step has no step node to encode, and no record).
+
+    The comparison across steps (`teller.localize.repeats`) stays out of the records: the
+    shipped checkpoints learned from candidate sets without it, and the runs the model answers
+    (8+ engine steps per rank) give the step model its references."""
     localization = NumericLocalizer(
-        step_z=PROPOSE_Z, min_ratio=PROPOSE_RATIO, top_k=MAX_CANDIDATES, candidate_z=-np.inf
+        step_z=PROPOSE_Z,
+        min_ratio=PROPOSE_RATIO,
+        top_k=MAX_CANDIDATES,
+        candidate_z=-np.inf,
+        repeat_share=None,
     ).score(tree, facts)
-    strict = NumericLocalizer()
+    strict = NumericLocalizer(repeat_share=None)
     work = work_features(tree, facts)
     kernel_shapes = kernel_slowdown_shape(tree)
     transfers = transfer_residuals(tree, facts)

@@ -1,0 +1,247 @@
+"""Across the run's steps, the same kernel launch of the same operator call: one far from the rest.
+
+A training or serving loop runs the same calls in every step, so the k-th kernel that the n-th
+`aten::convolution_backward` of a step launches should take what it takes in the other steps.
+This is the comparison a capture of a few steps allows where neither the step's duration (the GPU
+catches up on host slack, so a slower kernel often makes nothing later) nor the step's own layers
+(a ResNet's blocks are not alike) tell: a kernel's own duration does not move with the delays
+around it.
+
+Kernels are matched by their launching operator call's place in the step's sequence of launching
+calls (aligned across like steps: same rank, kind and batch) and their position among that
+call's launches, not by the kernel's name:
+cuDNN and MIOpen pick different algorithms, so different kernel names, for one call from step to
+step. A call that launches a different number of kernels in some step (autotuning, a split-K
+GEMM's extra reduction, a data-dependent embedding backward) is compared only with the steps
+where it launched as many: its positions do not line up with the others'.
+
+The reference is the median of the other steps; the spread is floored at `RELATIVE_NOISE` of it,
+since two to five steps give no spread worth the name. An outlier must also be a real share of
+its step (`min_share`), and a step where many launches stand out is slower as a whole (a clock
+or power cap), which the step model judges, not one kernel.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+
+import numpy as np
+
+from teller.callchain.facts import RunFacts, run_ordinals
+from teller.callchain.tree import EDGE_LAUNCH, CallTree
+from teller.ingest.comm_names import is_comm_kernel
+from teller.ingest.schema import GPU_WORK_CODES
+
+#: Fewest steps per rank for the comparison: the outlier against at least one other step.
+MIN_STEPS = 2
+#: A launch's spread across steps is floored at this share of its median: kernels of one shape
+#: and size vary this much from step to step.
+RELATIVE_NOISE = 0.1
+#: The floor where the launch ran in one other step only: its spread unknown, an outlier must be
+#: several times that step's duration (z 6: seven times), not the tens of percent that
+#: data-dependent kernels (an embedding lookup) vary by between two steps.
+ONE_REFERENCE_NOISE = 1.0
+#: Robust z an outlier reaches: with the floor above, 6 is 60% over the other steps' median.
+Z_MIN = 6.0
+#: More outliers than this share of a step's compared launches: the step is slower as a whole.
+STEP_WIDE = 0.05
+
+
+@dataclass(frozen=True)
+class RepeatOutlier:
+    """One kernel launch slower than the same launch of the same call in the run's other steps."""
+
+    iteration: int
+    rank: int
+    node: int  # the kernel's node
+    name: int  # the kernel's name id
+    launcher: int  # name id of the operator whose call launched it
+    launch_ordinal: int  # which call of that operator in the step, from 0
+    position: int  # which of that call's launches, from 0
+    dur_ns: int
+    reference_ns: float  # median duration of the same launch in the other steps
+    steps: int  # how many steps ran it
+    z: float
+    step_share: float  # excess over the reference / the step's duration on this rank
+
+    @property
+    def excess_ns(self) -> float:
+        return float(self.dur_ns) - self.reference_ns
+
+
+def repeat_outliers(
+    facts: RunFacts, min_share: float = 0.005, noise_floor_ns: float = 2_000.0
+) -> dict[int, list[RepeatOutlier]]:
+    """iteration → its launches far from the same launch in the other steps, largest first.
+
+    Collective kernels never take part: from step to step their time is mostly the wait for the
+    last peer to arrive (which `teller.localize.collectives` scores where the peers are in the
+    trace), and on one rank of a larger job it varies tenfold with peers the trace never saw."""
+    tree, nodes = facts.tree, facts.step_nodes
+    if len(tree.steps) < MIN_STEPS:
+        return {}
+    position_of = np.full(len(tree.name), -1, dtype=np.int64)
+    position_of[nodes.node] = np.arange(len(nodes.node))
+    # the GPU work and its launching call's step node: a kernel that ran past its step's end
+    # belongs to the step that launched it
+    launched = _launched(facts)
+    runtime = tree.parent[launched]
+    launcher_row = position_of[np.where(runtime >= 0, tree.parent[np.maximum(runtime, 0)], -1)]
+    keep = (runtime >= 0) & (launcher_row >= 0)
+    launched, launcher_row = launched[keep], launcher_row[keep]
+    if not len(launched):
+        return {}
+    order = np.lexsort((tree.start[launched], launcher_row))
+    launched, launcher_row = launched[order], launcher_row[order]
+    position = run_ordinals(launcher_row)
+    launches_of_call = np.bincount(launcher_row, minlength=len(nodes.node))[launcher_row]
+    slot = _call_slots(facts, np.unique(launcher_row))[launcher_row]
+    step_row = nodes.step[launcher_row].astype(np.int64)
+    group = _step_groups(tree)[step_row]
+    aligned = slot >= 0
+    place = np.stack([group, slot, position, launches_of_call])[:, aligned]
+    launched, launcher_row, position = launched[aligned], launcher_row[aligned], position[aligned]
+    step_row, group = step_row[aligned], group[aligned]
+    if not len(launched):
+        return {}
+    _, key = np.unique(place, axis=1, return_inverse=True)
+    key = key.reshape(-1)
+    table = np.full((int(key.max()) + 1, len(tree.steps)), np.nan)
+    dur = tree.dur[launched].astype(np.float64)
+    table[key, step_row] = dur
+    ran = (~np.isnan(table)).sum(axis=1)
+    group_size = np.bincount(_step_groups(tree))[group]
+    comparable = ran[key] >= np.maximum(MIN_STEPS, group_size // 2 + 1)
+    reference = _others_median(table)[key, step_row]
+    excess = dur - reference
+    # against one other step the launch's spread is unknown: only a far larger gap counts
+    noise = np.where(ran[key] > MIN_STEPS, RELATIVE_NOISE, ONE_REFERENCE_NOISE)
+    z = excess / np.maximum(noise * reference, noise_floor_ns / 4.0)
+    step_dur = tree.steps.dur_ns[step_row].astype(np.float64)
+    share = excess / np.maximum(step_dur, 1.0)
+    hits = np.flatnonzero(
+        comparable & (z >= Z_MIN) & (excess >= noise_floor_ns) & (share >= min_share)
+    )
+    compared = np.bincount(step_row[comparable], minlength=len(tree.steps))
+    out: dict[int, list[RepeatOutlier]] = {}
+    for h in hits.tolist():
+        row = int(step_row[h])
+        if len(np.flatnonzero(step_row[hits] == row)) > max(2, STEP_WIDE * compared[row]):
+            continue  # the step is slower as a whole
+        it = int(tree.steps.index[row])
+        out.setdefault(it, []).append(
+            RepeatOutlier(
+                iteration=it,
+                rank=int(tree.steps.rank[row]),
+                node=int(launched[h]),
+                name=int(tree.name[launched[h]]),
+                launcher=int(nodes.name[launcher_row[h]]),
+                launch_ordinal=int(nodes.ordinal[launcher_row[h]]),
+                position=int(position[h]),
+                dur_ns=int(dur[h]),
+                reference_ns=float(reference[h]),
+                steps=int(ran[key[h]]),
+                z=float(z[h]),
+                step_share=float(share[h]),
+            )
+        )
+    return {it: sorted(found, key=lambda o: -o.excess_ns) for it, found in out.items()}
+
+
+def _step_groups(tree: CallTree) -> np.ndarray:
+    """Per step row: its group of like steps (rank, kind and the batch its annotation states).
+    A serving step's kernels scale with its tokens, so only steps of one batch are alike; a
+    training loop's steps state none and form one group per rank."""
+    steps = tree.steps
+    like = np.stack(
+        [
+            steps.rank.astype(np.int64),
+            np.unique(np.asarray(steps.kind, dtype=object).astype(str), return_inverse=True)[1],
+            steps.context_tokens.astype(np.int64),
+            steps.generation_tokens.astype(np.int64),
+        ]
+    )
+    return np.unique(like, axis=1, return_inverse=True)[1].reshape(-1)
+
+
+def _call_slots(facts: RunFacts, calls: np.ndarray) -> np.ndarray:
+    """Per step-node row (of `calls`, the calls that launched GPU work): its place in its step
+    group's call sequence, the same for the same call in every like step; −1 where a step's
+    sequence has no counterpart in its group's reference step.
+
+    A step whose sequence of launching calls (by name) equals the reference's maps one to one.
+    Otherwise a name called as often as in the reference maps occurrence by occurrence (threads
+    that interleave differently, the autograd thread beside the main one, do not matter), and a
+    name called more or less often (a data-dependent branch, a first iteration's extra copy) is
+    aligned by longest matching blocks, so one extra `aten::mm` early in a step does not shift
+    every later `aten::mm` onto its neighbour's slot."""
+    nodes, tree = facts.step_nodes, facts.tree
+    out = np.full(len(nodes.node), -1, dtype=np.int64)
+    groups = _step_groups(tree)
+    step_of = nodes.step[calls].astype(np.int64)
+    order = np.lexsort((tree.start[nodes.node[calls]], step_of))
+    calls, step_of = calls[order], step_of[order]
+    bounds = np.flatnonzero(np.diff(step_of)) + 1
+    per_step = dict(zip(step_of[np.r_[0, bounds]].tolist(), np.split(calls, bounds), strict=True))
+    for g in np.unique(groups).tolist():
+        rows = [r for r in np.flatnonzero(groups == g).tolist() if r in per_step]
+        if len(rows) < MIN_STEPS:
+            continue
+        sequences = {r: nodes.name[per_step[r]] for r in rows}
+        lengths = [len(sequences[r]) for r in rows]
+        modal = max(set(lengths), key=lengths.count)
+        reference = sequences[next(r for r in rows if len(sequences[r]) == modal)]
+        slot_of = {key: k for k, key in enumerate(_occurrences(reference))}
+        reference_count = Counter(reference.tolist())
+        for r in rows:
+            sequence = sequences[r]
+            if len(sequence) == len(reference) and np.array_equal(sequence, reference):
+                out[per_step[r]] = np.arange(len(sequence))
+                continue
+            # a name the step calls as often as the reference does: its k-th call is the
+            # reference's k-th, however the threads interleaved; the others by alignment
+            count = Counter(sequence.tolist())
+            slots = np.array([slot_of.get(key, -1) for key in _occurrences(sequence)])
+            differ = np.array([count[n] != reference_count.get(n, 0) for n in sequence.tolist()])
+            slots[differ] = -1
+            if differ.any():
+                matcher = SequenceMatcher(None, reference.tolist(), sequence.tolist(), False)
+                for block in matcher.get_matching_blocks():
+                    span = np.arange(block.b, block.b + block.size)
+                    span = span[differ[span]]
+                    slots[span] = span - block.b + block.a
+            out[per_step[r]] = slots
+    return out
+
+
+def _occurrences(sequence: np.ndarray) -> list[tuple[int, int]]:
+    """(name, how many times it came before) of each element of a name sequence."""
+    seen: Counter[int] = Counter()
+    out = []
+    for name in sequence.tolist():
+        out.append((name, seen[name]))
+        seen[name] += 1
+    return out
+
+
+def _launched(facts: RunFacts) -> np.ndarray:
+    """Tree nodes of the GPU work launched from the host: kernels and copies, not collectives."""
+    tree = facts.tree
+    nodes = np.flatnonzero(
+        (tree.stream >= 0) & np.isin(tree.layer, list(GPU_WORK_CODES)) & (tree.edge == EDGE_LAUNCH)
+    )
+    collective = np.array([is_comm_kernel(n) for n in tree.names], dtype=bool)
+    return nodes[~collective[tree.name[nodes]]]
+
+
+def _others_median(table: np.ndarray) -> np.ndarray:
+    """Per cell: the median of the other cells of its row that hold a value (NaN where none)."""
+    out = np.full(table.shape, np.nan)
+    for column in range(table.shape[1]):
+        others = np.delete(table, column, axis=1)
+        some = (~np.isnan(others)).any(axis=1)
+        if some.any():
+            out[some, column] = np.nanmedian(others[some], axis=1)
+    return out

@@ -1,0 +1,44 @@
+"""The comparison across steps, on real several-step captures with one kernel made slower by the
+planting suite's physically consistent replay (`teller.eval.planting`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import real_trace
+from teller.analysis import Analysis
+from teller.eval.planting_suite import SUITE, Planter, load
+from teller.localize.repeats import repeat_outliers
+
+RESNET_V100 = "hta/ns_resolution_v100_resnet_rank0.pt.trace.json.gz"
+RESNET_MI300 = "tracelens/more/mi300_resnet_act_checkpoint.json.gz"
+SAMPLED = "hta/sampled_rank0_of128.json.gz"
+
+
+@pytest.mark.parametrize(
+    ("relative", "variant"),
+    [
+        (RESNET_V100, "kernel:gemm:0.02"),  # made nothing later: the GPU caught up
+        (RESNET_MI300, "kernel:norm:0.05"),
+        (SAMPLED, "kernel:norm:0.1"),  # two steps: one reference only
+    ],
+)
+def test_a_slowed_kernel_is_the_headline_of_its_step(
+    tmp_path: Path, relative: str, variant: str
+) -> None:
+    spec = next(s for s in SUITE if s.path == relative)
+    planted = Planter(spec, load(real_trace(relative)), seed=19).plant(variant)
+    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
+    truth = planted.truth
+    first = analysis.verdict.findings[0]
+    assert first.step_name == truth.step_name
+    assert first.operator in truth.accept_operators, first.explanation
+    assert "in the run's other" in first.evidence[0].reference
+
+
+@pytest.mark.parametrize("relative", [RESNET_V100, RESNET_MI300, SAMPLED])
+def test_unmodified_captures_have_no_repeat_outlier(relative: str) -> None:
+    analysis = Analysis(real_trace(relative), method="localizer", progress=False)
+    assert repeat_outliers(analysis.facts) == {}
