@@ -36,6 +36,10 @@ from teller.ingest.schema import GPU_WORK_CODES
 
 #: Fewest steps per rank for the comparison: the outlier against at least one other step.
 MIN_STEPS = 2
+#: Most steps per rank for the comparison. A run with more has the step model and each
+#: instance's nearest normal steps (`teller.localize.candidates`) to judge it; over hundreds of
+#: short serving steps a microsecond kernel's jitter alone passes this comparison's bar somewhere.
+MAX_STEPS = 8
 #: A launch's spread across steps is floored at this share of its median: kernels of one shape
 #: and size vary this much from step to step.
 RELATIVE_NOISE = 0.1
@@ -80,8 +84,10 @@ def repeat_outliers(
     last peer to arrive (which `teller.localize.collectives` scores where the peers are in the
     trace), and on one rank of a larger job it varies tenfold with peers the trace never saw."""
     tree, nodes = facts.tree, facts.step_nodes
-    if len(tree.steps) < MIN_STEPS:
+    steps_per_rank = len(tree.steps) / max(len(facts.ranks), 1)
+    if not MIN_STEPS <= steps_per_rank <= MAX_STEPS:
         return {}
+    groups = _step_groups(tree)
     position_of = np.full(len(tree.name), -1, dtype=np.int64)
     position_of[nodes.node] = np.arange(len(nodes.node))
     # the GPU work and its launching call's step node: a kernel that ran past its step's end
@@ -97,9 +103,9 @@ def repeat_outliers(
     launched, launcher_row = launched[order], launcher_row[order]
     position = run_ordinals(launcher_row)
     launches_of_call = np.bincount(launcher_row, minlength=len(nodes.node))[launcher_row]
-    slot = _call_slots(facts, np.unique(launcher_row))[launcher_row]
+    slot = _call_slots(facts, groups, np.unique(launcher_row))[launcher_row]
     step_row = nodes.step[launcher_row].astype(np.int64)
-    group = _step_groups(tree)[step_row]
+    group = groups[step_row]
     aligned = slot >= 0
     place = np.stack([group, slot, position, launches_of_call])[:, aligned]
     launched, launcher_row, position = launched[aligned], launcher_row[aligned], position[aligned]
@@ -108,13 +114,11 @@ def repeat_outliers(
         return {}
     _, key = np.unique(place, axis=1, return_inverse=True)
     key = key.reshape(-1)
-    table = np.full((int(key.max()) + 1, len(tree.steps)), np.nan)
     dur = tree.dur[launched].astype(np.float64)
-    table[key, step_row] = dur
-    ran = (~np.isnan(table)).sum(axis=1)
-    group_size = np.bincount(_step_groups(tree))[group]
+    ran = np.bincount(key)  # a slot is one call per step: one value per (key, step)
+    group_size = np.bincount(groups)[group]
     comparable = ran[key] >= np.maximum(MIN_STEPS, group_size // 2 + 1)
-    reference = _others_median(table)[key, step_row]
+    reference = _others_median(key, dur)
     excess = dur - reference
     # against one other step the launch's spread is unknown: only a far larger gap counts
     noise = np.where(ran[key] > MIN_STEPS, RELATIVE_NOISE, ONE_REFERENCE_NOISE)
@@ -125,10 +129,11 @@ def repeat_outliers(
         comparable & (z >= Z_MIN) & (excess >= noise_floor_ns) & (share >= min_share)
     )
     compared = np.bincount(step_row[comparable], minlength=len(tree.steps))
+    outliers = np.bincount(step_row[hits], minlength=len(tree.steps))
     out: dict[int, list[RepeatOutlier]] = {}
     for h in hits.tolist():
         row = int(step_row[h])
-        if len(np.flatnonzero(step_row[hits] == row)) > max(2, STEP_WIDE * compared[row]):
+        if outliers[row] > max(2, STEP_WIDE * compared[row]):
             continue  # the step is slower as a whole
         it = int(tree.steps.index[row])
         out.setdefault(it, []).append(
@@ -166,9 +171,9 @@ def _step_groups(tree: CallTree) -> np.ndarray:
     return np.unique(like, axis=1, return_inverse=True)[1].reshape(-1)
 
 
-def _call_slots(facts: RunFacts, calls: np.ndarray) -> np.ndarray:
+def _call_slots(facts: RunFacts, groups: np.ndarray, calls: np.ndarray) -> np.ndarray:
     """Per step-node row (of `calls`, the calls that launched GPU work): its place in its step
-    group's call sequence, the same for the same call in every like step; −1 where a step's
+    group's call sequence, the same for the same call in every like step; -1 where a step's
     sequence has no counterpart in its group's reference step.
 
     A step whose sequence of launching calls (by name) equals the reference's maps one to one.
@@ -179,7 +184,6 @@ def _call_slots(facts: RunFacts, calls: np.ndarray) -> np.ndarray:
     every later `aten::mm` onto its neighbour's slot."""
     nodes, tree = facts.step_nodes, facts.tree
     out = np.full(len(nodes.node), -1, dtype=np.int64)
-    groups = _step_groups(tree)
     step_of = nodes.step[calls].astype(np.int64)
     order = np.lexsort((tree.start[nodes.node[calls]], step_of))
     calls, step_of = calls[order], step_of[order]
@@ -236,12 +240,24 @@ def _launched(facts: RunFacts) -> np.ndarray:
     return nodes[~collective[tree.name[nodes]]]
 
 
-def _others_median(table: np.ndarray) -> np.ndarray:
-    """Per cell: the median of the other cells of its row that hold a value (NaN where none)."""
-    out = np.full(table.shape, np.nan)
-    for column in range(table.shape[1]):
-        others = np.delete(table, column, axis=1)
-        some = (~np.isnan(others)).any(axis=1)
-        if some.any():
-            out[some, column] = np.nanmedian(others[some], axis=1)
+def _others_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per value: the median of the other values of its key (NaN where it has none), without a
+    (keys x steps) table: a run of thousands of steps on dozens of ranks would not fit one."""
+    order = np.lexsort((values, key))
+    sorted_key, sorted_values = key[order], values[order]
+    start = np.searchsorted(sorted_key, sorted_key, side="left")
+    count = np.bincount(key)[sorted_key]
+    rank_in_key = np.arange(len(order)) - start
+    others = count - 1
+
+    def other(j: np.ndarray) -> np.ndarray:
+        """The j-th smallest of the key's values once this one is left out."""
+        skip = (j >= rank_in_key).astype(np.int64)
+        return sorted_values[np.minimum(start + j + skip, len(order) - 1)]
+
+    low = other(np.maximum((others - 1) // 2, 0))
+    high = other(np.maximum(others // 2, 0))
+    median = np.where(others > 0, (low + high) / 2.0, np.nan)
+    out = np.empty(len(order))
+    out[order] = median
     return out
