@@ -37,6 +37,9 @@ COMPARED_CODES = COMPUTE_CODES - {LAYER_CODE["runtime"]}
 #: A (rank, name, slot, layer) that stands out in at least this share of the run's other steps is
 #: that layer's nature (the first layer's warm-up, a bucketed reducer), not a fault of one step.
 RECURRING = 0.5
+#: Where a slot has more outliers than one fault makes, the leading ones still count when their
+#: excess is this many times the next one's: one stall, not a pattern.
+DOMINANT = 10.0
 #: How many of the commonest occurrence counts are tried as the layer count.
 ANCHOR_COUNTS = 6
 
@@ -173,9 +176,11 @@ def _block_outliers(
         median, spread = median_mad(values)
         floor = max(RELATIVE_NOISE * float(median), noise_floor_ns / 4.0)
         z = (values - median) / max(float(spread), floor)
-        hits = np.flatnonzero((z >= z_min) & (values - median >= noise_floor_ns))
-        if not len(hits) or len(hits) > max(2, (hi - lo) // 10):  # a pattern, not one fault
-            continue
+        hits = _dominant(
+            np.flatnonzero((z >= z_min) & (values - median >= noise_floor_ns)),
+            values - median,
+            max(2, (hi - lo) // 10),
+        )
         for h in hits.tolist():
             others = np.delete(values, h)
             out.append(
@@ -188,6 +193,19 @@ def _block_outliers(
                 )
             )
     return out
+
+
+def _dominant(hits: np.ndarray, excess: np.ndarray, allowed: int) -> np.ndarray:
+    """The hits that stand for one fault: all of them when they are few (`allowed`), else the
+    leading few whose excess is `DOMINANT` times the next one's (a 2 ms stall among a Python
+    frame's usual microsecond jitter), else none (a pattern: every sixth layer a global one)."""
+    if len(hits) <= allowed:
+        return hits
+    ranked = hits[np.argsort(-excess[hits], kind="stable")]
+    for k in range(1, allowed + 1):
+        if excess[ranked[k - 1]] >= DOMINANT * excess[ranked[k]]:
+            return ranked[:k]
+    return hits[:0]
 
 
 def _layers(nodes: StepNodes, start_ns: np.ndarray, rows: np.ndarray) -> np.ndarray | None:

@@ -17,9 +17,10 @@ The method narrows the search for the root-cause model and is a complete diagnos
 7. **Layers** (`layers`): inside one step, an operator instance far slower than the same slot in
    the step's other repeated layers flags the step and is a candidate, with its layer; this is
    the comparison a one-step, one-rank capture still allows.
-8. **Repeats** (`repeats`): across the steps, a kernel far slower than the same launch of the
-   same operator call in the run's other steps flags its step and is a candidate; a slower
-   kernel that made nothing later (the GPU caught up on host slack) still shows there.
+8. **Repeats** (`repeats`): in a capture of a few steps, a kernel far slower than the same
+   launch of the same operator call in the rank's other steps, or on the other ranks in the
+   same step, flags its step and is a candidate; a slower kernel that made nothing later (the
+   GPU caught up on host slack) still shows there.
 
 Step models are fitted from the normal runs of the same setup only (rank count and operator
 names); a case from another setup is judged against its own quieter steps.
@@ -36,7 +37,7 @@ from teller.localize.candidates import FRESH, keep_top, propose
 from teller.localize.collectives import late_in_step
 from teller.localize.hang import HANG_NS, hang_explanation, unfinished_step
 from teller.localize.layers import LayerOutlier, layer_outliers
-from teller.localize.repeats import RepeatOutlier, repeat_outliers
+from teller.localize.repeats import ACROSS_RANKS, RepeatOutlier, repeat_outliers
 from teller.localize.results import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.shifts import OperatorShift, operator_shifts
 from teller.localize.step_model import (
@@ -221,10 +222,20 @@ def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandida
         z=outlier.z,
         node=outlier.node,
         reference=f"same launch (kernel {outlier.position + 1} of call "
-        f"{outlier.launch_ordinal + 1} to {tree.names[outlier.launcher]}) in the run's other "
-        + (f"{outlier.steps - 1} steps" if outlier.steps > 2 else "step"),
+        f"{outlier.launch_ordinal + 1} to {tree.names[outlier.launcher]}) "
+        + _compared_with(outlier),
         kind="compute",
     )
+
+
+def _compared_with(outlier: RepeatOutlier) -> str:
+    if outlier.across == ACROSS_RANKS:
+        if outlier.compared == 1:
+            return "on the other rank in this step"
+        return f"on the other {outlier.compared} ranks in this step"
+    if outlier.compared == 1:
+        return "in the run's other step"
+    return f"in the run's other {outlier.compared} steps"
 
 
 def _layer_candidate(tree: CallTree, outlier: LayerOutlier) -> OperatorCandidate:

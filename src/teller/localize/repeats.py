@@ -1,22 +1,24 @@
-"""Across the run's steps, the same kernel launch of the same operator call: one far from the rest.
+"""Across the run's steps and ranks, the same kernel launch of the same operator call: one far
+from the rest.
 
 A training or serving loop runs the same calls in every step, so the k-th kernel that the n-th
 `aten::convolution_backward` of a step launches should take what it takes in the other steps.
 This is the comparison a capture of a few steps allows where neither the step's duration (the GPU
 catches up on host slack, so a slower kernel often makes nothing later) nor the step's own layers
 (a ResNet's blocks are not alike) tell: a kernel's own duration does not move with the delays
-around it.
+around it. Data-, sequence- and tensor-parallel ranks run the same calls in one step too, so in
+a capture of one step on several ranks (an nsys export of a 2-GPU job) a launch is compared with
+its peers' in the same step.
 
 Kernels are matched by their launching operator call's place in the step's sequence of launching
-calls (aligned across like steps: same rank, kind and batch) and their position among that
-call's launches, not by the kernel's name:
-cuDNN and MIOpen pick different algorithms, so different kernel names, for one call from step to
-step. A call that launches a different number of kernels in some step (autotuning, a split-K
+calls (aligned across like steps: same rank, or same iteration on the ranks, with the same kind
+and batch) and their position among that call's launches, not by the kernel's name: cuDNN and
+MIOpen pick different algorithms, so different kernel names, for one call from step to step. A call that launches a different number of kernels in some step (autotuning, a split-K
 GEMM's extra reduction, a data-dependent embedding backward) is compared only with the steps
 where it launched as many: its positions do not line up with the others'.
 
-The reference is the median of the other steps; the spread is floored at `RELATIVE_NOISE` of it,
-since two to five steps give no spread worth the name. An outlier must also be a real share of
+The reference is the median of the other like steps; the spread is floored at `RELATIVE_NOISE`
+of it, since two to eight steps give no spread worth the name. An outlier must also be a real share of
 its step (`min_share`), and a step where many launches stand out is slower as a whole (a clock
 or power cap), which the step model judges, not one kernel.
 """
@@ -34,7 +36,9 @@ from teller.callchain.tree import EDGE_LAUNCH, CallTree
 from teller.ingest.comm_names import is_comm_kernel
 from teller.ingest.schema import GPU_WORK_CODES
 
-#: Fewest steps per rank for the comparison: the outlier against at least one other step.
+#: What an outlier was compared with: the rank's other like steps, or its peers in this step.
+ACROSS_STEPS, ACROSS_RANKS = "steps", "ranks"
+#: Fewest steps per rank (or ranks per step) for the comparison: the outlier against at least one other step.
 MIN_STEPS = 2
 #: Most steps per rank for the comparison. A run with more has the step model and each
 #: instance's nearest normal steps (`teller.localize.candidates`) to judge it; over hundreds of
@@ -65,8 +69,9 @@ class RepeatOutlier:
     launch_ordinal: int  # which call of that operator in the step, from 0
     position: int  # which of that call's launches, from 0
     dur_ns: int
-    reference_ns: float  # median duration of the same launch in the other steps
-    steps: int  # how many steps ran it
+    reference_ns: float  # median duration of the same launch in the steps compared
+    compared: int  # how many other steps ran it
+    across: str  # ACROSS_STEPS (the rank's other like steps) or ACROSS_RANKS (this step's peers)
     z: float
     step_share: float  # excess over the reference / the step's duration on this rank
 
@@ -75,43 +80,93 @@ class RepeatOutlier:
         return float(self.dur_ns) - self.reference_ns
 
 
+@dataclass(frozen=True)
+class _Launches:
+    """The GPU work launched in the run's steps, each with its launching call (a step-node row)
+    and its position among that call's launches, sorted by call then time."""
+
+    node: np.ndarray  # tree node of the kernel or copy
+    call: np.ndarray  # step-node row of the launching call
+    position: np.ndarray
+    launches_of_call: np.ndarray
+    step_row: np.ndarray  # the call's step
+
+    @classmethod
+    def of(cls, facts: RunFacts) -> _Launches:
+        tree, nodes = facts.tree, facts.step_nodes
+        position_of = np.full(len(tree.name), -1, dtype=np.int64)
+        position_of[nodes.node] = np.arange(len(nodes.node))
+        # a kernel that ran past its step's end belongs to the step that launched it
+        launched = _launched(facts)
+        runtime = tree.parent[launched]
+        call = position_of[np.where(runtime >= 0, tree.parent[np.maximum(runtime, 0)], -1)]
+        keep = (runtime >= 0) & (call >= 0)
+        launched, call = launched[keep], call[keep]
+        order = np.lexsort((tree.start[launched], call))
+        launched, call = launched[order], call[order]
+        return cls(
+            node=launched,
+            call=call,
+            position=run_ordinals(call),
+            launches_of_call=np.bincount(call, minlength=len(nodes.node))[call],
+            step_row=nodes.step[call].astype(np.int64),
+        )
+
+
 def repeat_outliers(
     facts: RunFacts, min_share: float = 0.005, noise_floor_ns: float = 2_000.0
 ) -> dict[int, list[RepeatOutlier]]:
-    """iteration → its launches far from the same launch in the other steps, largest first.
+    """iteration → its launches far from the same launch in the other steps of the rank, or on
+    the other ranks in the same step, largest first (a launch both ways: the larger z).
 
-    Collective kernels never take part: from step to step their time is mostly the wait for the
-    last peer to arrive (which `teller.localize.collectives` scores where the peers are in the
-    trace), and on one rank of a larger job it varies tenfold with peers the trace never saw."""
-    tree, nodes = facts.tree, facts.step_nodes
+    Collective kernels never take part: their time is mostly the wait for the last peer to
+    arrive (which `teller.localize.collectives` scores where the peers are in the trace), and on
+    one rank of a larger job it varies tenfold with peers the trace never saw."""
+    tree = facts.tree
     steps_per_rank = len(tree.steps) / max(len(facts.ranks), 1)
-    if not MIN_STEPS <= steps_per_rank <= MAX_STEPS:
+    if not len(tree.steps) or steps_per_rank > MAX_STEPS:
         return {}
-    groups = _step_groups(tree)
-    position_of = np.full(len(tree.name), -1, dtype=np.int64)
-    position_of[nodes.node] = np.arange(len(nodes.node))
-    # the GPU work and its launching call's step node: a kernel that ran past its step's end
-    # belongs to the step that launched it
-    launched = _launched(facts)
-    runtime = tree.parent[launched]
-    launcher_row = position_of[np.where(runtime >= 0, tree.parent[np.maximum(runtime, 0)], -1)]
-    keep = (runtime >= 0) & (launcher_row >= 0)
-    launched, launcher_row = launched[keep], launcher_row[keep]
-    if not len(launched):
+    launches = _Launches.of(facts)
+    if not len(launches.node):
         return {}
-    order = np.lexsort((tree.start[launched], launcher_row))
-    launched, launcher_row = launched[order], launcher_row[order]
-    position = run_ordinals(launcher_row)
-    launches_of_call = np.bincount(launcher_row, minlength=len(nodes.node))[launcher_row]
-    slot = _call_slots(facts, groups, np.unique(launcher_row))[launcher_row]
-    step_row = nodes.step[launcher_row].astype(np.int64)
-    group = groups[step_row]
+    found: list[RepeatOutlier] = []
+    if steps_per_rank >= MIN_STEPS:
+        found += _outliers(
+            facts, launches, _step_groups(tree), ACROSS_STEPS, min_share, noise_floor_ns
+        )
+    if len(facts.ranks) >= MIN_STEPS:
+        found += _outliers(
+            facts, launches, _peer_groups(tree), ACROSS_RANKS, min_share, noise_floor_ns
+        )
+    best: dict[int, RepeatOutlier] = {}
+    for o in found:
+        if o.node not in best or o.z > best[o.node].z:
+            best[o.node] = o
+    out: dict[int, list[RepeatOutlier]] = {}
+    for o in best.values():
+        out.setdefault(o.iteration, []).append(o)
+    return {it: sorted(group, key=lambda o: -o.excess_ns) for it, group in out.items()}
+
+
+def _outliers(
+    facts: RunFacts,
+    launches: _Launches,
+    groups: np.ndarray,
+    across: str,
+    min_share: float,
+    noise_floor_ns: float,
+) -> list[RepeatOutlier]:
+    """The launches far from the same launch in the other steps of their group (`groups`: per
+    step row, its group of like steps)."""
+    tree, nodes = facts.tree, facts.step_nodes
+    slot = _call_slots(facts, groups, np.unique(launches.call))[launches.call]
     aligned = slot >= 0
-    place = np.stack([group, slot, position, launches_of_call])[:, aligned]
-    launched, launcher_row, position = launched[aligned], launcher_row[aligned], position[aligned]
-    step_row, group = step_row[aligned], group[aligned]
+    launched, call = launches.node[aligned], launches.call[aligned]
+    position, step_row = launches.position[aligned], launches.step_row[aligned]
+    group = groups[step_row]
     if not len(launched):
-        return {}
+        return []
+    place = np.stack([group, slot[aligned], position, launches.launches_of_call[aligned]])
     _, key = np.unique(place, axis=1, return_inverse=True)
     key = key.reshape(-1)
     dur = tree.dur[launched].astype(np.float64)
@@ -130,29 +185,44 @@ def repeat_outliers(
     )
     compared = np.bincount(step_row[comparable], minlength=len(tree.steps))
     outliers = np.bincount(step_row[hits], minlength=len(tree.steps))
-    out: dict[int, list[RepeatOutlier]] = {}
+    out = []
     for h in hits.tolist():
         row = int(step_row[h])
         if outliers[row] > max(2, STEP_WIDE * compared[row]):
             continue  # the step is slower as a whole
-        it = int(tree.steps.index[row])
-        out.setdefault(it, []).append(
+        out.append(
             RepeatOutlier(
-                iteration=it,
+                iteration=int(tree.steps.index[row]),
                 rank=int(tree.steps.rank[row]),
                 node=int(launched[h]),
                 name=int(tree.name[launched[h]]),
-                launcher=int(nodes.name[launcher_row[h]]),
-                launch_ordinal=int(nodes.ordinal[launcher_row[h]]),
+                launcher=int(nodes.name[call[h]]),
+                launch_ordinal=int(nodes.ordinal[call[h]]),
                 position=int(position[h]),
                 dur_ns=int(dur[h]),
                 reference_ns=float(reference[h]),
-                steps=int(ran[key[h]]),
+                compared=int(ran[key[h]]) - 1,
+                across=across,
                 z=float(z[h]),
                 step_share=float(share[h]),
             )
         )
-    return {it: sorted(found, key=lambda o: -o.excess_ns) for it, found in out.items()}
+    return out
+
+
+def _peer_groups(tree: CallTree) -> np.ndarray:
+    """Per step row: its group of like steps on the ranks (the same iteration, kind and batch):
+    data-, sequence- and tensor-parallel ranks run the same calls in one step."""
+    steps = tree.steps
+    like = np.stack(
+        [
+            steps.index.astype(np.int64),
+            np.unique(np.asarray(steps.kind, dtype=object).astype(str), return_inverse=True)[1],
+            steps.context_tokens.astype(np.int64),
+            steps.generation_tokens.astype(np.int64),
+        ]
+    )
+    return np.unique(like, axis=1, return_inverse=True)[1].reshape(-1)
 
 
 def _step_groups(tree: CallTree) -> np.ndarray:

@@ -79,6 +79,7 @@ class StepContext:
     batch_tokens: tuple[int, int] | None = None  # this step's, the run's largest step's
     has_logs: bool = False
     unfinished: bool = False  # a step a hang never let finish
+    only_step: bool = False  # the capture holds this one step per rank: nothing to expect from
 
     @property
     def excess_ns(self) -> float:
@@ -247,6 +248,7 @@ class RunContext:
             others=[c for c in others if c is not candidate],
             has_logs=self.has_logs,
             unfinished=score.kind == "unfinished",
+            only_step=len(self.tree.steps) <= len(self.ranks),
         )
         if context.unfinished:
             return context

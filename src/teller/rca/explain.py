@@ -77,7 +77,9 @@ _ALONE = {"straggler", "cpu_contention", "host_stall", "slow_operator"}
 _LOGGED = {"kv_pressure", "scheduler_misconfig"}
 _SHIFTED_FOR = re.compile(r"shifted for (\d+) steps")
 _LAYER_OF = re.compile(r"this is layer (\d+) of (\d+)")
-_LAUNCHED_BY = re.compile(r"^same launch \(kernel \d+ of call \d+ to (.+)\) in the run's other")
+_LAUNCHED_BY = re.compile(
+    r"^same launch \(kernel \d+ of call \d+ to (.+)\) (in the run's|on the) other"
+)
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,9 @@ def compose(
                 dict(step, dur=c.rank_dur_ns, rank=top.rank, expected=c.expected_ns),
             )
         )
+    elif c.only_step:
+        only = dict(step=c.iteration, kind=step["kind"], dur=c.rank_dur_ns, rank=top.rank)
+        said.append(("observed.only", only))
     else:
         said.append(("observed.within", dict(step, dur=c.rank_dur_ns, rank=top.rank)))
     named = 0.0
@@ -271,7 +276,8 @@ def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
         return ("evidence.peers", with_normal), excess
     launched = _LAUNCHED_BY.search(top.reference)
     if launched:
-        return ("evidence.repeat", dict(with_normal, other_op=launched.group(1))), excess
+        plan = "evidence.repeat" if launched.group(2) == "in the run's" else "evidence.repeat_peers"
+        return (plan, dict(with_normal, other_op=launched.group(1))), excess
     if c.peers_ns is not None and c.peer_rank is not None:
         return (
             "evidence.temporal_peer",

@@ -226,6 +226,12 @@ _PLANS = (
         note="a step flagged by an operator alone (a persistent shift, a layer outlier)",
     ),
     Plan(
+        "observed.only",
+        "Step {step} ({kind}), the only one captured, took {dur} on rank {rank}, and one of its "
+        "operators stands out.",
+        note="the same, in a capture of one step per rank: no other step to expect its time from",
+    ),
+    Plan(
         "observed.no_rank",
         "Step {step} ({kind}) took {dur}, against {expected} expected {basis}.",
         note="a slow step with no candidate node, so no rank to name",
@@ -270,6 +276,12 @@ _PLANS = (
         "On rank {rank}, {op}, launched by {other_op}, took {observed} against {normal} for the "
         "same launch in the run's other steps.",
         note="a kernel far slower than the same launch of the same call in the run's other steps",
+    ),
+    Plan(
+        "evidence.repeat_peers",
+        "On rank {rank}, {op}, launched by {other_op}, took {observed} against {normal} for the "
+        "same launch on the other ranks in this step.",
+        note="a kernel far slower than the same launch of the same call on the peers in the step",
     ),
     Plan(
         "evidence.new_operator",
@@ -684,6 +696,7 @@ EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
     "share.rest_operator": {"named": 1.28e6, "share": 0.003},
     "share.rest_none": {"named": 1.28e6, "share": 0.003, "rest": 453e6},
     "evidence.repeat": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
+    "evidence.repeat_peers": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
 }
 
 
