@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from teller.callchain.facts import RunFacts, StepNodes, run_ordinals
-from teller.ingest.comm_names import collective_kind
+from teller.ingest.comm_names import is_comm_cpu_op, is_comm_kernel
 from teller.ingest.schema import COMPUTE_CODES, LAYER_CODE
 from teller.localize.features import median_mad
 
@@ -77,7 +77,9 @@ def layer_outliers(
     tree, nodes = facts.tree, facts.step_nodes
     skip = set(facts.waiting)
     if len(facts.ranks) > 1:
-        skip |= {i for i, name in enumerate(tree.names) if collective_kind(name) is not None}
+        skip |= {
+            i for i, name in enumerate(tree.names) if is_comm_kernel(name) or is_comm_cpu_op(name)
+        }
     eligible = np.isin(nodes.layer, list(COMPARED_CODES)) & ~np.isin(nodes.name, list(skip))
     step_dur = tree.steps.dur_ns
     start_ns = tree.start[nodes.node]  # each step node's start, for its place among the layers

@@ -37,7 +37,7 @@ from teller.localize.candidates import FRESH, keep_top, propose
 from teller.localize.collectives import late_in_step
 from teller.localize.hang import HANG_NS, hang_explanation, unfinished_step
 from teller.localize.layers import LayerOutlier, layer_outliers
-from teller.localize.repeats import ACROSS_RANKS, RepeatOutlier, repeat_outliers
+from teller.localize.repeats import ACROSS_RANKS, MAX_STEPS, RepeatOutlier, repeat_outliers
 from teller.localize.results import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.shifts import OperatorShift, operator_shifts
 from teller.localize.step_model import (
@@ -202,7 +202,13 @@ class NumericLocalizer:
         )
 
     def _layer_outliers(self, facts: RunFacts) -> dict[int, list[LayerOutlier]]:
+        """The step's own layers compared: on one rank at any length (no peer to compare
+        with), on several only in a capture of few steps (`MAX_STEPS`), where neither the step
+        model nor the rank's other steps give a reference."""
         if self.layer_share is None:
+            return {}
+        steps_per_rank = len(facts.tree.steps) / max(len(facts.ranks), 1)
+        if len(facts.ranks) > 1 and steps_per_rank > MAX_STEPS:
             return {}
         share = self.layer_share
         return facts.derived(
@@ -212,6 +218,10 @@ class NumericLocalizer:
 
 
 def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandidate:
+    what = (
+        f"same launch (kernel {outlier.position + 1} of call {outlier.launch_ordinal + 1} "
+        f"to {tree.names[outlier.launcher]})"
+    )
     return OperatorCandidate(
         iteration=outlier.iteration,
         rank=outlier.rank,
@@ -221,9 +231,7 @@ def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandida
         normal_ns=int(outlier.reference_ns),
         z=outlier.z,
         node=outlier.node,
-        reference=f"same launch (kernel {outlier.position + 1} of call "
-        f"{outlier.launch_ordinal + 1} to {tree.names[outlier.launcher]}) "
-        + _compared_with(outlier),
+        reference=f"{what} {_compared_with(outlier)}",
         kind="compute",
     )
 

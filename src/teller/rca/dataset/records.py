@@ -153,17 +153,19 @@ def step_traces(tree: CallTree, facts: RunFacts) -> list[StepTrace]:
     """The trace's side of every step's record, in the localizer's step order (a hang's
     unfinished step has no step node to encode, and no record).
 
-    The comparison across steps (`teller.localize.repeats`) stays out of the records: the
-    shipped checkpoints learned from candidate sets without it, and the runs the model answers
-    (8+ engine steps per rank) give the step model its references."""
+    The few-step comparisons (a step's own layers, `teller.localize.layers`, and the same
+    launch across steps and ranks, `teller.localize.repeats`) stay out of the records: the
+    shipped checkpoints learned from candidate sets without them, and the runs the model
+    answers (8+ engine steps per rank, 2+ ranks) give the step model its references."""
+    few_steps = dict(layer_share=None, repeat_share=None)
     localization = NumericLocalizer(
         step_z=PROPOSE_Z,
         min_ratio=PROPOSE_RATIO,
         top_k=MAX_CANDIDATES,
         candidate_z=-np.inf,
-        repeat_share=None,
+        **few_steps,
     ).score(tree, facts)
-    strict = NumericLocalizer(repeat_share=None)
+    strict = NumericLocalizer(**few_steps)
     work = work_features(tree, facts)
     kernel_shapes = kernel_slowdown_shape(tree)
     transfers = transfer_residuals(tree, facts)
