@@ -6,6 +6,7 @@ the evaluation harness and training read it, so one folder a user hands over is 
     CASE/traces/          one trace file per rank (Kineto JSON, .json.gz, nsys .sqlite)
     CASE/logs/*.log       the service's own logs, one file per process
     CASE/otlp/*.json      OpenTelemetry spans (OTLP JSON)
+    CASE/host/*.jsonl     host counters of each traced process (`teller.collect.host`)
     CASE/ground_truth/    what the lab's or simulator's engine recorded (labelled cases only)
     CASE/labels.json      the injected fault (labelled cases only)
     CASE/manifest.json    what was run, when and how
@@ -20,6 +21,8 @@ from pathlib import Path
 TRACES_DIR = "traces"
 LOGS_DIR = "logs"
 OTLP_DIR = "otlp"
+HOST_DIR = "host"
+HOST_PATTERN = "rank*.jsonl"
 GROUND_TRUTH_DIR = "ground_truth"
 LABELS_FILE = "labels.json"
 MANIFEST_FILE = "manifest.json"
@@ -46,6 +49,10 @@ class CaseDir:
         return self.root / OTLP_DIR
 
     @property
+    def host(self) -> Path:
+        return self.root / HOST_DIR
+
+    @property
     def ground_truth(self) -> Path:
         return self.root / GROUND_TRUTH_DIR
 
@@ -67,6 +74,10 @@ class CaseDir:
 
     def otlp_files(self) -> list[Path]:
         return sorted(self.otlp.glob(SPAN_PATTERN)) if self.otlp.is_dir() else []
+
+    def host_files(self) -> list[Path]:
+        """The host counters of the processes that got a rank name (`rank0.jsonl`)."""
+        return sorted(self.host.glob(HOST_PATTERN)) if self.host.is_dir() else []
 
     def is_labelled(self) -> bool:
         return self.labels.is_file()

@@ -4,7 +4,8 @@ The command is not edited. Its environment gets `inject/` prepended to PYTHONPAT
 process it starts runs our `sitecustomize`) and TELLER_COLLECT_* variables that tell the agent where
 to write. The runner itself only starts the command in its own process group, forwards Ctrl-C /
 SIGTERM / SIGHUP to that group, copies the command's console to `logs/launcher.log` (passing it
-through to our stdout/stderr unchanged), waits, and writes `manifest.json`.
+through to our stdout/stderr unchanged), samples the traced processes' host counters into `host/`
+(`teller.collect.host`), waits, and writes `manifest.json`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from teller.collect.host import HostSampler, name_host_files
 from teller.collect.inject import _teller_collect_agent as agent
 from teller.collect.inject._teller_collect_tee import tee
 from teller.collect.manifest import (
@@ -79,6 +81,8 @@ def collect(
     launcher_log = case.logs / "launcher.log"
     _status(f"collecting into {out_dir}: {' '.join(command)}")
     start_wall_ns = time.time_ns()
+    sampler = HostSampler(out_dir / "procs", case.host)
+    sampler.start()
     try:
         with _interrupt_reaches_the_command():
             child = subprocess.Popen(
@@ -89,6 +93,7 @@ def collect(
                 process_group=0,
             )
     except OSError as error:
+        sampler.stop()
         raise CollectError(f"cannot start {argv[0]!r}: {error.strerror or error}") from None
     reader = threading.Thread(
         target=tee,
@@ -104,7 +109,10 @@ def collect(
     )
     reader.start()
     with _forward_signals(child) as forwarded_at:
-        returncode = _wait_escalating(child, forwarded_at)
+        try:
+            returncode = _wait_escalating(child, forwarded_at)
+        finally:
+            sampler.stop()
     reader.join(DRAIN_TIMEOUT_S)
     end_wall_ns = time.time_ns()
     notes = []
@@ -118,6 +126,7 @@ def collect(
         notes.extend(_export_nsys(out_dir))
     manifest_path = case.manifest
     records = read_process_records(out_dir / "procs", out_dir)
+    name_host_files(case.host, records)
     manifest = Manifest(
         command=command,
         cwd=os.getcwd(),
