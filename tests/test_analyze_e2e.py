@@ -140,6 +140,31 @@ def test_straggler_explanations_are_plans_that_state_the_late_arrival_and_its_si
     assert any(late.search(f["explanation"]) for f in findings if f["step"] in labels.steps)
 
 
+@pytest.mark.parametrize("method", ["model", "localizer"])
+def test_the_host_counters_name_the_quota_or_the_stop_and_set_the_fault_type(
+    case: Path, method: str
+):
+    """`teller collect` sampled each rank's host counters (`host/`): a labelled step's finding on
+    the throttled rank is typed a straggler and says what held it back (the cgroup quota as root,
+    a stop/continue duty cycle otherwise), and no explanation claims there are no host metrics."""
+    labels = CaseLabels.read(case)
+    assert sorted(p.name for p in (case / "host").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    if method == "model" and not (DEFAULT_MODEL / "model.safetensors").is_file():
+        pytest.skip("no model")
+    findings = _verdict(case, method)["findings"]
+    held = re.compile(
+        rf"Host counters: rank {labels.guilty_rank}(?:'s CPU quota throttled it| was stopped) for"
+    )
+    assert any(
+        f["step"] in labels.steps
+        and f["rank"] == labels.guilty_rank
+        and f["fault_type"] == "straggler"
+        and held.search(f["explanation"])
+        for f in findings
+    ), [(f["step"], f["rank"], f["fault_type"]) for f in findings]
+    assert not any("No host metrics" in f["explanation"] for f in findings)
+
+
 @pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").is_file(), reason="no model")
 def test_model_names_the_regressed_operator_and_rank(slow_operator_case: Path):
     _names_the_fault(slow_operator_case, "model")

@@ -5,7 +5,7 @@ pipeline stages lazily and hands back Arrow tables (call `.to_pandas()` on any o
 notebooks, and the verdict for everything else. The CLI's `analyze` is a thin layer over it.
 
     >>> from teller import Analysis
-    >>> run = Analysis("case/")            # traces/, logs/, otlp/ found under it
+    >>> run = Analysis("case/")            # traces/, logs/, otlp/, host/ found under it
     >>> run.steps().to_pandas().head()     # one row per step and rank
     >>> verdict = run.diagnose()           # slow steps, guilty operator and rank, explanation
     >>> run.report("report.html")
@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from teller.align.host import HostSteps, host_steps
 from teller.callchain.breakdown import RunBreakdown, run_breakdown
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
+from teller.ingest.host import read_host_files
 from teller.ingest.schema import EventTable
 from teller.layout import CaseDir
 from teller.localize import Localization, NumericLocalizer
@@ -82,6 +84,8 @@ class Analysis:
                 f"{shown}: OTLP spans are placed on the trace through the engine's logs, and no "
                 "log files were given (--logs) or found under DIR/logs/"
             )
+        # host counters `teller collect` sampled beside the traces (DIR/host/rankN.jsonl)
+        self.host_files = self._found(CaseDir.host_files)
         self.step_regex = step_regex
         self.progress = progress
         self.method = method
@@ -89,7 +93,7 @@ class Analysis:
         self.jobs = jobs  # worker processes reading the rank files (1: this process)
 
     def _found(self, files_of: Callable[[CaseDir], list[Path]]) -> list[Path]:
-        """Logs or spans beside the traces, in the case layout (`teller.layout`)."""
+        """Logs, spans or host counters beside the traces, in the case layout (`teller.layout`)."""
         return [f for path in self.paths if path.is_dir() for f in files_of(CaseDir(path))]
 
     # -- the stages, computed once each ---------------------------------------------------------
@@ -108,6 +112,18 @@ class Analysis:
             if np.any(self.rank_offsets.offset_ns != 0):
                 tree = shift_tree(tree, self.rank_offsets)
         return tree
+
+    @cached_property
+    def host(self) -> HostSteps | None:
+        """The host counters over each step (`teller.align.host`); None where none were sampled.
+        What the files could not give (a cut-off last sample) is in `host_warnings`."""
+        self.host_warnings: list[str] = []
+        if not self.host_files:
+            return None
+        series, self.host_warnings = read_host_files(self.host_files)
+        if not series:
+            return None
+        return host_steps(self.tree, series, getattr(self, "rank_offsets", None))
 
     @cached_property
     def alignment(self) -> AlignResult | None:
@@ -186,8 +202,17 @@ class Analysis:
                 model = run_model(self.tree, self.alignment, self.model_dir, case_id, self.facts)
             except ModelUnavailable as error:
                 notes.append(unavailable_note(error))
+        host = self.host
+        notes += self.host_warnings
         return diagnose(
-            self.tree, self.localization, self.alignment, self.inputs, model, notes, self.facts
+            self.tree,
+            self.localization,
+            self.alignment,
+            self.inputs,
+            model,
+            notes,
+            self.facts,
+            host,
         )
 
     def diagnose(self) -> Verdict:

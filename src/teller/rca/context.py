@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from teller.align.host import HostSteps
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.localize import OperatorCandidate, StepScore
@@ -80,6 +81,9 @@ class StepContext:
     has_logs: bool = False
     unfinished: bool = False  # a step a hang never let finish
     only_step: bool = False  # the capture holds this one step per rank: nothing to expect from
+    #: the named rank's host counters over the step against its normal steps (`MEASURES` of
+    #: `teller.align.host`), where `teller collect` sampled them; None without
+    host_counters: dict[str, Measured] | None = None
 
     @property
     def excess_ns(self) -> float:
@@ -193,11 +197,13 @@ class RunContext:
         facts: RunFacts | None,
         normal: Collection[int],
         has_logs: bool,
+        host: HostSteps | None = None,
     ) -> None:
         self.tree = tree
         self.facts = RunFacts.of(tree, facts)
         self.normal = set(normal)
         self.has_logs = has_logs
+        self.host = host
         steps = tree.steps
         self.ranks = sorted(set(steps.rank.tolist()))
         self.row_of = {(int(steps.rank[k]), int(steps.index[k])): k for k in range(len(steps))}
@@ -267,7 +273,26 @@ class RunContext:
                 iteration,
                 lambda k: self.idle_of.get((rank, int(self.tree.steps.index[k])), 0.0),
             )
+        context.host_counters = self._host_counters(rank, iteration)
         return context
+
+    def _host_counters(self, rank: int, iteration: int) -> dict[str, Measured] | None:
+        """Each host measure over the step against its median over the rank's normal steps of
+        the kind (0 where none is known: a rank that was never throttled before)."""
+        host = self.host
+        if host is None or rank not in host.ranks:
+            return None
+        row = self.row_of[(rank, iteration)]
+        normal_rows = self._normal_rows(rank, iteration)
+        out = {}
+        for name, values in host.added.items():
+            observed = float(values[row])
+            if np.isnan(observed):
+                continue
+            usual = values[normal_rows] if normal_rows else np.zeros(0)
+            usual = usual[~np.isnan(usual)]
+            out[name] = Measured(observed, float(np.median(usual)) if len(usual) else 0.0)
+        return out or None
 
     def _normal_rows(self, rank: int, iteration: int) -> list[int]:
         kind = self.kind_of.get(iteration)

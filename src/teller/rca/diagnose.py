@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from teller.align.host import HostSteps
 from teller.callchain.facts import RunFacts
 from teller.callchain.render import short_name
 from teller.callchain.steps import BATCHED_STEP_KINDS
@@ -31,8 +32,9 @@ from teller.errors import TellerError
 from teller.faults import FAULTS, view_of
 from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
-from teller.rca.context import RunContext
+from teller.rca.context import Measured, RunContext
 from teller.rca.explain import choose_mechanism, compose
+from teller.rca.host import host_cause, refined_fault
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -110,12 +112,15 @@ def diagnose(
     model: ModelOutcome | None = None,
     notes: Sequence[str] = (),
     facts: RunFacts | None = None,
+    host: HostSteps | None = None,
 ) -> Verdict:
     """The run's verdict: the model's where `model` is given, else the localizer's alone.
 
     Every argument is a stage's output, computed once by whoever runs the pipeline (the
     `Analysis` facade, the evaluation harness); `notes` are warnings the caller adds (the model
-    that could not be loaded); `facts`: the tree's `RunFacts`, which the explanations read."""
+    that could not be loaded); `facts`: the tree's `RunFacts`, which the explanations read;
+    `host`: the host counters on the steps, where `teller collect` sampled them (a host
+    slowdown's fault type is then the one they name, `teller.rca.host`)."""
     has_logs = bool(inputs.log_files) or alignment is not None
     if model is not None:
         # a hang's unfinished step has no step record for the model: the localizer's finding
@@ -130,7 +135,7 @@ def diagnose(
         drafts = _drafts(tree, localization)
         produced_by = "localizer"
     normal = {s.iteration for s in localization.steps if s.iteration not in flagged}
-    context = RunContext(tree, facts, normal, has_logs)
+    context = RunContext(tree, facts, normal, has_logs, host)
     one_incident_per_cause(drafts, context)
     findings = by_incident([_finding(tree, context, d) for d in drafts])
     _attach_logs(alignment, findings)
@@ -277,8 +282,14 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
     if draft.chosen:  # the named candidate leads the evidence
         ranked = [ranked[draft.chosen], *ranked[: draft.chosen], *ranked[draft.chosen + 1 :]]
     step_context = context.context(draft.score, top, [c for c, _ in ranked])
-    mechanism = choose_mechanism(step_context, draft.fault, draft.mechanism_scores)
-    explanation = compose(step_context, draft.fault, mechanism, draft.state_cause)
+    fault = refined_fault(step_context, draft.fault)
+    view = draft.view if fault == draft.fault else view_of(fault)
+    mechanism = choose_mechanism(step_context, fault, draft.mechanism_scores)
+    explanation = compose(step_context, fault, mechanism, draft.state_cause)
+    evidence = [_evidence(c) for c, _ in ranked[:3]]
+    measured = host_cause(step_context)
+    if measured is not None and measured[0] == fault and measured[1] != "major_faults" and top:
+        evidence.append(_host_evidence(top.rank, measured[1], measured[2]))
     return Finding(
         step=draft.score.iteration,
         step_name=name_of_step.get(draft.score.iteration, ""),
@@ -290,11 +301,11 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
         rank=top.rank if top else None,
         operator=top.operator if top else None,
         operator_node=top.node if top else None,
-        fault_type=draft.fault,
-        view=draft.view,
+        fault_type=fault,
+        view=view,
         explanation=explanation.text,
         candidates=[_candidate(c, p) for c, p in ranked],
-        evidence=[_evidence(c) for c, _ in ranked[:3]],
+        evidence=evidence,
     )
 
 
@@ -375,6 +386,27 @@ def _evidence(c: OperatorCandidate) -> Evidence:
         normal_ns=c.normal_ns,
         z=_rounded_z(c.z),
         reference=c.reference,
+    )
+
+
+#: What each host measure is, as an evidence line names it.
+_HOST_MEASURED = {
+    "throttled_ns": "CPU quota throttling",
+    "stopped_ns": "time stopped",
+    "run_delay_ns": "time waiting for a CPU",
+    "memory_stall_ns": "memory stall time",
+    "cpu_ns": "CPU time",
+}
+
+
+def _host_evidence(rank: int, measure: str, reading: Measured) -> Evidence:
+    """The host counter behind the fault type, as one more evidence line."""
+    return Evidence(
+        what=f"{_HOST_MEASURED[measure]} of rank {rank} (host counters)",
+        observed_ns=int(reading.observed_ns),
+        normal_ns=int(reading.normal_ns),
+        z=0.0,
+        reference="host counters sampled by teller collect; median of the rank's normal steps",
     )
 
 

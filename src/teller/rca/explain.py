@@ -21,6 +21,7 @@ from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.faults import FAULT_FREE
 from teller.localize import FRESH, NEW_OPERATOR, SUBSTITUTED
 from teller.rca.context import StepContext
+from teller.rca.host import host_cause
 from teller.rca.plans import BASIS_BATCH, BASIS_RUN, MECHANISMS, PLANS, Collectives, render
 
 #: Under this share of the step's excess, the evidence is said to explain little, and the
@@ -71,6 +72,8 @@ CAVEATS: dict[str, str] = {
     "net_throttle": "caveat.link",
     "link_contention": "caveat.link",
 }
+#: The caveats that say the trace has no host metrics.
+_HOST_CAVEATS = frozenset({"caveat.cpu", "caveat.stall", "caveat.memory"})
 #: Faults whose cause sentence says the peers waited: a one-rank trace gets the `_alone` plan.
 _ALONE = {"straggler", "cpu_contention", "host_stall", "slow_operator"}
 #: Faults the logs confirm (preemptions, the request queue).
@@ -224,6 +227,7 @@ def compose(
     if mechanism != "late_arrival" and "late_arrival" in allowed_mechanisms(c, fault):
         # what the rank's own work did is the mechanism; its peers' waiting is what it cost them
         said += _mechanism(c, "late_arrival")
+    said += _host(c, fault)
     if fault is not None and state_cause:
         said += _cause(c, fault)
     explained = 0.0
@@ -410,9 +414,28 @@ def _largest_other(c: StepContext):
     return max(same_rank or others, key=excess)
 
 
+def _host(c: StepContext, fault: str | None) -> list[tuple[str, dict]]:
+    """The host counter that names the step's host slowdown, where it names the stated fault."""
+    found = host_cause(c)
+    if found is None or found[0] != fault or c.rank is None:
+        return []
+    _, measure, reading = found
+    if measure == "major_faults":
+        facts = dict(faults=reading.observed_ns, normal_faults=reading.normal_ns)
+        return [(f"host.{measure}", dict(facts, rank=c.rank))]
+    return [
+        (
+            f"host.{measure}",
+            dict(rank=c.rank, observed=reading.observed_ns, normal=reading.normal_ns),
+        )
+    ]
+
+
 def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple[str, dict]]:
     out = []
-    if fault in CAVEATS and state_cause:
+    # "no host metrics" is false where the counters were sampled
+    measured = c.host_counters is not None and CAVEATS.get(fault) in _HOST_CAVEATS
+    if fault in CAVEATS and state_cause and not measured:
         out.append((CAVEATS[fault], {}))
     if fault in _LOGGED and not c.has_logs:
         out.append(("caveat.no_logs", {}))

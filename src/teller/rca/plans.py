@@ -25,7 +25,7 @@ from teller.callchain.render import format_ns, short_name
 #: Families in the order their sentences appear; an explanation holds at most one sentence of
 #: each, but for what the trace cannot tell and for the mechanism (its own work, then the late
 #: arrival it cost its peers) (`REPEATED`).
-FAMILIES = ("observed", "evidence", "mechanism", "cause", "share", "caveat")
+FAMILIES = ("observed", "evidence", "mechanism", "host", "cause", "share", "caveat")
 REPEATED = frozenset({"caveat", "mechanism"})
 #: Longest operator name an explanation shows (kernel names run to kilobytes of templates).
 OPERATOR_CHARS = 90
@@ -129,6 +129,8 @@ SLOT_TYPES: dict[str, SlotType] = {
     "peer_rank": _INT,
     "layer": _INT,
     "layers": _INT,
+    "faults": _INT,
+    "normal_faults": _INT,
     "op": SlotType(r".+?", operator_text),
     "other_op": SlotType(r".+?", operator_text),
     "steps": SlotType(
@@ -378,6 +380,43 @@ _PLANS = (
         note="a batch far below what the engine ran earlier in the run",
     ),
     # -- the cause: the fault head's ----------------------------------------------------------
+    # -- what the host counters measured (`teller collect` samples them beside the trace) ----
+    Plan(
+        "host.throttled_ns",
+        "Host counters: rank {rank}'s CPU quota throttled it for {observed} of this step, "
+        "against {normal} in its normal steps.",
+        note="the rank's cgroup CPU quota (cpu.stat throttled time) over the step",
+    ),
+    Plan(
+        "host.stopped_ns",
+        "Host counters: rank {rank} was stopped for {observed} of this step, against {normal} "
+        "in its normal steps.",
+        note="time the rank's process was seen stopped (SIGSTOP, a debugger)",
+    ),
+    Plan(
+        "host.run_delay_ns",
+        "Host counters: rank {rank} waited {observed} for a CPU in this step, against {normal} "
+        "in its normal steps.",
+        note="time runnable but not running (schedstat run delay): another process on its core",
+    ),
+    Plan(
+        "host.memory_stall_ns",
+        "Host counters: rank {rank} stalled {observed} on memory in this step, against {normal} "
+        "in its normal steps.",
+        note="the cgroup's memory stall time (memory.pressure, cgroup v2)",
+    ),
+    Plan(
+        "host.major_faults",
+        "Host counters: rank {rank} took {faults} major page faults in this step, against "
+        "{normal_faults} in its normal steps.",
+        note="major page faults (a page read back from disk or swap)",
+    ),
+    Plan(
+        "host.cpu_ns",
+        "Host counters: rank {rank} was on a CPU for {observed} of this step, against {normal} "
+        "in its normal steps, neither throttled nor waiting for one.",
+        note="the rank's own CPU time, when no quota, co-tenant or memory stall rose",
+    ),
     Plan(
         "cause.straggler",
         "This points to rank {rank} as a straggler: its own work ran late, and its peers' "
@@ -665,6 +704,8 @@ EXAMPLE_FACTS: dict[str, object] = {
     "peer_rank": 0,
     "layer": 7,
     "layers": 24,
+    "faults": 1_840,
+    "normal_faults": 3,
     "op": "aten::mm",
     "other_op": "aten::cat",
     "steps": 12,
