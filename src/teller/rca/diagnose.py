@@ -29,12 +29,12 @@ from teller.callchain.render import short_name
 from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.callchain.tree import CallTree
 from teller.errors import TellerError
-from teller.faults import FAULTS, view_of
+from teller.faults import FAULTS, HOST_SLOWDOWNS, view_of
 from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.rca.context import Measured, RunContext
 from teller.rca.explain import choose_mechanism, compose
-from teller.rca.host import host_cause, refined_fault
+from teller.rca.host import pooled_fault, stated_reading
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -137,6 +137,8 @@ def diagnose(
     normal = {s.iteration for s in localization.steps if s.iteration not in flagged}
     context = RunContext(tree, facts, normal, has_logs, host)
     one_incident_per_cause(drafts, context)
+    if host is not None:
+        pool_host_faults(drafts, context)
     findings = by_incident([_finding(tree, context, d) for d in drafts])
     _attach_logs(alignment, findings)
     return Verdict(
@@ -282,14 +284,13 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
     if draft.chosen:  # the named candidate leads the evidence
         ranked = [ranked[draft.chosen], *ranked[: draft.chosen], *ranked[draft.chosen + 1 :]]
     step_context = context.context(draft.score, top, [c for c, _ in ranked])
-    fault = refined_fault(step_context, draft.fault)
-    view = draft.view if fault == draft.fault else view_of(fault)
+    fault = draft.fault
     mechanism = choose_mechanism(step_context, fault, draft.mechanism_scores)
     explanation = compose(step_context, fault, mechanism, draft.state_cause)
     evidence = [_evidence(c) for c, _ in ranked[:3]]
-    measured = host_cause(step_context)
-    if measured is not None and measured[0] == fault and measured[1] != "major_faults" and top:
-        evidence.append(_host_evidence(top.rank, measured[1], measured[2]))
+    stated = stated_reading(step_context, fault)
+    if stated is not None and stated[0] != "major_faults" and top is not None:
+        evidence.append(_host_evidence(top.rank, *stated))
     return Finding(
         step=draft.score.iteration,
         step_name=name_of_step.get(draft.score.iteration, ""),
@@ -302,7 +303,7 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
         operator=top.operator if top else None,
         operator_node=top.node if top else None,
         fault_type=fault,
-        view=view,
+        view=draft.view,
         explanation=explanation.text,
         candidates=[_candidate(c, p) for c, p in ranked],
         evidence=evidence,
@@ -327,6 +328,22 @@ OWN_LATENESS = 0.5
 #: recordings; a rank whose one operator regressed by a few percent of a step scores 1.2-2, close
 #: to the scheduling noise of a CPU-run collective, which can put the other rank ahead.
 CLEAR_STRAGGLER = 3.0
+
+
+def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
+    """The drafts of one host slowdown on one rank take the fault their steps' host counters
+    name together (`teller.rca.host.pooled_fault`), where they name one."""
+    groups: dict[tuple[str, int], list[_Draft]] = {}
+    for draft in drafts:
+        if draft.fault in HOST_SLOWDOWNS and draft.top is not None:
+            groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
+    for group in groups.values():
+        steps = [context.context(d.score, d.top, [c for c, _ in d.ranked]) for d in group]
+        fault = pooled_fault(steps)
+        if fault is None:
+            continue
+        for draft in group:
+            draft.fault, draft.view = fault, view_of(fault)
 
 
 def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:

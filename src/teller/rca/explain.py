@@ -21,7 +21,7 @@ from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.faults import FAULT_FREE
 from teller.localize import FRESH, NEW_OPERATOR, SUBSTITUTED
 from teller.rca.context import StepContext
-from teller.rca.host import host_cause
+from teller.rca.host import stated_reading
 from teller.rca.plans import BASIS_BATCH, BASIS_RUN, MECHANISMS, PLANS, Collectives, render
 
 #: Under this share of the step's excess, the evidence is said to explain little, and the
@@ -415,20 +415,16 @@ def _largest_other(c: StepContext):
 
 
 def _host(c: StepContext, fault: str | None) -> list[tuple[str, dict]]:
-    """The host counter that names the step's host slowdown, where it names the stated fault."""
-    found = host_cause(c)
-    if found is None or found[0] != fault or c.rank is None:
+    """The host counter that shows the stated host slowdown in this step, where it rose."""
+    stated = stated_reading(c, fault)
+    if stated is None or c.rank is None:
         return []
-    _, measure, reading = found
+    measure, reading = stated
     if measure == "major_faults":
-        facts = dict(faults=reading.observed_ns, normal_faults=reading.normal_ns)
-        return [(f"host.{measure}", dict(facts, rank=c.rank))]
-    return [
-        (
-            f"host.{measure}",
-            dict(rank=c.rank, observed=reading.observed_ns, normal=reading.normal_ns),
-        )
-    ]
+        counts = dict(faults=reading.observed_ns, normal_faults=reading.normal_ns)
+        return [(f"host.{measure}", dict(counts, rank=c.rank))]
+    times = dict(observed=reading.observed_ns, normal=reading.normal_ns)
+    return [(f"host.{measure}", dict(times, rank=c.rank))]
 
 
 def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple[str, dict]]:

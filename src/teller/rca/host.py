@@ -2,48 +2,66 @@
 
 A trace alone cannot tell a throttled rank from one sharing its core with another process, a
 pause inside the process or page faults (`teller.faults.HOST_SLOWDOWNS`): each stretches the
-same operators. The counters `teller collect` samples beside the trace can. A finding whose
-fault is one of these is re-typed by the counter that rose most over the step against the
-rank's normal steps, when that rise is a real share of the step; with no such rise the fault
-stays as the method named it.
+same operators. The counters `teller collect` samples beside the trace can. The findings of one
+host slowdown on one rank are re-typed together by the counter that rose most over their steps
+against the rank's normal steps, when that rise is a real share of those steps (a slow window
+has one cause, and it shows unevenly step by step); with no such rise the fault stays as the
+method named it. Each step's explanation then states the counter where it rose in that step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from teller.faults import HOST_SLOWDOWNS
 from teller.rca.context import Measured, StepContext
 
-#: Time-based measures and the fault each names: time the CPU quota throttled the rank or it
-#: was stopped (both hold it off a CPU it could use: the straggler), time it waited runnable for
-#: a CPU (another process on its core), time it stalled on memory.
-TIME_CAUSES = {
+#: The fault each reading names: time the CPU quota throttled the rank or it was stopped (both
+#: hold it off a CPU it could use: the straggler), time it waited runnable for a CPU beyond its
+#: throttling (another process on its core), time it stalled on memory, major page faults, and
+#: its own CPU time (a pause inside the process) when none of the others rose.
+CAUSE_OF = {
     "throttled_ns": "straggler",
     "stopped_ns": "straggler",
     "run_delay_ns": "cpu_contention",
     "memory_stall_ns": "memory_pressure",
+    "major_faults": "memory_pressure",
+    "cpu_ns": "host_stall",
 }
-#: A measure names the cause when it rose by this share of the rank's step.
+#: A time reading names the cause when it rose by this share of the rank's step time.
 HOST_SHARE = 0.1
-#: Major page faults more than the rank's normal steps take, for memory pressure where the host
+#: Major page faults per step beyond the rank's normal steps for memory pressure, where the host
 #: has no memory stall counter (cgroup v1).
 MAJOR_FAULTS = 50
 
 
-def host_cause(c: StepContext) -> tuple[str, str, Measured] | None:
-    """(fault, measure, its reading) the counters name for the step's rank, or None."""
-    counters = c.host_counters
+def readings(c: StepContext) -> dict[str, Measured]:
+    """The step's host readings on its rank. A throttled task stays queued, so the scheduler
+    counts its throttled time as run delay too: the wait for a CPU is the run delay beyond it."""
+    counters = dict(c.host_counters or {})
+    delay, throttled = counters.get("run_delay_ns"), counters.get("throttled_ns")
+    if delay is not None and throttled is not None:
+        counters["run_delay_ns"] = Measured(
+            max(delay.observed_ns - throttled.observed_ns, 0.0),
+            max(delay.normal_ns - throttled.normal_ns, 0.0),
+        )
+    return counters
+
+
+def cause_of(counters: dict[str, Measured], step_ns: float) -> tuple[str, str, Measured] | None:
+    """(fault, reading name, reading) the readings name over `step_ns` of the rank's time."""
     if not counters:
         return None
-    floor = HOST_SHARE * c.rank_dur_ns
-    held = [n for n in ("throttled_ns", "stopped_ns") if n in counters]
-    timed = [(n, counters[n]) for n in ("run_delay_ns", "memory_stall_ns") if n in counters]
-    if held:  # a quota and a stop both hold the rank off a CPU: one cause, named by the larger
-        larger = max(held, key=lambda n: counters[n].excess_ns)
-        timed.append((larger, _summed(counters, tuple(held))))
+    floor = HOST_SHARE * step_ns
+    timed = [
+        (name, counters[name])
+        for name in ("throttled_ns", "stopped_ns", "run_delay_ns", "memory_stall_ns")
+        if name in counters
+    ]
     if timed:
         name, reading = max(timed, key=lambda pair: pair[1].excess_ns)
         if reading.excess_ns >= floor:
-            return TIME_CAUSES[name], name, reading
+            return CAUSE_OF[name], name, reading
     faults = counters.get("major_faults")
     if faults is not None and faults.excess_ns >= MAJOR_FAULTS:
         return "memory_pressure", "major_faults", faults
@@ -53,14 +71,26 @@ def host_cause(c: StepContext) -> tuple[str, str, Measured] | None:
     return None
 
 
-def refined_fault(c: StepContext, fault: str | None) -> str | None:
-    """The fault a host slowdown's counters name in place of `fault`; others unchanged."""
-    if fault not in HOST_SLOWDOWNS:
-        return fault
-    found = host_cause(c)
-    return found[0] if found is not None else fault
+def pooled_fault(steps: Iterable[StepContext]) -> str | None:
+    """The host slowdown the readings of one rank's steps name together, or None."""
+    summed: dict[str, Measured] = {}
+    total_ns = 0.0
+    for c in steps:
+        total_ns += c.rank_dur_ns
+        for name, reading in readings(c).items():
+            was = summed.get(name, Measured(0.0, 0.0))
+            summed[name] = Measured(
+                was.observed_ns + reading.observed_ns, was.normal_ns + reading.normal_ns
+            )
+    found = cause_of(summed, total_ns)
+    return found[0] if found is not None else None
 
 
-def _summed(counters: dict[str, Measured], names: tuple[str, ...]) -> Measured:
-    present = [counters[n] for n in names]
-    return Measured(sum(m.observed_ns for m in present), sum(m.normal_ns for m in present))
+def stated_reading(c: StepContext, fault: str | None) -> tuple[str, Measured] | None:
+    """The reading that shows `fault` in this step, where it rose enough to state."""
+    if fault not in HOST_SLOWDOWNS or not c.host_counters:
+        return None
+    found = cause_of({n: m for n, m in readings(c).items() if CAUSE_OF[n] == fault}, c.rank_dur_ns)
+    if found is None:
+        return None
+    return found[1], found[2]

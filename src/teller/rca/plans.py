@@ -413,8 +413,8 @@ _PLANS = (
     ),
     Plan(
         "host.cpu_ns",
-        "Host counters: rank {rank} was on a CPU for {observed} of this step, against {normal} "
-        "in its normal steps, neither throttled nor waiting for one.",
+        "Host counters: rank {rank} used {observed} of CPU time in this step, against {normal} "
+        "in its normal steps, neither throttled nor waiting for a CPU.",
         note="the rank's own CPU time, when no quota, co-tenant or memory stall rose",
     ),
     Plan(

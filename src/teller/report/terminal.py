@@ -14,6 +14,7 @@ from teller.callchain.host_activity import IDLE_CAUSES
 from teller.callchain.render import format_ns, short_name
 from teller.errors import printable
 from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges, worst_of
+from teller.rca.plans import plural
 from teller.rca.verdict import Finding, Verdict
 from teller.report.console import PLAIN, Look, table_lines, wrapped
 
@@ -46,7 +47,7 @@ def render_terminal(
         counts = Counter(f.operator for f in group if f.operator)
         operator = (
             ", ".join(
-                short_name(op, 60) + (f" ({n} steps)" if len(counts) > 1 else "")
+                short_name(op, 60) + (f" ({plural(n, 'step')})" if len(counts) > 1 else "")
                 for op, n in counts.most_common(2)
             )
             if counts
@@ -65,7 +66,8 @@ def render_terminal(
         fault = (
             " — "
             + ", ".join(
-                k + (f" ({n} steps)" if len(kinds) > 1 else "") for k, n in kinds.most_common(3)
+                k + (f" ({plural(n, 'step')})" if len(kinds) > 1 else "")
+                for k, n in kinds.most_common(3)
             )
             if kinds
             else ""
