@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from teller.faults import HOST_SLOWDOWNS
+from teller.ingest.host import read_host_file
 from teller.watch.disk import INCIDENT_FILE, PARTIAL_PREFIX, case_dirs
 from teller.watch.quantiles import histogram_quantile
 from teller.watch.scrape import fetch_metrics, parse_metrics
@@ -56,6 +58,15 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.2):
             return value
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def quota_throttled_ns(path: Path) -> float:
+    """How long rank 1's CPU quota throttled it over the captures, from its host counters."""
+    if not path.is_file():
+        return 0.0
+    series, _ = read_host_file(path, 1)
+    throttled = series.counters["throttled_ns"]
+    return float(np.nanmax(throttled)) if len(throttled) and not np.isnan(throttled).all() else 0.0
 
 
 def profiler_starts(serve_log: Path) -> int:
@@ -129,16 +140,23 @@ def test_watch_reports_a_straggler_switched_on_part_way(tmp_path):
 
         (case,) = wait_for(lambda: case_dirs(out), REPORT_TIMEOUT_S, "the first report")
         incident = json.loads((case / INCIDENT_FILE).read_text())
-        # the rank is the throttled one; the fault type one of those a trace without host metrics
-        # cannot tell from a CPU quota, with the caveat that says so
+        # the rank is the throttled one. The lab engine samples each rank's host counters beside
+        # its traces: where its cgroup quota throttled it (as root), the fault is named by them
         assert incident["rank"] == 1 and incident["fault_type"] in HOST_SLOWDOWNS, incident
+        quota = quota_throttled_ns(case / "host" / "rank1.jsonl")
+        if quota > 0:
+            assert incident["fault_type"] == "straggler", (quota, incident)
         assert incident["capture_start_ns"] / 1e9 > t0_s + FAULT_AT_S
         assert incident["reference_end_ns"] / 1e9 < t0_s + FAULT_AT_S  # its steps were normal
         assert any(p.name.startswith("reference-") for p in (case / "traces").iterdir())
         report = json.loads((case / "report.json").read_text())
         assert report["findings"] and (case / "report.txt").is_file()
         headline = next(f for f in report["findings"] if f["rank"] == 1)
-        assert "in the trace:" in headline["explanation"], headline["explanation"]
+        # a trace alone cannot tell a quota from a co-tenant, and says so; the counters can
+        said = "Host counters: rank 1" if quota > 0 else "in the trace:"
+        assert any(said in f["explanation"] for f in report["findings"] if f["rank"] == 1), (
+            headline["explanation"]
+        )
         # the case is renamed into place first, then exported
         (span,) = wait_for(lambda: receiver.spans, 60.0, "the incident's span")
         span_attributes = attributes(span)

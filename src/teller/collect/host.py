@@ -206,3 +206,45 @@ def name_host_files(host_dir: Path, records: list[dict]) -> None:
         name = record.get("name")
         if source.exists() and name:
             os.replace(source, host_dir / f"{name}.jsonl")
+
+
+class ProcessSampler:
+    """One process's counters sampled on a thread until `stop`, kept in memory and written as
+    one `host/` file: what an engine's own profiler runs beside a capture (`teller lab serve`
+    between `/start_profile` and `/stop_profile`), where no runner is outside it. Sampling from
+    inside sees a CPU quota, a co-tenant's run-queue wait and page faults (the counters are the
+    kernel's), not a stop: a stopped process samples nothing."""
+
+    def __init__(self, pid: int, interval_s: float = SAMPLE_INTERVAL_S):
+        self.pid = pid
+        self.interval_s = interval_s
+        self.samples: list[HostSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="teller-self-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> list[HostSample]:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        return self.samples
+
+    def _run(self) -> None:
+        sources = sources_of(self.pid)
+        while not self._stop.is_set():
+            sample = read_sample(sources)
+            if sample is None:
+                return
+            self.samples.append(sample)
+            self._stop.wait(self.interval_s)
+
+
+def write_samples(samples: list[HostSample], path: Path) -> None:
+    """`samples` as a `host/` file, appearing whole (written aside, then renamed)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with partial.open("w") as handle:
+        for sample in samples:
+            handle.write(json.dumps(asdict(sample)) + "\n")
+    os.replace(partial, path)

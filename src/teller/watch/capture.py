@@ -2,13 +2,16 @@
 
 The rank traces are the files that appear in the engine's profile folder during the capture
 (moved out of it, so that folder does not grow with every capture); the logs are the bytes each
-engine log file gained meanwhile. Everything lands under `dest/traces/` and `dest/logs/`, the case
-layout `teller analyze` reads (`teller.layout`).
+engine log file gained meanwhile, and host counters the engine wrote beside its traces (the lab
+engine's `*.host.jsonl`) are appended to each rank's series. Everything lands under
+`dest/traces/`, `dest/logs/` and `dest/host/`, the case layout `teller analyze` reads
+(`teller.layout`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -19,6 +22,8 @@ from teller.watch.profiler import CaptureError, EngineProfiler
 
 #: Trace files an engine's profiler writes (torch's tensorboard handler, Kineto JSON).
 TRACE_SUFFIXES = (".json", ".json.gz")
+#: Host counters an engine writes beside a rank's trace (`teller lab serve` does).
+_HOST_FILE = re.compile(r"^[^.].*rank-(\d+)\..*\.host\.jsonl$")
 #: A trace is taken once no file in the folder has changed for this long: vLLM's handler writes
 #: its files in place, so a size that still moves is a file still being written.
 SETTLE_S = 2.0
@@ -48,6 +53,7 @@ def capture(
     """Profile the engine for `duration_s` and gather the capture into `dest` (CaptureError when
     the engine refused or wrote nothing). On any exit the profiler is asked to stop."""
     before = _trace_files(profile_dir)
+    before_host = _host_files(profile_dir)
     offsets = {path: _size(path) for path in log_files}
     start_wall_ns = time.time_ns()
     profiler.start()
@@ -68,7 +74,26 @@ def capture(
         shutil.move(str(path), target)
         moved.append(target)
     logs = [_copy_tail(path, offsets[path], case.logs, trace_prefix) for path in log_files]
+    _gather_host(profile_dir, before_host, case)
     return Capture(start_wall_ns, end_wall_ns, moved, [p for p in logs if p is not None])
+
+
+def _host_files(folder: Path) -> set[Path]:
+    if not folder.is_dir():
+        return set()
+    return {p for p in folder.iterdir() if p.is_file() and _HOST_FILE.match(p.name)}
+
+
+def _gather_host(profile_dir: Path, before: set[Path], case: CaseDir) -> None:
+    """Host counters the engine wrote beside this capture's traces (the lab engine does; vLLM
+    does not), appended to the case's `host/rankN.jsonl`: a reference capture and the incident's
+    land in one series per rank."""
+    for path in sorted(_host_files(profile_dir) - before):
+        rank = _HOST_FILE.match(path.name).group(1)  # type: ignore[union-attr]
+        case.host.mkdir(parents=True, exist_ok=True)
+        with (case.host / f"rank{rank}.jsonl").open("ab") as target:
+            target.write(path.read_bytes())
+        path.unlink(missing_ok=True)
 
 
 def wait_while_profiling(duration_s: float) -> None:

@@ -4,7 +4,7 @@ An incident capture is taken after the objective broke, so every step in it may 
 and a verdict that compares steps with steps needs normal ones beside them. The watcher records
 one short capture while every objective holds (again after an engine restart, and every so often),
 keeps it in `OUT/.reference/`, and puts its traces and logs into each incident case under a
-`reference-` prefix: `teller analyze CASE` then sees normal steps followed by the incident's, the
+`reference-` prefix (and its host counters, where the engine wrote them, into each rank's series): `teller analyze CASE` then sees normal steps followed by the incident's, the
 shape of a run whose fault began part-way, and anyone re-running it gets the same verdict.
 """
 
@@ -65,4 +65,8 @@ def add_reference(reference: Reference, case_dir: Path) -> list[Path]:
         except OSError:
             shutil.copy2(path, target)
         added.append(target)
+    for path in CaseDir(reference.root).host_files():  # one series per rank: appended
+        case.host.mkdir(parents=True, exist_ok=True)
+        with (case.host / path.name).open("ab") as target_file:
+            target_file.write(path.read_bytes())
     return added

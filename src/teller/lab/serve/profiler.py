@@ -2,6 +2,8 @@
 
 Each capture writes `PROFILE_DIR/lab-rank-{R}.{CAPTURE}.pt.trace.json.gz`, vLLM's file shape
 (`{worker}-rank-{R}.{stamp}.pt.trace.json.gz`); the rank is also in the trace's `distributedInfo`.
+Beside it, `lab-rank-{R}.{CAPTURE}.host.jsonl` holds the rank's host counters over the capture,
+sampled from inside the worker (`teller.collect.host.ProcessSampler`), which vLLM does not write.
 The file appears by rename once complete, so whoever watches the folder never reads half a trace.
 Kineto's first set-up takes seconds on a CPU host, so the profiler is prepared ahead (at start-up
 and again after each export), keeping that cost out of the captured steps.
@@ -17,12 +19,19 @@ from pathlib import Path
 
 import torch
 
+from teller.collect.host import ProcessSampler, write_samples
+
 #: gzip level of the exported traces: export runs inside the engine loop, so favour speed.
 GZIP_LEVEL = 3
 
 
 def trace_name(rank: int, capture_id: str) -> str:
     return f"lab-rank-{rank}.{capture_id}.pt.trace.json.gz"
+
+
+def host_name(rank: int, capture_id: str) -> str:
+    """The rank's host counters over the capture (`teller.collect.host`), beside its trace."""
+    return f"lab-rank-{rank}.{capture_id}.host.jsonl"
 
 
 class RankProfiler:
@@ -34,6 +43,7 @@ class RankProfiler:
         self.device = device
         self.profiling = False
         self._profiler: torch.profiler.profile | None = None
+        self._host: ProcessSampler | None = None
         self._prepare()
 
     def _prepare(self) -> None:
@@ -47,6 +57,8 @@ class RankProfiler:
         if self.profiling or self._profiler is None:
             return
         self._profiler.start_trace()
+        self._host = ProcessSampler(os.getpid())
+        self._host.start()
         self.profiling = True
 
     def stop(self, capture_id: str) -> Path | None:
@@ -60,6 +72,10 @@ class RankProfiler:
             profiler.add_metadata_json("distributedInfo", json.dumps(info))
         profiler.stop()
         self.profiling = False
+        if self._host is not None:  # before the trace appears: a watcher takes both together
+            self.profile_dir.mkdir(parents=True, exist_ok=True)
+            write_samples(self._host.stop(), self.profile_dir / host_name(self.rank, capture_id))
+            self._host = None
         path = self._export(profiler, capture_id)
         self._prepare()
         return path
