@@ -120,16 +120,17 @@ def _comm_table(tree: CallTree) -> _CommTable | None:
     use = tree.step[comm.node] >= 0
     on_gpu = tree.stream[comm.node] >= 0
     own = (comm.end_ns - comm.start_ns).astype(float)
+    ready = comm.start_ns.astype(np.int64)
     if on_gpu.any():
         use &= on_gpu
     else:
-        use, own = _host_collectives(tree, use, own)
+        use, own, ready = _host_collectives(tree, use, own)
     rows = np.flatnonzero(use)
     rows = rows[np.argsort(comm.instance[rows], kind="stable")]
     if not len(rows):
         return None
     instance = comm.instance[rows]
-    start = comm.start_ns[rows].astype(np.int64)
+    start = ready[rows]
     late = np.zeros(len(rows))
     wait = np.zeros(len(rows))
     last = np.zeros(len(rows), dtype=bool)
@@ -161,16 +162,19 @@ def _comm_table(tree: CallTree) -> _CommTable | None:
 
 def _host_collectives(
     tree: CallTree, use: np.ndarray, own: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Host-side collectives counted once, with their whole time.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host-side collectives counted once, with their whole time and when the rank was ready.
 
-    gloo records a collective twice: the call in the caller's stack (when the rank arrived; it
-    only enqueues the work) and the work on a background thread, a root of its own (the
-    transfer). Where a rank has both, as many as each other, its calls are its collectives and
-    each call's time is that of the work it enqueued, the next of that rank's background rows."""
+    gloo records a collective twice: the call in the caller's stack (it only enqueues the work)
+    and the work on a background thread, a root of its own (the transfer). Where a rank has
+    both, as many as each other, its calls are its collectives, each call's time is that of the
+    work it enqueued (the next of that rank's background rows), and the rank is ready for the
+    transfer when both have begun: a throttled rank's background thread can start its work long
+    after the call, and its peers wait for the work, not the call."""
     comm = tree.comm
     called = tree.parent[comm.node] >= 0
     own = own.copy()
+    ready = comm.start_ns.astype(np.int64)
     for rank in np.unique(comm.rank[use]).tolist():
         mine = use & (comm.rank == rank)
         calls = np.flatnonzero(mine & called)
@@ -182,7 +186,8 @@ def _host_collectives(
             calls = calls[np.argsort(comm.start_ns[calls], kind="stable")]
             work = work[np.argsort(comm.start_ns[work], kind="stable")]
             own[calls] = own[work]
-    return use, own
+            ready[calls] = np.maximum(ready[calls], ready[work])
+    return use, own, ready
 
 
 class RunContext:
