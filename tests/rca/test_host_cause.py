@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from teller.rca.context import Measured, StepContext
 from teller.rca.explain import compose
-from teller.rca.host import cause_of, pooled_fault, readings, stated_reading
+from teller.rca.host import cause_of, pooled_fault, readings, retyped, stated_reading
 from teller.rca.plans import parse
 
 MS = 1_000_000
@@ -66,3 +66,15 @@ def test_the_explanation_states_the_counter_and_drops_the_no_host_metrics_caveat
     assert "Host counters: rank 1's CPU quota throttled it for 200 ms of this step" in text
     assert "No host metrics" not in text
     assert parse(text) is not None, text
+
+
+def test_a_link_fault_is_retyped_only_by_a_quota_and_only_for_host_run_collectives() -> None:
+    """gloo's transfers run on the throttled rank's threads, so its collectives look slow; its
+    own CPU time names nothing there (a slow transfer keeps a thread busy too)."""
+    assert retyped("net_throttle", host_run_collectives=True)
+    assert not retyped("net_throttle", host_run_collectives=False)
+    assert retyped("straggler", host_run_collectives=False)
+    throttled = _context(throttled_ns=(200 * MS, 0))
+    assert pooled_fault([throttled], own_cpu=False) == "straggler"
+    busy = _context(throttled_ns=(0, 0), cpu_ns=(250 * MS, 50 * MS))
+    assert pooled_fault([busy], own_cpu=False) is None

@@ -34,7 +34,7 @@ from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.rca.context import Measured, RunContext
 from teller.rca.explain import choose_mechanism, compose
-from teller.rca.host import pooled_fault, stated_reading
+from teller.rca.host import pooled_fault, retyped, stated_reading
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -331,15 +331,18 @@ CLEAR_STRAGGLER = 3.0
 
 
 def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
-    """The drafts of one host slowdown on one rank take the fault their steps' host counters
-    name together (`teller.rca.host.pooled_fault`), where they name one."""
+    """The drafts of one host slowdown (or, with host-run collectives, one link fault) on one
+    rank take the fault their steps' host counters name together (`teller.rca.host`), where
+    they name one."""
+    comm = context.tree.comm
+    host_run = bool(len(comm)) and not (context.tree.stream[comm.node] >= 0).any()
     groups: dict[tuple[str, int], list[_Draft]] = {}
     for draft in drafts:
-        if draft.fault in HOST_SLOWDOWNS and draft.top is not None:
+        if draft.fault is not None and retyped(draft.fault, host_run) and draft.top is not None:
             groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
-    for group in groups.values():
+    for (was, _), group in groups.items():
         steps = [context.context(d.score, d.top, [c for c, _ in d.ranked]) for d in group]
-        fault = pooled_fault(steps)
+        fault = pooled_fault(steps, own_cpu=was in HOST_SLOWDOWNS)
         if fault is None:
             continue
         for draft in group:

@@ -28,6 +28,8 @@ CAUSE_OF = {
     "major_faults": "memory_pressure",
     "cpu_ns": "host_stall",
 }
+#: The faults of a slow link, which a host slowdown mimics where collectives run on the host.
+LINK_FAULTS = frozenset({"net_delay", "bandwidth_throttle", "net_throttle", "link_contention"})
 #: A time reading names the cause when it rose by this share of the rank's step time.
 HOST_SHARE = 0.1
 #: Major page faults per step beyond the rank's normal steps for memory pressure, where the host
@@ -48,8 +50,12 @@ def readings(c: StepContext) -> dict[str, Measured]:
     return counters
 
 
-def cause_of(counters: dict[str, Measured], step_ns: float) -> tuple[str, str, Measured] | None:
-    """(fault, reading name, reading) the readings name over `step_ns` of the rank's time."""
+def cause_of(
+    counters: dict[str, Measured], step_ns: float, own_cpu: bool = True
+) -> tuple[str, str, Measured] | None:
+    """(fault, reading name, reading) the readings name over `step_ns` of the rank's time;
+    without `own_cpu`, the rank's own CPU time names nothing (a slow transfer keeps a host-run
+    collective's thread busy too)."""
     if not counters:
         return None
     floor = HOST_SHARE * step_ns
@@ -66,12 +72,19 @@ def cause_of(counters: dict[str, Measured], step_ns: float) -> tuple[str, str, M
     if faults is not None and faults.excess_ns >= MAJOR_FAULTS:
         return "memory_pressure", "major_faults", faults
     busy = counters.get("cpu_ns")
-    if busy is not None and busy.excess_ns >= floor:
+    if own_cpu and busy is not None and busy.excess_ns >= floor:
         return "host_stall", "cpu_ns", busy
     return None
 
 
-def pooled_fault(steps: Iterable[StepContext]) -> str | None:
+def retyped(fault: str | None, host_run_collectives: bool) -> bool:
+    """Whether the host counters may re-type a finding of `fault`: a host slowdown; and, where
+    the collectives run on the host (gloo), a link fault too, since a throttled rank's transfer
+    threads are throttled with it and its collectives look slow rather than late."""
+    return fault in HOST_SLOWDOWNS or (host_run_collectives and fault in LINK_FAULTS)
+
+
+def pooled_fault(steps: Iterable[StepContext], own_cpu: bool = True) -> str | None:
     """The host slowdown the readings of one rank's steps name together, or None."""
     summed: dict[str, Measured] = {}
     total_ns = 0.0
@@ -82,7 +95,7 @@ def pooled_fault(steps: Iterable[StepContext]) -> str | None:
             summed[name] = Measured(
                 was.observed_ns + reading.observed_ns, was.normal_ns + reading.normal_ns
             )
-    found = cause_of(summed, total_ns)
+    found = cause_of(summed, total_ns, own_cpu)
     return found[0] if found is not None else None
 
 
