@@ -38,7 +38,31 @@ def test_a_slowed_kernel_is_the_headline_of_its_step(
     assert "in the run's other" in first.evidence[0].reference
 
 
-@pytest.mark.parametrize("relative", [RESNET_V100, RESNET_MI300, SAMPLED])
+@pytest.mark.parametrize(
+    "relative", [RESNET_V100, RESNET_MI300, SAMPLED, "hta/queue_len_rank0_of16.json.gz"]
+)
 def test_unmodified_captures_have_no_repeat_outlier(relative: str) -> None:
     analysis = Analysis(real_trace(relative), method="localizer", progress=False)
     assert repeat_outliers(analysis.facts) == {}
+
+
+@pytest.mark.parametrize(
+    ("relative", "variant"),
+    [
+        ("hta/queue_len_rank0_of16.json.gz", "host_gap:host_gap:0.05"),
+        (RESNET_V100, "host_gap:host_gap:0.25"),
+    ],
+)
+def test_a_stalled_thread_shows_in_its_frame_s_own_time(
+    tmp_path: Path, relative: str, variant: str
+) -> None:
+    """The thread stops between two operators inside a user annotation: the annotation's own
+    time, against the same frame in the run's other steps, names it."""
+    spec = next(s for s in SUITE if s.path == relative)
+    planted = Planter(spec, load(real_trace(relative)), seed=19).plant(variant)
+    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
+    truth = planted.truth
+    found = [f for f in analysis.verdict.findings if f.step_name == truth.step_name]
+    assert found and found[0].operator in truth.accept_operators, [f.operator for f in found]
+    assert "between the operators it runs" in found[0].explanation
+    assert found[0].fault_type == "host_stall"

@@ -218,10 +218,13 @@ class NumericLocalizer:
 
 
 def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandidate:
-    what = (
-        f"same launch (kernel {outlier.position + 1} of call {outlier.launch_ordinal + 1} "
-        f"to {tree.names[outlier.launcher]})"
-    )
+    if outlier.on_gpu:
+        what = (
+            f"same launch (kernel {outlier.position + 1} of call {outlier.launch_ordinal + 1} "
+            f"to {tree.names[outlier.launcher]})"
+        )
+    else:
+        what = f"same frame (call {outlier.launch_ordinal + 1}), its own time,"
     return OperatorCandidate(
         iteration=outlier.iteration,
         rank=outlier.rank,

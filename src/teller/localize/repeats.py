@@ -34,7 +34,7 @@ import numpy as np
 from teller.callchain.facts import RunFacts, run_ordinals
 from teller.callchain.tree import EDGE_LAUNCH, CallTree
 from teller.ingest.comm_names import is_comm_kernel
-from teller.ingest.schema import GPU_WORK_CODES
+from teller.ingest.schema import GPU_WORK_CODES, LAYER_CODE
 
 #: What an outlier was compared with: the rank's other like steps, or its peers in this step.
 ACROSS_STEPS, ACROSS_RANKS = "steps", "ranks"
@@ -47,6 +47,11 @@ MAX_STEPS = 8
 #: A launch's spread across steps is floored at this share of its median: kernels of one shape
 #: and size vary this much from step to step.
 RELATIVE_NOISE = 0.1
+#: Host frames compared by self time: user annotations and Python frames.
+FRAME_CODES = frozenset({LAYER_CODE["engine"], LAYER_CODE["python"]})
+#: The spread floor of a frame's self time: Python overheads vary by half from step to step, so
+#: an outlier is four times the others' (z 6), a stall rather than jitter.
+FRAME_NOISE = 0.5
 #: The floor where the launch ran in one other step only: its spread unknown, an outlier must be
 #: several times that step's duration (z 6: seven times), not the tens of percent that
 #: data-dependent kernels (an embedding lookup) vary by between two steps.
@@ -59,17 +64,19 @@ STEP_WIDE = 0.05
 
 @dataclass(frozen=True)
 class RepeatOutlier:
-    """One kernel launch slower than the same launch of the same call in the run's other steps."""
+    """One kernel launch slower than the same launch of the same call in the run's other steps
+    (or on the peers), or one host frame with more self time than the same frame's."""
 
     iteration: int
     rank: int
-    node: int  # the kernel's node
-    name: int  # the kernel's name id
-    launcher: int  # name id of the operator whose call launched it
+    node: int  # the kernel's node (the frame's)
+    name: int  # the kernel's name id (the frame's)
+    launcher: int  # name id of the operator whose call launched it (the frame's own)
     launch_ordinal: int  # which call of that operator in the step, from 0
-    position: int  # which of that call's launches, from 0
-    dur_ns: int
-    reference_ns: float  # median duration of the same launch in the steps compared
+    position: int  # which of that call's launches, from 0 (0 for a frame)
+    dur_ns: int  # the kernel's duration (the frame's self time)
+    reference_ns: float  # median of the same in the steps compared
+    on_gpu: bool
     compared: int  # how many other steps ran it
     across: str  # ACROSS_STEPS (the rank's other like steps) or ACROSS_RANKS (this step's peers)
     z: float
@@ -81,18 +88,21 @@ class RepeatOutlier:
 
 
 @dataclass(frozen=True)
-class _Launches:
-    """The GPU work launched in the run's steps, each with its launching call (a step-node row)
-    and its position among that call's launches, sorted by call then time."""
+class _Work:
+    """What is compared, one row per item, sorted by call then time: a kernel or copy with its
+    launching call (a step-node row) and its position among that call's launches, by duration;
+    or a host frame itself (position 0), by self time."""
 
-    node: np.ndarray  # tree node of the kernel or copy
-    call: np.ndarray  # step-node row of the launching call
+    node: np.ndarray  # tree node of the kernel, copy or frame
+    call: np.ndarray  # step-node row of the launching call (the frame's own)
     position: np.ndarray
     launches_of_call: np.ndarray
     step_row: np.ndarray  # the call's step
+    value_ns: np.ndarray  # float: a launch's duration, a frame's self time
+    on_gpu: bool
 
     @classmethod
-    def of(cls, facts: RunFacts) -> _Launches:
+    def launches(cls, facts: RunFacts) -> _Work:
         tree, nodes = facts.tree, facts.step_nodes
         position_of = np.full(len(tree.name), -1, dtype=np.int64)
         position_of[nodes.node] = np.arange(len(nodes.node))
@@ -110,6 +120,32 @@ class _Launches:
             position=run_ordinals(call),
             launches_of_call=np.bincount(call, minlength=len(nodes.node))[call],
             step_row=nodes.step[call].astype(np.int64),
+            value_ns=tree.dur[launched].astype(np.float64),
+            on_gpu=True,
+        )
+
+    @classmethod
+    def frames(cls, facts: RunFacts) -> _Work:
+        """The host frames that hold operators: user annotations (`record_function`, a module's
+        NVTX range) and Python frames, not the steps' own. A thread that stopped between two
+        operators shows as its frame's self time, which is small and steady from step to step;
+        operators' own host time is not compared (an allocator stall, a cuDNN autotune or a
+        launch into a full queue moves it by milliseconds in clean captures)."""
+        tree, nodes = facts.tree, facts.step_nodes
+        rows = np.flatnonzero(
+            ~nodes.on_gpu
+            & np.isin(nodes.layer, list(FRAME_CODES))
+            & ~np.isin(nodes.node, tree.steps.node)
+        )
+        one = np.ones(len(rows), dtype=np.int64)
+        return cls(
+            node=nodes.node[rows],
+            call=rows,
+            position=one * 0,
+            launches_of_call=one,
+            step_row=nodes.step[rows].astype(np.int64),
+            value_ns=nodes.self_ns[rows].astype(np.float64),
+            on_gpu=False,
         )
 
 
@@ -126,17 +162,20 @@ def repeat_outliers(
     steps_per_rank = len(tree.steps) / max(len(facts.ranks), 1)
     if not len(tree.steps) or steps_per_rank > MAX_STEPS:
         return {}
-    launches = _Launches.of(facts)
-    if not len(launches.node):
-        return {}
     found: list[RepeatOutlier] = []
-    if steps_per_rank >= MIN_STEPS:
+    launches = _Work.launches(facts)
+    if len(launches.node) and steps_per_rank >= MIN_STEPS:
         found += _outliers(
             facts, launches, _step_groups(tree), ACROSS_STEPS, min_share, noise_floor_ns
         )
-    if len(facts.ranks) >= MIN_STEPS:
+    if len(launches.node) and len(facts.ranks) >= MIN_STEPS:
         found += _outliers(
             facts, launches, _peer_groups(tree), ACROSS_RANKS, min_share, noise_floor_ns
+        )
+    frames = _Work.frames(facts)
+    if len(frames.node) and steps_per_rank >= MIN_STEPS:
+        found += _outliers(
+            facts, frames, _step_groups(tree), ACROSS_STEPS, min_share, noise_floor_ns
         )
     best: dict[int, RepeatOutlier] = {}
     for o in found:
@@ -150,7 +189,7 @@ def repeat_outliers(
 
 def _outliers(
     facts: RunFacts,
-    launches: _Launches,
+    launches: _Work,
     groups: np.ndarray,
     across: str,
     min_share: float,
@@ -169,14 +208,15 @@ def _outliers(
     place = np.stack([group, slot[aligned], position, launches.launches_of_call[aligned]])
     _, key = np.unique(place, axis=1, return_inverse=True)
     key = key.reshape(-1)
-    dur = tree.dur[launched].astype(np.float64)
+    dur = launches.value_ns[aligned]
     ran = np.bincount(key)  # a slot is one call per step: one value per (key, step)
     group_size = np.bincount(groups)[group]
     comparable = ran[key] >= np.maximum(MIN_STEPS, group_size // 2 + 1)
     reference = _others_median(key, dur)
     excess = dur - reference
     # against one other step the launch's spread is unknown: only a far larger gap counts
-    noise = np.where(ran[key] > MIN_STEPS, RELATIVE_NOISE, ONE_REFERENCE_NOISE)
+    relative = RELATIVE_NOISE if launches.on_gpu else FRAME_NOISE
+    noise = np.where(ran[key] > MIN_STEPS, relative, max(relative, ONE_REFERENCE_NOISE))
     z = excess / np.maximum(noise * reference, noise_floor_ns / 4.0)
     step_dur = tree.steps.dur_ns[step_row].astype(np.float64)
     share = excess / np.maximum(step_dur, 1.0)
@@ -201,6 +241,7 @@ def _outliers(
                 position=int(position[h]),
                 dur_ns=int(dur[h]),
                 reference_ns=float(reference[h]),
+                on_gpu=launches.on_gpu,
                 compared=int(ran[key[h]]) - 1,
                 across=across,
                 z=float(z[h]),

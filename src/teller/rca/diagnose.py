@@ -555,6 +555,8 @@ def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | No
         return "host_cpu_contention", "V"
     if layer in ("kernel", "memcpy", "memset"):
         return "gpu_throttle", "V"
+    if layer in ("engine", "python"):  # a frame's own time: its thread stopped between operators
+        return "host_stall", "V"
     return "cpu_contention", "V"
 
 

@@ -80,6 +80,7 @@ _ALONE = {"straggler", "cpu_contention", "host_stall", "slow_operator"}
 _LOGGED = {"kv_pressure", "scheduler_misconfig"}
 _SHIFTED_FOR = re.compile(r"shifted for (\d+) steps")
 _LAYER_OF = re.compile(r"this is layer (\d+) of (\d+)")
+_SAME_FRAME = re.compile(r"^same frame \(call \d+\), its own time, in the run's other")
 _LAUNCHED_BY = re.compile(
     r"^same launch \(kernel \d+ of call \d+ to (.+)\) (in the run's|on the) other"
 )
@@ -278,6 +279,8 @@ def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
         return ("evidence.layer", where), excess
     if top.reference.startswith("same operator on peer ranks"):
         return ("evidence.peers", with_normal), excess
+    if _SAME_FRAME.search(top.reference):
+        return ("evidence.frame", with_normal), excess
     launched = _LAUNCHED_BY.search(top.reference)
     if launched:
         plan = "evidence.repeat" if launched.group(2) == "in the run's" else "evidence.repeat_peers"

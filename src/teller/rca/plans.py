@@ -280,6 +280,13 @@ _PLANS = (
         note="a kernel far slower than the same launch of the same call in the run's other steps",
     ),
     Plan(
+        "evidence.frame",
+        "On rank {rank}, {op} spent {observed} in itself, between the operators it runs, against "
+        "{normal} in the run's other steps.",
+        note="a user annotation or Python frame whose own time (its thread stopped between two "
+        "of its operators) is far over the same frame's in the run's other steps",
+    ),
+    Plan(
         "evidence.repeat_peers",
         "On rank {rank}, {op}, launched by {other_op}, took {observed} against {normal} for the "
         "same launch on the other ranks in this step.",
@@ -737,6 +744,7 @@ EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
     "share.rest_operator": {"named": 1.28e6, "share": 0.003},
     "share.rest_none": {"named": 1.28e6, "share": 0.003, "rest": 453e6},
     "evidence.repeat": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
+    "evidence.frame": {"op": "## forward ##", "observed": 21.8e6, "normal": 256e3},
     "evidence.repeat_peers": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
 }
 
