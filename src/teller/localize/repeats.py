@@ -254,26 +254,22 @@ def _outliers(
 def _peer_groups(tree: CallTree) -> np.ndarray:
     """Per step row: its group of like steps on the ranks (the same iteration, kind and batch):
     data-, sequence- and tensor-parallel ranks run the same calls in one step."""
-    steps = tree.steps
-    like = np.stack(
-        [
-            steps.index.astype(np.int64),
-            np.unique(np.asarray(steps.kind, dtype=object).astype(str), return_inverse=True)[1],
-            steps.context_tokens.astype(np.int64),
-            steps.generation_tokens.astype(np.int64),
-        ]
-    )
-    return np.unique(like, axis=1, return_inverse=True)[1].reshape(-1)
+    return _like_steps(tree, tree.steps.index)
 
 
 def _step_groups(tree: CallTree) -> np.ndarray:
     """Per step row: its group of like steps (rank, kind and the batch its annotation states).
     A serving step's kernels scale with its tokens, so only steps of one batch are alike; a
     training loop's steps state none and form one group per rank."""
+    return _like_steps(tree, tree.steps.rank)
+
+
+def _like_steps(tree: CallTree, within: np.ndarray) -> np.ndarray:
+    """Per step row: a group id shared by the steps with the same `within` value, kind and batch."""
     steps = tree.steps
     like = np.stack(
         [
-            steps.rank.astype(np.int64),
+            within.astype(np.int64),
             np.unique(np.asarray(steps.kind, dtype=object).astype(str), return_inverse=True)[1],
             steps.context_tokens.astype(np.int64),
             steps.generation_tokens.astype(np.int64),
