@@ -35,10 +35,15 @@ def test_a_cut_off_last_line_is_left_out_with_a_warning(tmp_path: Path) -> None:
 
 
 def test_a_broken_line_inside_names_the_file_and_line(tmp_path: Path) -> None:
+    """Reading the file is an error naming it and the line; the run's reader leaves the file out
+    with that as a warning, and the traces are analysed without its counters."""
     path = tmp_path / "rank1.jsonl"
     path.write_text("\n".join([_sample(0, 0), "{not json", _sample(20, 9)]))
     with pytest.raises(TellerError, match=r"rank1\.jsonl: line 2 is not a host sample"):
         read_host_file(path, 1)
+    series, warnings = read_host_files([path])
+    assert series == [] and warnings[0].endswith("; its host counters are left out")
+    assert "rank1.jsonl: line 2 is not a host sample" in warnings[0]
 
 
 def test_a_reset_counter_keeps_its_rises_and_an_unreadable_one_is_nan(tmp_path: Path) -> None:

@@ -52,14 +52,20 @@ def _cumulative(raw: list[float]) -> np.ndarray:
 
 
 def read_host_files(paths: list[Path]) -> tuple[list[HostSeries], list[str]]:
-    """Every rank's series, and warnings about what was cut off or left out."""
+    """Every rank's series, and warnings about what was cut off or left out. The counters only
+    sharpen a verdict the traces already give, so a file that cannot be read is left out with a
+    warning naming it and what is wrong, and the run is analysed without it."""
     series, warnings = [], []
     for path in paths:
         match = _RANK_FILE.match(path.name)
         if match is None:
             warnings.append(f"{path}: not a rank's host counters (rankN.jsonl); left out")
             continue
-        one, warning = read_host_file(path, int(match.group(1)))
+        try:
+            one, warning = read_host_file(path, int(match.group(1)))
+        except TellerError as error:
+            warnings.append(f"{error}; its host counters are left out")
+            continue
         if warning:
             warnings.append(warning)
         if len(one) >= 2:
