@@ -28,9 +28,6 @@ class HostSteps:
     added: dict[str, np.ndarray]  # MEASURES → float64 per step row, NaN where unknown
     ranks: frozenset[int]  # the ranks with host counters
 
-    def of(self, row: int) -> dict[str, float]:
-        return {name: float(values[row]) for name, values in self.added.items()}
-
 
 def host_steps(
     tree: CallTree, series: list[HostSeries], offsets: ClockOffsets | None = None

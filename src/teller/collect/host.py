@@ -195,7 +195,7 @@ class HostSampler:
         handle = self._files.get(pid)
         if handle is None:
             handle = self._files[pid] = open(self.host_dir / f"{pid}.jsonl", "a")  # noqa: SIM115
-        handle.write(json.dumps(asdict(sample)) + "\n")  # type: ignore[attr-defined]
+        handle.write(_line(sample))  # type: ignore[attr-defined]
         handle.flush()  # type: ignore[attr-defined]
 
 
@@ -245,6 +245,10 @@ def write_samples(samples: list[HostSample], path: Path) -> None:
     """`samples` as a `host/` file, appearing whole (written aside, then renamed)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with partial.open("w") as handle:
-        for sample in samples:
-            handle.write(json.dumps(asdict(sample)) + "\n")
+        handle.writelines(_line(sample) for sample in samples)
     os.replace(partial, path)
+
+
+def _line(sample: HostSample) -> str:
+    """One sample as its `host/` file line."""
+    return json.dumps(asdict(sample)) + "\n"

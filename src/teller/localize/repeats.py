@@ -13,9 +13,11 @@ its peers' in the same step.
 Kernels are matched by their launching operator call's place in the step's sequence of launching
 calls (aligned across like steps: same rank, or same iteration on the ranks, with the same kind
 and batch) and their position among that call's launches, not by the kernel's name: cuDNN and
-MIOpen pick different algorithms, so different kernel names, for one call from step to step. A call that launches a different number of kernels in some step (autotuning, a split-K
-GEMM's extra reduction, a data-dependent embedding backward) is compared only with the steps
-where it launched as many: its positions do not line up with the others'.
+MIOpen pick different algorithms, so different kernel names, for one call from step to step. A
+call that launches a different number of kernels in some step (autotuning, a split-K GEMM's
+extra reduction, a data-dependent embedding backward) is compared only with the steps where it
+launched as many: its positions do not line up with the others'. Host frames (user annotations,
+Python frames) are compared the same way across steps, by their own time.
 
 The reference is the median of the other like steps; the spread is floored at `RELATIVE_NOISE`
 of it, since two to eight steps give no spread worth the name. An outlier must also be a real share of
@@ -33,7 +35,6 @@ import numpy as np
 
 from teller.callchain.facts import RunFacts, run_ordinals
 from teller.callchain.tree import EDGE_LAUNCH, CallTree
-from teller.ingest.comm_names import is_comm_kernel
 from teller.ingest.schema import GPU_WORK_CODES, LAYER_CODE
 
 #: What an outlier was compared with: the rank's other like steps, or its peers in this step.
@@ -153,7 +154,8 @@ def repeat_outliers(
     facts: RunFacts, min_share: float = 0.005, noise_floor_ns: float = 2_000.0
 ) -> dict[int, list[RepeatOutlier]]:
     """iteration → its launches far from the same launch in the other steps of the rank, or on
-    the other ranks in the same step, largest first (a launch both ways: the larger z).
+    the other ranks in the same step, and its frames far from the same frame in the rank's other
+    steps, largest first (a launch found both ways: the larger z).
 
     Collective kernels never take part: their time is mostly the wait for the last peer to
     arrive (which `teller.localize.collectives` scores where the peers are in the trace), and on
@@ -162,21 +164,19 @@ def repeat_outliers(
     steps_per_rank = len(tree.steps) / max(len(facts.ranks), 1)
     if not len(tree.steps) or steps_per_rank > MAX_STEPS:
         return {}
+    # (what, grouped how, compared across): launches across steps and ranks, frames across steps
+    across_steps = _step_groups(tree) if steps_per_rank >= MIN_STEPS else None
+    across_ranks = _peer_groups(tree) if len(facts.ranks) >= MIN_STEPS else None
+    launches, frames = _Work.launches(facts), _Work.frames(facts)
+    comparisons = [
+        (launches, across_steps, ACROSS_STEPS),
+        (launches, across_ranks, ACROSS_RANKS),
+        (frames, across_steps, ACROSS_STEPS),
+    ]
     found: list[RepeatOutlier] = []
-    launches = _Work.launches(facts)
-    if len(launches.node) and steps_per_rank >= MIN_STEPS:
-        found += _outliers(
-            facts, launches, _step_groups(tree), ACROSS_STEPS, min_share, noise_floor_ns
-        )
-    if len(launches.node) and len(facts.ranks) >= MIN_STEPS:
-        found += _outliers(
-            facts, launches, _peer_groups(tree), ACROSS_RANKS, min_share, noise_floor_ns
-        )
-    frames = _Work.frames(facts)
-    if len(frames.node) and steps_per_rank >= MIN_STEPS:
-        found += _outliers(
-            facts, frames, _step_groups(tree), ACROSS_STEPS, min_share, noise_floor_ns
-        )
+    for work, groups, across in comparisons:
+        if groups is not None and len(work.node):
+            found += _outliers(facts, work, groups, across, min_share, noise_floor_ns)
     best: dict[int, RepeatOutlier] = {}
     for o in found:
         if o.node not in best or o.z > best[o.node].z:
@@ -189,33 +189,33 @@ def repeat_outliers(
 
 def _outliers(
     facts: RunFacts,
-    launches: _Work,
+    work: _Work,
     groups: np.ndarray,
     across: str,
     min_share: float,
     noise_floor_ns: float,
 ) -> list[RepeatOutlier]:
-    """The launches far from the same launch in the other steps of their group (`groups`: per
-    step row, its group of like steps)."""
+    """The items of `work` far from the same item in the other steps of their group (`groups`:
+    per step row, its group of like steps)."""
     tree, nodes = facts.tree, facts.step_nodes
-    slot = _call_slots(facts, groups, np.unique(launches.call))[launches.call]
+    slot = _call_slots(facts, groups, np.unique(work.call))[work.call]
     aligned = slot >= 0
-    launched, call = launches.node[aligned], launches.call[aligned]
-    position, step_row = launches.position[aligned], launches.step_row[aligned]
+    launched, call = work.node[aligned], work.call[aligned]
+    position, step_row = work.position[aligned], work.step_row[aligned]
     group = groups[step_row]
     if not len(launched):
         return []
-    place = np.stack([group, slot[aligned], position, launches.launches_of_call[aligned]])
+    place = np.stack([group, slot[aligned], position, work.launches_of_call[aligned]])
     _, key = np.unique(place, axis=1, return_inverse=True)
     key = key.reshape(-1)
-    dur = launches.value_ns[aligned]
+    dur = work.value_ns[aligned]
     ran = np.bincount(key)  # a slot is one call per step: one value per (key, step)
     group_size = np.bincount(groups)[group]
     comparable = ran[key] >= np.maximum(MIN_STEPS, group_size // 2 + 1)
     reference = _others_median(key, dur)
     excess = dur - reference
     # against one other step the launch's spread is unknown: only a far larger gap counts
-    relative = RELATIVE_NOISE if launches.on_gpu else FRAME_NOISE
+    relative = RELATIVE_NOISE if work.on_gpu else FRAME_NOISE
     noise = np.where(ran[key] > MIN_STEPS, relative, max(relative, ONE_REFERENCE_NOISE))
     z = excess / np.maximum(noise * reference, noise_floor_ns / 4.0)
     step_dur = tree.steps.dur_ns[step_row].astype(np.float64)
@@ -241,7 +241,7 @@ def _outliers(
                 position=int(position[h]),
                 dur_ns=int(dur[h]),
                 reference_ns=float(reference[h]),
-                on_gpu=launches.on_gpu,
+                on_gpu=work.on_gpu,
                 compared=int(ran[key[h]]) - 1,
                 across=across,
                 z=float(z[h]),
@@ -279,7 +279,7 @@ def _like_steps(tree: CallTree, within: np.ndarray) -> np.ndarray:
 
 
 def _call_slots(facts: RunFacts, groups: np.ndarray, calls: np.ndarray) -> np.ndarray:
-    """Per step-node row (of `calls`, the calls that launched GPU work): its place in its step
+    """Per step-node row (of `calls`, the calls compared): its place in its step
     group's call sequence, the same for the same call in every like step; -1 where a step's
     sequence has no counterpart in its group's reference step.
 
@@ -338,13 +338,12 @@ def _occurrences(sequence: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _launched(facts: RunFacts) -> np.ndarray:
-    """Tree nodes of the GPU work launched from the host: kernels and copies, not collectives."""
+    """Tree nodes of the GPU work launched from the host: kernels and copies. Collectives are
+    not in it: the readers put them in their own layer (`comm`)."""
     tree = facts.tree
-    nodes = np.flatnonzero(
+    return np.flatnonzero(
         (tree.stream >= 0) & np.isin(tree.layer, list(GPU_WORK_CODES)) & (tree.edge == EDGE_LAUNCH)
     )
-    collective = np.array([is_comm_kernel(n) for n in tree.names], dtype=bool)
-    return nodes[~collective[tree.name[nodes]]]
 
 
 def _others_median(key: np.ndarray, values: np.ndarray) -> np.ndarray:

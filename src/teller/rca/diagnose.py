@@ -284,11 +284,10 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
     if draft.chosen:  # the named candidate leads the evidence
         ranked = [ranked[draft.chosen], *ranked[: draft.chosen], *ranked[draft.chosen + 1 :]]
     step_context = context.context(draft.score, top, [c for c, _ in ranked])
-    fault = draft.fault
-    mechanism = choose_mechanism(step_context, fault, draft.mechanism_scores)
-    explanation = compose(step_context, fault, mechanism, draft.state_cause)
+    mechanism = choose_mechanism(step_context, draft.fault, draft.mechanism_scores)
+    explanation = compose(step_context, draft.fault, mechanism, draft.state_cause)
     evidence = [_evidence(c) for c, _ in ranked[:3]]
-    stated = stated_reading(step_context, fault)
+    stated = stated_reading(step_context, draft.fault)
     if stated is not None and stated[0] != "major_faults" and top is not None:
         evidence.append(_host_evidence(top.rank, *stated))
     return Finding(
@@ -302,7 +301,7 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
         rank=top.rank if top else None,
         operator=top.operator if top else None,
         operator_node=top.node if top else None,
-        fault_type=fault,
+        fault_type=draft.fault,
         view=draft.view,
         explanation=explanation.text,
         candidates=[_candidate(c, p) for c, p in ranked],
