@@ -255,18 +255,8 @@ def summarize(records: list[Record], clean: list[dict], methods: tuple[str, ...]
                     "other steps flagged": sum(s["other_steps_flagged"] for s in controls),
                 }
             )
-    shapes = []
-    for method in methods:
-        for shape in SHAPES:
-            chosen = [
-                {**r.scores[method], "_visible": made_later(r.truth)}
-                for r in records
-                if r.truth["family"] == "kernel"
-                and shape_of(r.truth) == shape
-                and method in r.scores
-            ]
-            if chosen:
-                shapes.append({"method": method, "shape": shape, **_rates(chosen)})
+    shapes = _kernel_rates(records, methods, "shape", shape_of)
+    kinds = _kernel_rates(records, methods, "kind", kind_and_band)
     false_steps = {}
     for method in methods:
         ran = [c["methods"][method] for c in clean if method in c["methods"]]
@@ -310,7 +300,40 @@ def summarize(records: list[Record], clean: list[dict], methods: tuple[str, ...]
                 "met": flagged == 0 and false_steps[method]["errors"] == 0,
             }
         )
-    return {"rows": rows, "shapes": shapes, "false_steps": false_steps, "targets": targets}
+    return {
+        "rows": rows,
+        "shapes": shapes,
+        "kinds": kinds,
+        "false_steps": false_steps,
+        "targets": targets,
+    }
+
+
+def _kernel_rates(records, methods, label: str, group_of) -> list[dict]:
+    """The kernel family's rates per method and per group (`group_of(truth)`), groups in the
+    order they first appear."""
+    out = []
+    for method in methods:
+        groups = list(
+            dict.fromkeys(group_of(r.truth) for r in records if r.truth["family"] == "kernel")
+        )
+        for group in groups:
+            chosen = [
+                {**r.scores[method], "_visible": made_later(r.truth)}
+                for r in records
+                if r.truth["family"] == "kernel"
+                and group_of(r.truth) == group
+                and method in r.scores
+            ]
+            if chosen:
+                out.append({"method": method, label: group, **_rates(chosen)})
+    return out
+
+
+def kind_and_band(truth: dict) -> str:
+    """The slowed kernel's kind and the size band the targets use (1-5%, >= 5% of a step)."""
+    band = "1-5%" if bucket_of(truth["fraction"]) == "1-5%" else ">=5%"
+    return f"{truth['kind']}, {band}"
 
 
 SHAPES = ("several steps", "one step", "no step annotation")
@@ -403,9 +426,15 @@ def print_tables(summary: dict, markdown: bool) -> None:
         (row["method"], row["shape"], *(_cell(row.get(c)) for c in shape_columns))
         for row in summary.get("shapes", [])
     ]
+    kind_header = ("method", "kind, size", *shape_columns)
+    kind_body = [
+        (row["method"], row["kind"], *(_cell(row.get(c)) for c in shape_columns))
+        for row in summary.get("kinds", [])
+    ]
     tables = (
         ("planted faults", header, body),
         ("kernel faults by trace shape, all sizes", shape_header, shape_body),
+        ("kernel faults by kind and size", kind_header, kind_body),
         ("unmodified traces (false steps)", clean_header, clean_body),
         ("issue 19 targets", target_header, target_body),
     )

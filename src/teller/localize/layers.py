@@ -199,7 +199,7 @@ def _block_outliers(
 
 def _dominant(hits: np.ndarray, excess: np.ndarray, allowed: int) -> np.ndarray:
     """The hits that stand for one fault: all of them when they are few (`allowed`), else the
-    leading few whose excess is `DOMINANT` times the next one's (a 2 ms stall among a Python
+    leading few whose excess is `DOMINANT` times the next one's (a stall among a Python
     frame's usual microsecond jitter), else none (a pattern: every sixth layer a global one)."""
     if len(hits) <= allowed:
         return hits

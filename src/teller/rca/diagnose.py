@@ -323,9 +323,9 @@ LOCKSTEP_FAULTS = frozenset(f for f, view in FAULTS.items() if view == "V") | {"
 OWN_LATENESS = 0.5
 
 #: The straggler is clear when, over the flagged steps, its peers waited for it at least this many
-#: times as long as it waited for them. A throttled or stalled rank scores 20-30 on the lab's
-#: recordings; a rank whose one operator regressed by a few percent of a step scores 1.2-2, close
-#: to the scheduling noise of a CPU-run collective, which can put the other rank ahead.
+#: times as long as it waited for them. A throttled or stalled rank's peers wait for it many
+#: times over; a rank whose one operator regressed by a few percent of a step is late by little
+#: more than the scheduling noise of a CPU-run collective, which can put the other rank ahead.
 CLEAR_STRAGGLER = 3.0
 
 
