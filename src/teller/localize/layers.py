@@ -83,12 +83,14 @@ def layer_outliers(
     eligible = np.isin(nodes.layer, list(COMPARED_CODES)) & ~np.isin(nodes.name, list(skip))
     step_dur = tree.steps.dur_ns
     start_ns = tree.start[nodes.node]  # each step node's start, for its place among the layers
+    parent = tree.parent[nodes.node]
+    caller = np.where(parent >= 0, tree.name[np.maximum(parent, 0)], -1)
     out: dict[int, list[LayerOutlier]] = {}
     for block in _blocks(nodes):
         rows = block[eligible[block]]
         if len(rows) < MIN_LAYERS:
             continue
-        found = _block_outliers(nodes, start_ns, rows, z_min, noise_floor_ns)
+        found = _block_outliers(nodes, start_ns, caller, rows, z_min, noise_floor_ns)
         duration = float(max(step_dur[int(nodes.step[rows[0]])], 1))
         for row, layer, layers, sibling, z in found:
             share = (float(nodes.self_ns[row]) - sibling) / duration
@@ -150,24 +152,34 @@ def _blocks(nodes: StepNodes) -> list[np.ndarray]:
 
 
 def _block_outliers(
-    nodes: StepNodes, start_ns: np.ndarray, rows: np.ndarray, z_min: float, noise_floor_ns: float
+    nodes: StepNodes,
+    start_ns: np.ndarray,
+    caller: np.ndarray,
+    rows: np.ndarray,
+    z_min: float,
+    noise_floor_ns: float,
 ) -> list[tuple[int, int, int, float, float]]:
     """(row, layer, layers, sibling median, z) of the outliers in one (rank, step, side) block.
 
-    `rows` are sorted by name, then time, so each name's occurrences are one contiguous run."""
+    `rows` are sorted by name, then time. An instance's slot is the j-th call of its name from
+    its caller's name within its layer: the same name called from elsewhere (a `np.array` in
+    an image resize and in the batch's final tensor conversion) is not the same call.
+    `caller`: per step-node row, its parent's name id (-1 for a root)."""
     layer_of = _layers(nodes, start_ns, rows)
     if layer_of is None:
         return []
     inside = layer_of >= 0
     rows, layer_of = rows[inside], layer_of[inside]
     layers = int(layer_of.max()) + 1
-    names = nodes.name[rows]
-    # slot: the j-th occurrence of a name within its layer; rows are in (name, time) order
-    slot = run_ordinals(names, layer_of)
-    order = np.lexsort((layer_of, slot, names))
-    rows, layer_of, slot, names = rows[order], layer_of[order], slot[order], names[order]
+    by_call = np.lexsort((start_ns[rows], caller[rows], nodes.name[rows]))
+    rows, layer_of = rows[by_call], layer_of[by_call]
+    names, callers = nodes.name[rows], caller[rows]
+    slot = run_ordinals(names, callers, layer_of)
+    order = np.lexsort((layer_of, slot, callers, names))
+    rows, layer_of, slot = rows[order], layer_of[order], slot[order]
+    names, callers = names[order], callers[order]
     self_ns = nodes.self_ns[rows].astype(np.float64)
-    change = (names[1:] != names[:-1]) | (slot[1:] != slot[:-1])
+    change = (names[1:] != names[:-1]) | (callers[1:] != callers[:-1]) | (slot[1:] != slot[:-1])
     bounds = np.concatenate([[0], np.flatnonzero(change) + 1, [len(rows)]])
     out = []
     for k in range(len(bounds) - 1):
