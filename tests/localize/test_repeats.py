@@ -66,3 +66,15 @@ def test_a_stalled_thread_shows_in_its_frame_s_own_time(
     assert found and found[0].operator in truth.accept_operators, [f.operator for f in found]
     assert "between the operators it runs" in found[0].explanation
     assert found[0].fault_type == "host_stall"
+
+
+def test_a_split_k_gemm_is_compared_by_its_kernel_name(tmp_path: Path) -> None:
+    """In the planted step the `aten::mm` call launches a split-K reduction after its GEMM and
+    in the other step it does not: the GEMM is still compared with the other step's GEMM."""
+    spec = next(s for s in SUITE if s.path == SAMPLED)
+    planted = Planter(spec, load(real_trace(SAMPLED)), seed=19).plant("kernel:gemm:0.05")
+    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
+    first = analysis.verdict.findings[0]
+    assert first.step_name == planted.truth.step_name
+    assert first.operator == planted.truth.kernel, first.explanation
+

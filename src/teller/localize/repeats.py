@@ -98,6 +98,7 @@ class _Work:
     call: np.ndarray  # step-node row of the launching call (the frame's own)
     position: np.ndarray
     launches_of_call: np.ndarray
+    name_position: np.ndarray  # which of the call's launches of this kernel name, from 0
     step_row: np.ndarray  # the call's step
     value_ns: np.ndarray  # float: a launch's duration, a frame's self time
     on_gpu: bool
@@ -120,6 +121,7 @@ class _Work:
             call=call,
             position=run_ordinals(call),
             launches_of_call=np.bincount(call, minlength=len(nodes.node))[call],
+            name_position=_name_ordinals(call, tree.name[launched]),
             step_row=nodes.step[call].astype(np.int64),
             value_ns=tree.dur[launched].astype(np.float64),
             on_gpu=True,
@@ -144,6 +146,7 @@ class _Work:
             call=rows,
             position=one * 0,
             launches_of_call=one,
+            name_position=one * 0,
             step_row=nodes.step[rows].astype(np.int64),
             value_ns=nodes.self_ns[rows].astype(np.float64),
             on_gpu=False,
@@ -164,19 +167,22 @@ def repeat_outliers(
     steps_per_rank = len(tree.steps) / max(len(facts.ranks), 1)
     if not len(tree.steps) or steps_per_rank > MAX_STEPS:
         return {}
-    # (what, grouped how, compared across): launches across steps and ranks, frames across steps
+    # (what, grouped how, compared across, by kernel name): launches across steps and ranks,
+    # by position among the call's launches and by name; frames across steps
     across_steps = _step_groups(tree) if steps_per_rank >= MIN_STEPS else None
     across_ranks = _peer_groups(tree) if len(facts.ranks) >= MIN_STEPS else None
     launches, frames = _Work.launches(facts), _Work.frames(facts)
     comparisons = [
-        (launches, across_steps, ACROSS_STEPS),
-        (launches, across_ranks, ACROSS_RANKS),
-        (frames, across_steps, ACROSS_STEPS),
+        (launches, across_steps, ACROSS_STEPS, False),
+        (launches, across_steps, ACROSS_STEPS, True),
+        (launches, across_ranks, ACROSS_RANKS, False),
+        (launches, across_ranks, ACROSS_RANKS, True),
+        (frames, across_steps, ACROSS_STEPS, False),
     ]
     found: list[RepeatOutlier] = []
-    for work, groups, across in comparisons:
+    for work, groups, across, by_name in comparisons:
         if groups is not None and len(work.node):
-            found += _outliers(facts, work, groups, across, min_share, noise_floor_ns)
+            found += _outliers(facts, work, groups, across, by_name, min_share, noise_floor_ns)
     best: dict[int, RepeatOutlier] = {}
     for o in found:
         if o.node not in best or o.z > best[o.node].z:
@@ -192,11 +198,15 @@ def _outliers(
     work: _Work,
     groups: np.ndarray,
     across: str,
+    by_name: bool,
     min_share: float,
     noise_floor_ns: float,
 ) -> list[RepeatOutlier]:
     """The items of `work` far from the same item in the other steps of their group (`groups`:
-    per step row, its group of like steps)."""
+    per step row, its group of like steps). A launch is the same launch by its position among
+    the call's launches where the call launched as many, or (`by_name`) by its kernel name and
+    its place among the call's launches of that name: a split-K GEMM adds a reduction kernel
+    in some steps, and its GEMM is still the other steps' GEMM."""
     tree, nodes = facts.tree, facts.step_nodes
     slot = _call_slots(facts, groups, np.unique(work.call))[work.call]
     aligned = slot >= 0
@@ -205,7 +215,11 @@ def _outliers(
     group = groups[step_row]
     if not len(launched):
         return []
-    place = np.stack([group, slot[aligned], position, work.launches_of_call[aligned]])
+    if by_name:
+        what = [tree.name[launched], work.name_position[aligned]]
+    else:
+        what = [position, work.launches_of_call[aligned]]
+    place = np.stack([group, slot[aligned], *what])
     _, key = np.unique(place, axis=1, return_inverse=True)
     key = key.reshape(-1)
     dur = work.value_ns[aligned]
@@ -254,17 +268,17 @@ def _outliers(
 def _peer_groups(tree: CallTree) -> np.ndarray:
     """Per step row: its group of like steps on the ranks (the same iteration, kind and batch):
     data-, sequence- and tensor-parallel ranks run the same calls in one step."""
-    return _like_steps(tree, tree.steps.index)
+    return like_steps(tree, tree.steps.index)
 
 
 def _step_groups(tree: CallTree) -> np.ndarray:
     """Per step row: its group of like steps (rank, kind and the batch its annotation states).
     A serving step's kernels scale with its tokens, so only steps of one batch are alike; a
     training loop's steps state none and form one group per rank."""
-    return _like_steps(tree, tree.steps.rank)
+    return like_steps(tree, tree.steps.rank)
 
 
-def _like_steps(tree: CallTree, within: np.ndarray) -> np.ndarray:
+def like_steps(tree: CallTree, within: np.ndarray) -> np.ndarray:
     """Per step row: a group id shared by the steps with the same `within` value, kind and batch."""
     steps = tree.steps
     like = np.stack(
@@ -325,6 +339,15 @@ def _call_slots(facts: RunFacts, groups: np.ndarray, calls: np.ndarray) -> np.nd
                     slots[span] = span - block.b + block.a
             out[per_step[r]] = slots
     return out
+
+
+def _name_ordinals(call: np.ndarray, name: np.ndarray) -> np.ndarray:
+    """Per launch (sorted by call, then time): which of its call's launches of its kernel name
+    it is, from 0."""
+    order = np.lexsort((np.arange(len(call)), name, call))
+    ordinals = np.empty(len(call), dtype=np.int64)
+    ordinals[order] = run_ordinals(call[order], name[order])
+    return ordinals
 
 
 def _occurrences(sequence: np.ndarray) -> list[tuple[int, int]]:
