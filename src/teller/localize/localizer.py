@@ -21,6 +21,9 @@ The method narrows the search for the root-cause model and is a complete diagnos
    launch of the same operator call in the rank's other steps, or on the other ranks in the
    same step, flags its step and is a candidate; a slower kernel that made nothing later (the
    GPU caught up on host slack) still shows there.
+9. **Waits** (`waits`): on a one-rank file of a larger job with a few steps, a collective far
+   longer than the same collective took in every other step (the rank waited for a peer the
+   file does not hold, or on a slower link) flags its step and is a candidate.
 
 Step models are fitted from the normal runs of the same setup only (rank count and operator
 names); a case from another setup is judged against its own quieter steps.
@@ -32,6 +35,7 @@ shape), so the baselines and the scoreboard treat every method alike.
 from __future__ import annotations
 
 from teller.callchain.facts import RunFacts
+from teller.callchain.render import format_ns
 from teller.callchain.tree import CallTree
 from teller.localize.candidates import FRESH, keep_top, propose
 from teller.localize.collectives import late_in_step
@@ -47,6 +51,7 @@ from teller.localize.step_model import (
     same_setup_models,
     score_steps,
 )
+from teller.localize.waits import WAIT_REFERENCE, CollectiveWait, collective_waits
 
 __all__ = [
     "FRESH",
@@ -127,13 +132,14 @@ class NumericLocalizer:
         layered = self._layer_outliers(facts)
         repeated = self._repeat_outliers(facts)
         late = self._late_in_step(facts)
+        waited = self._collective_waits(facts)
         only_shifted = set()
         for step in steps:
             if step.iteration in shifts and not step.anomalous:
                 step.anomalous = True
                 only_shifted.add(step.iteration)
             elif not step.anomalous and any(
-                step.iteration in found for found in (layered, repeated, late)
+                step.iteration in found for found in (layered, repeated, late, waited)
             ):
                 step.anomalous = True
         if self.candidate_z is None:
@@ -158,6 +164,8 @@ class NumericLocalizer:
             in_step.setdefault(iteration, []).extend(_repeat_candidate(tree, o) for o in repeats)
         for iteration, found in late.items():
             in_step.setdefault(iteration, []).extend(found)
+        for iteration, waits in waited.items():
+            in_step.setdefault(iteration, []).extend(_wait_candidate(tree, w) for w in waits)
         for iteration, found in in_step.items():
             named = {(c.rank, c.operator) for c in found}
             rest = [c for c in candidates.get(iteration, []) if (c.rank, c.operator) not in named]
@@ -201,6 +209,14 @@ class NumericLocalizer:
             lambda: repeat_outliers(facts, min_share=share, noise_floor_ns=self.noise_floor_ns),
         )
 
+    def _collective_waits(self, facts: RunFacts) -> dict[int, list[CollectiveWait]]:
+        if self.repeat_share is None:
+            return {}
+        return facts.derived(
+            f"collective_waits@{self.noise_floor_ns}",
+            lambda: collective_waits(facts, noise_floor_ns=self.noise_floor_ns),
+        )
+
     def _layer_outliers(self, facts: RunFacts) -> dict[int, list[LayerOutlier]]:
         """The step's own layers compared: on one rank at any length (no peer to compare
         with), on several only in a capture of few steps (`MAX_STEPS`), where neither the step
@@ -236,6 +252,23 @@ def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandida
         node=outlier.node,
         reference=f"{what} {_compared_with(outlier)}",
         kind="compute",
+    )
+
+
+def _wait_candidate(tree: CallTree, wait: CollectiveWait) -> OperatorCandidate:
+    steps = "step" if wait.compared == 1 else f"{wait.compared} steps"
+    return OperatorCandidate(
+        iteration=wait.iteration,
+        rank=wait.rank,
+        operator=tree.names[wait.name],
+        score=wait.excess_ns,
+        observed_ns=wait.dur_ns,
+        normal_ns=int(wait.reference_ns),
+        z=wait.spreads,
+        node=wait.node,
+        reference=f"{WAIT_REFERENCE} (call {wait.occurrence + 1} of it in the step) in the run's "
+        f"other {steps}, {format_ns(wait.ceiling_ns)} at most there",
+        kind="wait",
     )
 
 

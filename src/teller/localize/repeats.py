@@ -162,7 +162,8 @@ def repeat_outliers(
 
     Collective kernels never take part: their time is mostly the wait for the last peer to
     arrive (which `teller.localize.collectives` scores where the peers are in the trace), and on
-    one rank of a larger job it varies with peers the trace never saw."""
+    one rank of a larger job it varies with peers the trace never saw (`teller.localize.waits`
+    judges it there against its own spread)."""
     tree = facts.tree
     steps_per_rank = len(tree.steps) / max(len(facts.ranks), 1)
     if not len(tree.steps) or steps_per_rank > MAX_STEPS:

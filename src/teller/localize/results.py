@@ -20,7 +20,7 @@ class OperatorCandidate:
     z: float
     node: int  # the largest contributing node
     reference: str
-    kind: str  # "compute", "idle", "shift", "arrival" or "transfer" ("forward": teller.rca.dataset)
+    kind: str  # "compute", "idle", "shift", "arrival", "transfer" or "wait" ("forward": teller.rca.dataset)
 
 
 @dataclass

@@ -523,7 +523,7 @@ def _attach_logs(aligned: AlignResult | None, findings: list[Finding]) -> None:
 def _grounded(top: OperatorCandidate | None) -> bool:
     """Whether the localizer's fault type for this candidate rests on its pattern (a late
     arrival, a slower transfer, a persistent shift), not on the layer a slower operator ran on."""
-    return top is not None and top.kind in ("arrival", "transfer", "shift")
+    return top is not None and top.kind in ("arrival", "transfer", "shift", "wait")
 
 
 def _rows_by_value(values: np.ndarray) -> Callable[[int], np.ndarray]:
@@ -543,7 +543,7 @@ def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | No
     """The taxonomy entry (DESIGN.md §4) the top candidate's pattern points to."""
     if top is None:
         return None, "V"
-    if top.kind == "arrival":
+    if top.kind in ("arrival", "wait"):  # a wait: the straggler is a peer the trace lacks
         return "straggler", "H"
     if top.kind == "transfer":
         return "net_throttle", "H"

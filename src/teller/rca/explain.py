@@ -260,6 +260,8 @@ def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
         return ("evidence.arrival", with_normal), excess
     if top.kind == "transfer":
         return ("evidence.transfer", with_normal), excess
+    if top.kind == "wait":
+        return ("evidence.wait", with_normal), excess
     if top.kind == "idle":
         return ("evidence.idle", with_normal), excess
     if top.kind == "forward":
@@ -333,7 +335,9 @@ def _mechanism(c: StepContext, mechanism: str) -> list[tuple[str, dict]]:
 
 def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
     plan = f"cause.{fault}"
-    if fault in _ALONE and c.one_rank:
+    if _waited(c):
+        plan = "cause.peer_wait"
+    elif fault in _ALONE and c.one_rank:
         plan += "_alone"
     if plan not in PLANS:
         return []
@@ -430,7 +434,14 @@ def _host(c: StepContext, fault: str | None) -> list[tuple[str, dict]]:
     return [(f"host.{measure}", dict(times, rank=c.rank))]
 
 
+def _waited(c: StepContext) -> bool:
+    """Whether the step's finding is a collective that waited for peers the trace lacks."""
+    return c.candidate is not None and c.candidate.kind == "wait"
+
+
 def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple[str, dict]]:
+    if _waited(c):
+        return [("caveat.peer_wait", {})]
     out = []
     # "no host metrics" is false where the counters were sampled
     measured = c.host_counters is not None and CAVEATS.get(fault) in _HOST_CAVEATS

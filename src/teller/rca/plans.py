@@ -293,6 +293,13 @@ _PLANS = (
         note="a kernel far slower than the same launch of the same call on the peers in the step",
     ),
     Plan(
+        "evidence.wait",
+        "On rank {rank}, {op} took {observed} against {normal} for the same collective in the "
+        "run's other steps.",
+        note="on a one-rank trace, a collective longer than in every other step by far more "
+        "than it varies there",
+    ),
+    Plan(
         "evidence.new_operator",
         "On rank {rank}, {op} ran for {observed}, although most normal steps never run it.",
         note="an operator the usual work does not run (a fallback path, a swapped-in kernel)",
@@ -436,6 +443,13 @@ _PLANS = (
         "process's does.",
         fault="straggler",
         note="one rank in the trace",
+    ),
+    Plan(
+        "cause.peer_wait",
+        "This points to rank {rank} waiting in the collective: a peer rank the trace does not "
+        "hold arrived late, or the link to it slowed.",
+        fault="straggler",
+        note="a collective that waited, on a one-rank trace",
     ),
     Plan(
         "cause.cpu_contention",
@@ -626,6 +640,12 @@ _PLANS = (
         note="kv_pressure, scheduler_misconfig, when the run has no engine logs",
     ),
     Plan(
+        "caveat.peer_wait",
+        "One rank in the trace: a late peer and a slower link look alike here, and which peer "
+        "was late cannot be seen.",
+        note="a collective that waited, on a one-rank trace",
+    ),
+    Plan(
         "caveat.one_rank",
         "One rank in the trace: its effect on peer ranks cannot be seen.",
         note="any rank-specific fault on a one-rank trace",
@@ -746,6 +766,7 @@ EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
     "evidence.repeat": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
     "evidence.frame": {"op": "## forward ##", "observed": 21.8e6, "normal": 256e3},
     "evidence.repeat_peers": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
+    "evidence.wait": {"op": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "normal": 1.52e6},
 }
 
 

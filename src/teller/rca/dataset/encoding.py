@@ -28,7 +28,7 @@ from teller.tpe.tokenizer import TPE
 
 #: Localizer candidate kinds the model reads as one of its own: an idle-GPU candidate is host
 #: work that delayed the GPU, i.e. compute on the host; a persistent shift is compute that regressed.
-_KIND_AS = {"idle": "compute", "shift": "compute", "forward": "compute"}
+_KIND_AS = {"idle": "compute", "shift": "compute", "forward": "compute", "wait": "transfer"}
 
 
 def train_vocab(records: Sequence[StepRecord], vocab_size: int) -> TPE:
