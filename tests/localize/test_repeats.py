@@ -78,3 +78,14 @@ def test_a_split_k_gemm_is_compared_by_its_kernel_name(tmp_path: Path) -> None:
     assert first.step_name == planted.truth.step_name
     assert first.operator == planted.truth.kernel, first.explanation
 
+
+def test_launches_blocked_behind_a_slowed_kernel_do_not_take_its_place(tmp_path: Path) -> None:
+    """The slowed GEMM runs on into the next step, whose launches then block on a full queue
+    for longer than the GEMM's own excess: the GEMM, not `cudaLaunchKernel`, is named there."""
+    spec = next(s for s in SUITE if s.path == RESNET_V100)
+    planted = Planter(spec, load(real_trace(RESNET_V100)), seed=19).plant("kernel:gemm:0.5")
+    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
+    named = {f.step_name: f.operator for f in analysis.verdict.findings}
+    assert named[planted.truth.step_name] == planted.truth.kernel
+    after = f"ProfilerStep#{int(planted.truth.step_name.split('#')[1]) + 1}"
+    assert named[after] == planted.truth.kernel, named

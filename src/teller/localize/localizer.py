@@ -34,9 +34,12 @@ shape), so the baselines and the scoreboard treat every method alike.
 
 from __future__ import annotations
 
+import re
+
 from teller.callchain.facts import RunFacts
 from teller.callchain.render import format_ns
 from teller.callchain.tree import CallTree
+from teller.ingest.schema import GPU_WORK_CODES, LAYER_CODE
 from teller.localize.candidates import FRESH, keep_top, propose
 from teller.localize.collectives import late_in_step
 from teller.localize.hang import HANG_NS, hang_explanation, unfinished_step
@@ -52,6 +55,12 @@ from teller.localize.step_model import (
     score_steps,
 )
 from teller.localize.waits import WAIT_REFERENCE, CollectiveWait, collective_waits
+
+#: Runtime calls that put work on a GPU queue (and block when it is full).
+LAUNCH_CALL = re.compile(r"Launch", re.IGNORECASE)
+#: A kernel's excess over its normal, as a share of the launch calls' excess, from which the
+#: launches are taken to have waited behind it.
+BLOCKED_SHARE = 0.25
 
 __all__ = [
     "FRESH",
@@ -170,6 +179,8 @@ class NumericLocalizer:
             named = {(c.rank, c.operator) for c in found}
             rest = [c for c in candidates.get(iteration, []) if (c.rank, c.operator) not in named]
             candidates[iteration] = sorted(found + rest, key=lambda c: -c.score)[: self.top_k]
+        for iteration, found in candidates.items():
+            candidates[iteration] = _behind_slow_gpu_work(tree, found)
         hang = unfinished_step(tree, facts)
         if hang is not None:
             step, candidate = hang
@@ -231,6 +242,36 @@ class NumericLocalizer:
             f"layer_outliers@{share}@{self.noise_floor_ns}",
             lambda: layer_outliers(facts, min_share=share, noise_floor_ns=self.noise_floor_ns),
         )
+
+
+def _behind_slow_gpu_work(
+    tree: CallTree, candidates: list[OperatorCandidate]
+) -> list[OperatorCandidate]:
+    """A step's candidates with kernel launches that blocked behind a slower kernel put after it.
+
+    A launch call blocks when the GPU's queue is full, so a kernel that ran far over its normal
+    makes the launches behind it take longer, often by more than its own excess (every launch
+    queued behind it waits). Where a rank's launch calls and one of its kernels or copies are
+    both candidates and the kernel's excess is at least `BLOCKED_SHARE` of the launches', the
+    kernel is the cause and ranks first; launches that are slower on their own (a contended
+    host) come with no slower kernel beside them."""
+    gpu_excess: dict[int, float] = {}
+    for c in candidates:
+        if c.node >= 0 and tree.layer[c.node] in GPU_WORK_CODES:
+            excess = float(c.observed_ns - c.normal_ns)
+            gpu_excess[c.rank] = max(gpu_excess.get(c.rank, 0.0), excess)
+
+    def blocked(c: OperatorCandidate) -> bool:
+        return (
+            c.kind == "compute"
+            and c.node >= 0
+            and tree.layer[c.node] == LAYER_CODE["runtime"]
+            and bool(LAUNCH_CALL.search(c.operator))
+            and gpu_excess.get(c.rank, 0.0) >= BLOCKED_SHARE * (c.observed_ns - c.normal_ns)
+        )
+
+    held = [c for c in candidates if blocked(c)]
+    return [c for c in candidates if not blocked(c)] + held if held else candidates
 
 
 def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandidate:
