@@ -11,6 +11,7 @@ import pytest
 
 from conftest import real_trace
 from teller.analysis import Analysis
+from teller.eval.planting_suite import SUITE, Planter, load
 from teller.localize import NumericLocalizer
 
 QWEN = "tracelens/hf_qwen1.5-0.5b_h100.json.gz"
@@ -89,3 +90,14 @@ def test_the_candidate_names_its_layer(tmp_path: Path) -> None:
     best = found.candidates[0][0]
     assert re.search(r"layer \d+ of 34", best.reference)  # the step runs 34 attention kernels
     assert best.observed_ns > 5 * best.normal_ns
+
+
+def test_the_first_layer_is_compared_too(tmp_path: Path) -> None:
+    """The suite slows the first layer's attention kernel: layers begin at the first name that
+    runs once per layer, so the first layer is one of them, not a prologue left out."""
+    spec = next(s for s in SUITE if s.path == QWEN)
+    planted = Planter(spec, load(real_trace(QWEN)), seed=19).plant("kernel:attention:0.25")
+    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
+    first = analysis.verdict.findings[0]
+    assert first.operator == planted.truth.kernel, first.explanation
+    assert "in layer 1 of" in first.explanation

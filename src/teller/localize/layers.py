@@ -245,7 +245,10 @@ def _layers(nodes: StepNodes, start_ns: np.ndarray, rows: np.ndarray) -> np.ndar
     total = float(work.sum()) or 1.0
     best: tuple[float, int, np.ndarray] | None = None
     for c in common:
-        anchor = int(repeated[np.flatnonzero(counts[repeated] == c)[0]])
+        # of the names that run c times, the one that runs first: a layer begins at it, so
+        # only the prologue (the embedding) falls before the first layer
+        named = repeated[counts[repeated] == c]
+        anchor = int(named[np.argmin(starts[first[named]])])
         bounds = np.sort(starts[first[anchor] : first[anchor] + c])
         layer_of = np.searchsorted(bounds, starts, side="right") - 1
         # the last layer lasts as long as a usual one; what follows is the epilogue
