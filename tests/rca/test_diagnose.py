@@ -214,6 +214,10 @@ def test_a_clean_verdict_says_what_it_compared_on_one_step_and_unbatched_capture
     assert not one_step.findings  # an unmodified capture of one forward
     assert one_step.summary.startswith("No anomalous step in the one step captured: ")
     assert "batch" not in one_step.summary
+    # an engine step states its batch, but one step has no batch model to predict it from
+    engine = Analysis(real_trace("tracelens/sglang_Qwen3-8B_prefilldecode.json.gz")).diagnose()
+    assert engine.summary.startswith("No anomalous step in the one step captured: ")
+    assert "batch" not in engine.summary
     several = Analysis(real_trace("hta/gpu_user_annotation_steps.json.gz")).diagnose()
     assert several.findings
     for f in several.findings:  # profiler steps: no engine batch to predict their time from

@@ -567,12 +567,12 @@ def _nothing_found(tree: CallTree, total: int) -> str:
     ranks = len(set(tree.steps.rank.tolist()))
     peers = " or against the other ranks" if ranks > 1 else ""
     per_rank = total // max(ranks, 1)
-    if set(tree.steps.kind) <= BATCHED_STEP_KINDS:
-        said = "every step took what its batch predicts"
-    elif per_rank < 2:
+    if per_rank < 2:  # one step has no batch model and no other step to compare with
         said = f"no operator stands out against the step's repeated layers{peers}"
         where = "the one step captured" + (" per rank" if ranks > 1 else "")
         return f"No anomalous step in {where}: {said}."
+    if set(tree.steps.kind) <= BATCHED_STEP_KINDS:
+        said = "every step took what its batch predicts"
     else:
         said = "every step took about what the run's other steps of its kind took"
     return f"No anomalous step among {total} {noun}: {said}, and no operator stands out."
