@@ -19,7 +19,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,model,lab,eval]'
+	$(BIN)/python -m pip install -q -e '.[dev,model,lab,eval,ray]'
 	touch $(STAMP)
 
 venv: $(STAMP)

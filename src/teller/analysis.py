@@ -64,6 +64,8 @@ class Analysis:
         method: str = "model",
         model_dir: PathLike | None = None,
         jobs: int = 1,
+        engine: str = "local",
+        ray_address: str | None = None,
     ) -> None:
         if method not in METHODS:
             raise TellerError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
@@ -91,6 +93,8 @@ class Analysis:
         self.method = method
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.jobs = jobs  # worker processes reading the rank files (1: this process)
+        self.engine = engine  # where the per-rank map runs: "local" or "ray"
+        self.ray_address = ray_address  # a Ray cluster's; None: a private one on this machine
 
     def _found(self, files_of: Callable[[CaseDir], list[Path]]) -> list[Path]:
         """Logs, spans or host counters beside the traces, in the case layout (`teller.layout`)."""
@@ -99,7 +103,13 @@ class Analysis:
     # -- the stages, computed once each ---------------------------------------------------------
     @cached_property
     def event_table(self) -> EventTable:
-        return read_run(self.trace_files, progress=self.progress, jobs=self.jobs)
+        return read_run(
+            self.trace_files,
+            progress=self.progress,
+            jobs=self.jobs,
+            engine=self.engine,
+            ray_address=self.ray_address,
+        )
 
     @cached_property
     def tree(self) -> CallTree:

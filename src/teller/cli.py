@@ -175,6 +175,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise TellerError(f"--jobs {args.jobs}: needs at least 1")
+    if args.ray_address and args.engine != "ray":
+        raise TellerError("--ray-address names a Ray cluster: it needs --engine ray")
     analysis = Analysis(
         args.paths,
         logs=args.logs,
@@ -184,6 +186,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         method=args.method,
         model_dir=args.model,
         jobs=args.jobs if args.jobs is not None else default_jobs(),
+        engine=args.engine,
+        ray_address=args.ray_address,
     )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
     verdict, tree, breakdown = analysis.diagnose(), analysis.tree, analysis.breakdown()
@@ -515,6 +519,18 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--step-regex", help="regex naming step annotations (overrides built-ins)")
     analyze.add_argument(
         "--jobs", type=int, help="processes reading the rank files (default: the core count)"
+    )
+    analyze.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="where the rank files are read: this machine's processes (default) or Ray tasks",
+    )
+    analyze.add_argument(
+        "--ray-address",
+        help="--engine ray: a running cluster (e.g. ray://head:10001 or auto; the workers must "
+        "see the rank files at the paths given); default: a private Ray on this machine with "
+        "--jobs CPUs, bound to 127.0.0.1",
     )
     _method_arguments(analyze)
 

@@ -33,13 +33,19 @@ def read_trace(path: str | Path) -> EventTable:
     return kineto.read(path)
 
 
-def read_run(paths: Iterable[str | Path], progress: bool = False, jobs: int = 1) -> EventTable:
+def read_run(
+    paths: Iterable[str | Path],
+    progress: bool = False,
+    jobs: int = 1,
+    engine: str = "local",
+    ray_address: str | None = None,
+) -> EventTable:
     """Read every trace file of one run; directories are searched for rank files.
 
     A rank file that cannot be read is left out with a warning naming it and why, so the other
     ranks are still analysed; only when no file can be read is the first one's TraceError raised.
-    With `jobs` > 1 the files are read in that many worker processes (`teller.ingest.parallel`);
-    the run read is the same.
+    With `jobs` > 1 the files are read in that many worker processes (`teller.ingest.parallel`),
+    with `engine` "ray" as Ray tasks (`teller.ingest.on_ray`); the run read is the same.
     """
     paths = list(paths)  # named again in the error below
     files = find_trace_files(paths)
@@ -48,7 +54,9 @@ def read_run(paths: Iterable[str | Path], progress: bool = False, jobs: int = 1)
         raise TraceError(
             shown, "no trace files found (looked for *.json, *.json.gz, *.sqlite, *.nsys-rep)"
         )
-    results: Iterable[EventTable | TraceError] = read_each(read_trace, files, jobs)
+    results: Iterable[EventTable | TraceError] = read_each(
+        read_trace, files, jobs, engine, ray_address
+    )
     if progress and len(files) > 1:
         from tqdm import tqdm
 

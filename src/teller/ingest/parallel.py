@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from teller.errors import TraceError
+from teller.errors import TellerError, TraceError
+from teller.ingest.on_ray import ENGINES, read_on_ray
 from teller.ingest.schema import EventTable
 
 #: A refused file as it crosses from a worker: TraceError's (path, what, where).
@@ -32,12 +33,23 @@ def default_jobs() -> int:
 
 
 def read_each(
-    read: Callable[[Path], EventTable], files: list[Path], jobs: int
+    read: Callable[[Path], EventTable],
+    files: list[Path],
+    jobs: int,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> Iterator[EventTable | TraceError]:
     """`read(file)` for every file, in file order: the table, or the TraceError it raised.
 
-    `read` must be a module-level function (workers import it by name). With `jobs` ≤ 1 or a
-    single file, everything is read here."""
+    `read` must be a module-level function (workers import it by name). With `engine` "ray"
+    each file is a Ray task (`teller.ingest.on_ray`, on the cluster at `ray_address`, else a
+    private one with `jobs` CPUs); otherwise, with `jobs` ≤ 1 or a single file, everything is
+    read here."""
+    if engine not in ENGINES:
+        raise TellerError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    if engine == "ray":
+        yield from read_on_ray(read, files, jobs, ray_address)
+        return
     if jobs <= 1 or len(files) <= 1:
         for path in files:
             try:
@@ -47,11 +59,11 @@ def read_each(
         return
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
-        for result in pool.map(_read_one, [read] * len(files), files):
+        for result in pool.map(read_one, [read] * len(files), files):
             yield TraceError(*result) if isinstance(result, tuple) else result
 
 
-def _read_one(read: Callable[[Path], EventTable], path: Path) -> EventTable | Refusal:
+def read_one(read: Callable[[Path], EventTable], path: Path) -> EventTable | Refusal:
     """In a worker: the table, or the refusal as plain strings (a TraceError does not pickle:
     its constructor takes more than its message)."""
     try:

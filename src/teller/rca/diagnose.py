@@ -566,7 +566,7 @@ def _nothing_found(tree: CallTree, total: int) -> str:
     noun = "step" if total == 1 else "steps"
     ranks = len(set(tree.steps.rank.tolist()))
     peers = " or against the other ranks" if ranks > 1 else ""
-    per_rank = total // max(ranks, 1)
+    per_rank = len(tree.steps) // max(ranks, 1)
     if per_rank < 2:  # one step has no batch model and no other step to compare with
         said = f"no operator stands out against the step's repeated layers{peers}"
         where = "the one step captured" + (" per rank" if ranks > 1 else "")
