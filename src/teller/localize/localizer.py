@@ -274,6 +274,30 @@ def _behind_slow_gpu_work(
     return [c for c in candidates if not blocked(c)] + held if held else candidates
 
 
+def _found_candidate(
+    tree: CallTree,
+    found: RepeatOutlier | CollectiveWait | LayerOutlier,
+    observed_ns: int,
+    normal_ns: float,
+    z: float,
+    reference: str,
+    kind: str = "compute",
+) -> OperatorCandidate:
+    """The candidate of one comparison's outlier, scored by its excess over its reference."""
+    return OperatorCandidate(
+        iteration=found.iteration,
+        rank=found.rank,
+        operator=tree.names[found.name],
+        score=found.excess_ns,
+        observed_ns=observed_ns,
+        normal_ns=int(normal_ns),
+        z=z,
+        node=found.node,
+        reference=reference,
+        kind=kind,
+    )
+
+
 def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandidate:
     if outlier.on_gpu:
         what = (
@@ -282,34 +306,20 @@ def _repeat_candidate(tree: CallTree, outlier: RepeatOutlier) -> OperatorCandida
         )
     else:
         what = f"same frame (call {outlier.launch_ordinal + 1}), its own time,"
-    return OperatorCandidate(
-        iteration=outlier.iteration,
-        rank=outlier.rank,
-        operator=tree.names[outlier.name],
-        score=outlier.excess_ns,
-        observed_ns=outlier.dur_ns,
-        normal_ns=int(outlier.reference_ns),
-        z=outlier.z,
-        node=outlier.node,
-        reference=f"{what} {_compared_with(outlier)}",
-        kind="compute",
+    reference = f"{what} {_compared_with(outlier)}"
+    return _found_candidate(
+        tree, outlier, outlier.dur_ns, outlier.reference_ns, outlier.z, reference
     )
 
 
 def _wait_candidate(tree: CallTree, wait: CollectiveWait) -> OperatorCandidate:
     steps = "step" if wait.compared == 1 else f"{wait.compared} steps"
-    return OperatorCandidate(
-        iteration=wait.iteration,
-        rank=wait.rank,
-        operator=tree.names[wait.name],
-        score=wait.excess_ns,
-        observed_ns=wait.dur_ns,
-        normal_ns=int(wait.reference_ns),
-        z=wait.spreads,
-        node=wait.node,
-        reference=f"{WAIT_REFERENCE} (call {wait.occurrence + 1} of it in the step) in the run's "
-        f"other {steps}, {format_ns(wait.ceiling_ns)} at most there",
-        kind="wait",
+    reference = (
+        f"{WAIT_REFERENCE} (call {wait.occurrence + 1} of it in the step) in the run's other "
+        f"{steps}, {format_ns(wait.ceiling_ns)} at most there"
+    )
+    return _found_candidate(
+        tree, wait, wait.dur_ns, wait.reference_ns, wait.spreads, reference, kind="wait"
     )
 
 
@@ -324,18 +334,12 @@ def _compared_with(outlier: RepeatOutlier) -> str:
 
 
 def _layer_candidate(tree: CallTree, outlier: LayerOutlier) -> OperatorCandidate:
-    return OperatorCandidate(
-        iteration=outlier.iteration,
-        rank=outlier.rank,
-        operator=tree.names[outlier.name],
-        score=outlier.excess_ns,
-        observed_ns=outlier.self_ns,
-        normal_ns=int(outlier.sibling_ns),
-        z=outlier.z,
-        node=outlier.node,
-        reference=f"same operator at the same place in the step's other {outlier.layers - 1} "
-        f"repeated layers; this is layer {outlier.layer + 1} of {outlier.layers}",
-        kind="compute",
+    reference = (
+        f"same operator at the same place in the step's other {outlier.layers - 1} "
+        f"repeated layers; this is layer {outlier.layer + 1} of {outlier.layers}"
+    )
+    return _found_candidate(
+        tree, outlier, outlier.self_ns, outlier.sibling_ns, outlier.z, reference
     )
 
 
