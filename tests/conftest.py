@@ -49,3 +49,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture, marker in FIXTURE_MARKERS.items():
             if fixture in item.fixturenames:
                 item.add_marker(marker)
+
+
+def planted_analysis(relative: str, variant: str, out_dir: Path):
+    """The planting suite's `variant` (e.g. "kernel:gemm:0.05", seed 19) of a real trace, written
+    under `out_dir`, and the localizer's analysis of it: (analysis, truth)."""
+    from teller.analysis import Analysis
+    from teller.eval.planting_suite import SUITE, Planter, load
+
+    spec = next(s for s in SUITE if s.path == relative)
+    planted = Planter(spec, load(real_trace(relative)), seed=19).plant(variant)
+    analysis = Analysis(planted.write(out_dir), method="localizer", progress=False)
+    return analysis, planted.truth

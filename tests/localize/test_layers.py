@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import real_trace
+from conftest import planted_analysis, real_trace
 from teller.analysis import Analysis
-from teller.eval.planting_suite import SUITE, Planter, load
 from teller.localize import NumericLocalizer
 
 QWEN = "tracelens/hf_qwen1.5-0.5b_h100.json.gz"
@@ -95,9 +94,7 @@ def test_the_candidate_names_its_layer(tmp_path: Path) -> None:
 def test_the_first_layer_is_compared_too(tmp_path: Path) -> None:
     """The suite slows the first layer's attention kernel: layers begin at the first name that
     runs once per layer, so the first layer is one of them, not a prologue left out."""
-    spec = next(s for s in SUITE if s.path == QWEN)
-    planted = Planter(spec, load(real_trace(QWEN)), seed=19).plant("kernel:attention:0.25")
-    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
+    analysis, truth = planted_analysis(QWEN, "kernel:attention:0.25", tmp_path)
     first = analysis.verdict.findings[0]
-    assert first.operator == planted.truth.kernel, first.explanation
+    assert first.operator == truth.kernel, first.explanation
     assert "in layer 1 of" in first.explanation

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import real_trace
+from conftest import planted_analysis, real_trace
 from teller.analysis import Analysis
-from teller.eval.planting_suite import SUITE, Planter, load
 from teller.localize.repeats import repeat_outliers
 
 RESNET_V100 = "hta/ns_resolution_v100_resnet_rank0.pt.trace.json.gz"
@@ -28,10 +27,7 @@ SAMPLED = "hta/sampled_rank0_of128.json.gz"
 def test_a_slowed_kernel_is_the_headline_of_its_step(
     tmp_path: Path, relative: str, variant: str
 ) -> None:
-    spec = next(s for s in SUITE if s.path == relative)
-    planted = Planter(spec, load(real_trace(relative)), seed=19).plant(variant)
-    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
-    truth = planted.truth
+    analysis, truth = planted_analysis(relative, variant, tmp_path)
     first = analysis.verdict.findings[0]
     assert first.step_name == truth.step_name
     assert first.operator in truth.accept_operators, first.explanation
@@ -58,10 +54,7 @@ def test_a_stalled_thread_shows_in_its_frame_s_own_time(
 ) -> None:
     """The thread stops between two operators inside a user annotation: the annotation's own
     time, against the same frame in the run's other steps, names it."""
-    spec = next(s for s in SUITE if s.path == relative)
-    planted = Planter(spec, load(real_trace(relative)), seed=19).plant(variant)
-    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
-    truth = planted.truth
+    analysis, truth = planted_analysis(relative, variant, tmp_path)
     found = [f for f in analysis.verdict.findings if f.step_name == truth.step_name]
     assert found and found[0].operator in truth.accept_operators, [f.operator for f in found]
     assert "between the operators it runs" in found[0].explanation
@@ -71,21 +64,17 @@ def test_a_stalled_thread_shows_in_its_frame_s_own_time(
 def test_a_split_k_gemm_is_compared_by_its_kernel_name(tmp_path: Path) -> None:
     """In the planted step the `aten::mm` call launches a split-K reduction after its GEMM and
     in the other step it does not: the GEMM is still compared with the other step's GEMM."""
-    spec = next(s for s in SUITE if s.path == SAMPLED)
-    planted = Planter(spec, load(real_trace(SAMPLED)), seed=19).plant("kernel:gemm:0.05")
-    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
+    analysis, truth = planted_analysis(SAMPLED, "kernel:gemm:0.05", tmp_path)
     first = analysis.verdict.findings[0]
-    assert first.step_name == planted.truth.step_name
-    assert first.operator == planted.truth.kernel, first.explanation
+    assert first.step_name == truth.step_name
+    assert first.operator == truth.kernel, first.explanation
 
 
 def test_launches_blocked_behind_a_slowed_kernel_do_not_take_its_place(tmp_path: Path) -> None:
     """The slowed GEMM runs on into the next step, whose launches then block on a full queue
     for longer than the GEMM's own excess: the GEMM, not `cudaLaunchKernel`, is named there."""
-    spec = next(s for s in SUITE if s.path == RESNET_V100)
-    planted = Planter(spec, load(real_trace(RESNET_V100)), seed=19).plant("kernel:gemm:0.5")
-    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
+    analysis, truth = planted_analysis(RESNET_V100, "kernel:gemm:0.5", tmp_path)
     named = {f.step_name: f.operator for f in analysis.verdict.findings}
-    assert named[planted.truth.step_name] == planted.truth.kernel
-    after = f"ProfilerStep#{int(planted.truth.step_name.split('#')[1]) + 1}"
-    assert named[after] == planted.truth.kernel, named
+    assert named[truth.step_name] == truth.kernel
+    after = f"ProfilerStep#{int(truth.step_name.split('#')[1]) + 1}"
+    assert named[after] == truth.kernel, named

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import real_trace
+from conftest import planted_analysis, real_trace
 from teller.analysis import Analysis
-from teller.eval.planting_suite import SUITE, Planter, load
 from teller.localize.waits import collective_waits
 
 QUEUE_LEN = "hta/queue_len_rank0_of16.json.gz"
@@ -28,10 +27,7 @@ SAMPLED = "hta/sampled_rank0_of128.json.gz"
 def test_a_collective_that_waited_is_named_in_its_step(
     tmp_path: Path, relative: str, variant: str
 ) -> None:
-    spec = next(s for s in SUITE if s.path == relative)
-    planted = Planter(spec, load(real_trace(relative)), seed=19).plant(variant)
-    analysis = Analysis(planted.write(tmp_path), method="localizer", progress=False)
-    truth = planted.truth
+    analysis, truth = planted_analysis(relative, variant, tmp_path)
     found = [f for f in analysis.verdict.findings if f.step_name == truth.step_name]
     assert found, [f.step_name for f in analysis.verdict.findings]
     first = found[0]

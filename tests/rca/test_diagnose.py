@@ -281,7 +281,6 @@ def test_a_small_regression_keeps_its_pick_when_noise_makes_the_peer_look_late()
     ]
 
 
-
 def test_a_clean_verdict_counts_steps_per_rank(tmp_path: Path) -> None:
     """Twelve engine steps on sixteen ranks are twelve steps per rank, not "one step captured"."""
     from teller.lab.sim import SimConfig, Topology, simulate
