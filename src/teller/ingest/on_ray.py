@@ -18,6 +18,7 @@ from pathlib import Path
 
 from teller.errors import TellerError, TraceError
 from teller.ingest.schema import EventTable
+from teller.ingest.worker import read_one
 
 #: Engines the per-rank map runs on: this machine's process pool, or a Ray cluster.
 ENGINES = ("local", "ray")
@@ -35,8 +36,6 @@ def read_on_ray(
         raise TellerError(
             "--engine ray needs Ray, which is not installed: pip install 'teller-rca[ray]'"
         ) from error
-    from teller.ingest.parallel import read_one
-
     started = not ray.is_initialized()
     if started:
         if address is None:
@@ -51,7 +50,7 @@ def read_on_ray(
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     try:
         task = ray.remote(num_cpus=1)(read_one)
-        pending = [task.remote(read, Path(path).resolve()) for path in files]
+        pending = [task.remote(read, Path(path).absolute()) for path in files]
         for ref in pending:
             result = ray.get(ref)
             yield TraceError(*result) if isinstance(result, tuple) else result

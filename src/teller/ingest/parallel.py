@@ -19,9 +19,7 @@ from pathlib import Path
 from teller.errors import TellerError, TraceError
 from teller.ingest.on_ray import ENGINES, read_on_ray
 from teller.ingest.schema import EventTable
-
-#: A refused file as it crosses from a worker: TraceError's (path, what, where).
-Refusal = tuple[str, str, str]
+from teller.ingest.worker import read_one
 
 
 def default_jobs() -> int:
@@ -61,12 +59,3 @@ def read_each(
     with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
         for result in pool.map(read_one, [read] * len(files), files):
             yield TraceError(*result) if isinstance(result, tuple) else result
-
-
-def read_one(read: Callable[[Path], EventTable], path: Path) -> EventTable | Refusal:
-    """In a worker: the table, or the refusal as plain strings (a TraceError does not pickle:
-    its constructor takes more than its message)."""
-    try:
-        return read(path)
-    except TraceError as error:
-        return (error.path, error.what, error.where)
