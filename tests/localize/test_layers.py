@@ -12,6 +12,7 @@ import pytest
 from conftest import planted_analysis, real_trace
 from teller.analysis import Analysis
 from teller.localize import NumericLocalizer
+from teller.localize.layers import layer_outliers
 
 QWEN = "tracelens/hf_qwen1.5-0.5b_h100.json.gz"
 VLLM = "tracelens/vllm_prefilldecode_piecewise/graph_execution.json.gz"
@@ -98,3 +99,23 @@ def test_the_first_layer_is_compared_too(tmp_path: Path) -> None:
     first = analysis.verdict.findings[0]
     assert first.operator == truth.kernel, first.explanation
     assert "in layer 1 of" in first.explanation
+
+
+#: ResNet training on a V100, five steps on one rank: its stages' convolutions differ, so a
+#: layer unlike its siblings takes the same time at the same place in every step.
+RESNET = "hta/ns_resolution_v100_resnet_rank0.pt.trace.json.gz"
+
+
+def test_a_layer_unlike_its_siblings_in_every_step_is_the_networks_shape() -> None:
+    analysis = Analysis(real_trace(RESNET), progress=False)
+    assert layer_outliers(analysis.facts) == {}
+    flagged, _ = top_suspect(real_trace(RESNET))
+    assert flagged == []
+
+
+def test_a_kernel_slowed_in_one_of_several_steps_still_stands_out(tmp_path: Path) -> None:
+    analysis, truth = planted_analysis(RESNET, "kernel:gemm:0.05", tmp_path)
+    first = analysis.verdict.findings[0]
+    assert first.step_name == truth.step_name
+    accepted = [truth.kernel, truth.launch_op, *truth.accept_operators]
+    assert any(first.operator and first.operator in a for a in accepted if a), first.explanation

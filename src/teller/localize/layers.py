@@ -37,6 +37,9 @@ COMPARED_CODES = COMPUTE_CODES - {LAYER_CODE["runtime"]}
 #: A (rank, name, slot, layer) that stands out in at least this share of the run's other steps is
 #: that layer's nature (the first layer's warm-up, a bucketed reducer), not a fault of one step.
 RECURRING = 0.5
+#: Share of an outlier's excess over its siblings that must also be excess over the same
+#: instance in the rank's other steps, where they have it.
+USUAL_SHARE = 0.5
 #: Where a slot has more outliers than one fault makes, the leading ones still count when their
 #: excess is this many times the next one's: one stall, not a pattern.
 DOMINANT = 10.0
@@ -111,7 +114,8 @@ def layer_outliers(
                     step_share=share,
                 )
             )
-    return _without_recurring(out, len(tree.steps.rank) // max(len(facts.ranks), 1))
+    out = _without_recurring(out, len(tree.steps.rank) // max(len(facts.ranks), 1))
+    return _without_usual(out, nodes)
 
 
 def _without_recurring(
@@ -134,6 +138,43 @@ def _without_recurring(
         ]
         if kept:
             out[iteration] = sorted(kept, key=lambda o: -o.excess_ns)
+    return out
+
+
+def _without_usual(
+    found: dict[int, list[LayerOutlier]], nodes: StepNodes
+) -> dict[int, list[LayerOutlier]]:
+    """`found` less the outliers that took what the same instance (rank, name and occurrence in
+    the step) takes in most of the rank's other steps: a layer unlike its siblings in every step
+    (a ResNet stage's wider convolution) is the network's shape, whatever the step's layer
+    count came out as. An outlier stays when at least half of its excess over its siblings is
+    also excess over the same instance elsewhere (`USUAL_SHARE`)."""
+    wanted = {o.name for outliers in found.values() for o in outliers}
+    if not wanted:
+        return found
+    rows = np.flatnonzero(np.isin(nodes.name, list(wanted)))
+    elsewhere: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    ordinal_of: dict[int, int] = {}
+    for row in rows.tolist():
+        key = (int(nodes.rank[row]), int(nodes.name[row]), int(nodes.ordinal[row]))
+        elsewhere.setdefault(key, []).append((int(nodes.iteration[row]), int(nodes.self_ns[row])))
+        ordinal_of[int(nodes.node[row])] = key[2]
+    steps_of_rank: dict[int, set[int]] = {}
+    for rank, iteration in zip(nodes.rank.tolist(), nodes.iteration.tolist(), strict=True):
+        steps_of_rank.setdefault(rank, set()).add(iteration)
+
+    def usual(o: LayerOutlier) -> bool:
+        key = (o.rank, o.name, ordinal_of[o.node])
+        others = [ns for it, ns in elsewhere.get(key, []) if it != o.iteration]
+        if not others or len(others) < RECURRING * (len(steps_of_rank[o.rank]) - 1):
+            return False
+        return o.self_ns - float(np.median(others)) < USUAL_SHARE * o.excess_ns
+
+    out = {}
+    for iteration, outliers in found.items():
+        kept = [o for o in outliers if not usual(o)]
+        if kept:
+            out[iteration] = kept
     return out
 
 
