@@ -582,29 +582,27 @@ class _Forest:
         that changed for the parent above, None meaning all of a token's pairs)."""
         up = self.parent[token]
         before = self.prev[token]
+        slot, edge = self.slot[token], self.edge[token]
         if merge.slot == SIBLING:
             gone_kind = self.kind[self.next[token]]
-            up_keys = list(
-                dict.fromkeys(
-                    (self.slot[token], self.edge[token], k) for k in (merge.parent, gone_kind)
-                )
-            )
+            up_keys = [(slot, edge, merge.parent)]
+            if gone_kind != merge.parent:
+                up_keys.append((slot, edge, gone_kind))
             self.join(token, new_kind)
             affected: list[tuple[int, Sequence[Key] | None]] = [(token, None)]
         else:
             key = (merge.slot, merge.edge, merge.child)
             child = self.children[token][key][0]  # type: ignore[index]
             child_before = self.prev[child]
-            up_keys = [(self.slot[token], self.edge[token], merge.parent)]
+            up_keys = [(slot, edge, merge.parent)]
             self.absorb(token, key, new_kind)
             affected = [(token, None)]
             if child_before >= 0:
                 affected.append((child_before, ()))
         if before >= 0:
             affected.append((before, ()))
-        if up >= 0:
-            new_key = (self.slot[token], self.edge[token], new_kind)
-            affected.append((up, list(dict.fromkeys([*up_keys, new_key]))))
+        if up >= 0:  # the new kind is none of the old ones: the keys stay distinct
+            affected.append((up, [*up_keys, (slot, edge, new_kind)]))
         return affected
 
     def pairs_of(self, token: int, keys: Sequence[Key] | None) -> list[Pair]:
@@ -639,19 +637,22 @@ class _Forest:
         merges = tpe.merges
         num_base = tpe.num_base
         current = -1
+        rank_of = ranks.get
+        pop, push = heapq.heappop, heapq.heappush
+        applicable, apply, pairs_of = self.applicable, self.apply, self.pairs_of
         while heap:
-            rank, token = heapq.heappop(heap)
+            rank, token = pop(heap)
             if rank < current:
                 continue
             current = rank
             merge = merges[rank]
-            if not self.applicable(token, merge):
+            if not applicable(token, merge):
                 continue
-            for owner, keys in self.apply(token, merge, num_base + rank):
-                for pair in self.pairs_of(owner, keys):
-                    found = ranks.get(pair)
+            for owner, keys in apply(token, merge, num_base + rank):
+                for pair in pairs_of(owner, keys):
+                    found = rank_of(pair)
                     if found is not None and found > rank:
-                        heapq.heappush(heap, (found, owner))
+                        push(heap, (found, owner))
 
     def emit(self, piece: Slice) -> Tokens:
         roots = [t for t, alive in enumerate(self.alive) if alive]
@@ -705,8 +706,8 @@ def _remove_sorted(table: dict[Key, list[int]], key: Key, token: int) -> None:
 class _Trainer:
     """Greedy merge learning with incremental pair counts.
 
-    `count[pair]` is the number of owner tokens that have the pair (a parent with a child under
-    the pair's key, or a left sibling next to a right one); `where[pair]` holds those owners;
+    `where[pair]` holds the owner tokens that have the pair (a parent with a child under the
+    pair's key, or a left sibling next to a right one), so its size is the pair's count;
     `score[pair]` is the sum of the owners' weights (their slice's weight, `_node_weights`), which
     is what the next merge maximises. A merge changes the pairs of a handful of owners (the token,
     the one it absorbed, the parent above, the left neighbours), so only theirs are taken out
@@ -726,7 +727,6 @@ class _Trainer:
         self.token_nodes = [1] * tpe.num_base  # nodes per vocabulary entry, merges appended
         # a token is named by one of its slice's nodes, so a node's weight is its token's
         self.weight: list[float] = [1.0] * len(forest.kind) if weights is None else weights.tolist()
-        self.count: dict[Pair, int] = {}
         self.score: dict[Pair, float] = {}
         self.where: dict[Pair, set[int]] = {}
         self.merged: set[Pair] = set()
@@ -734,24 +734,31 @@ class _Trainer:
         for token in range(len(forest.kind)):
             for pair in forest.owned(token):
                 self._add(pair, token)
-        self.heap = [(-self.score[pair], pair) for pair in self.count]
+        self.heap = [(-score, pair) for pair, score in self.score.items()]
         heapq.heapify(self.heap)
         self.touched.clear()
 
+    @property
+    def count(self) -> dict[Pair, int]:
+        """How many owners have each pair (for tests; training reads `where` sizes)."""
+        return {pair: len(owners) for pair, owners in self.where.items()}
+
     def _add(self, pair: Pair, token: int) -> None:
-        self.count[pair] = self.count.get(pair, 0) + 1
-        self.score[pair] = self.score.get(pair, 0.0) + self.weight[token]
-        self.where.setdefault(pair, set()).add(token)
+        owners = self.where.get(pair)
+        if owners is None:
+            self.where[pair] = {token}
+            self.score[pair] = self.weight[token]
+        else:
+            owners.add(token)
+            self.score[pair] += self.weight[token]
         self.touched.add(pair)
 
     def _remove(self, pair: Pair, token: int) -> None:
-        remaining = self.count[pair] - 1
-        if remaining:
-            self.count[pair] = remaining
+        owners = self.where[pair]
+        if len(owners) > 1:
+            owners.discard(token)
             self.score[pair] -= self.weight[token]
-            self.where[pair].discard(token)
         else:  # deleted, not decremented: float sums must not leave a ghost of a gone pair
-            del self.count[pair]
             del self.score[pair]
             del self.where[pair]
         self.touched.add(pair)
@@ -767,7 +774,7 @@ class _Trainer:
             if pair not in self.merged and self.score.get(pair) == -negative:
                 if not self._fits(pair):
                     self.merged.add(pair)  # too big now, too big forever: kinds never grow
-                elif self.count[pair] >= min_count:
+                elif len(self.where[pair]) >= min_count:
                     return pair
             heapq.heappop(self.heap)
         return None
@@ -850,8 +857,8 @@ class _Trainer:
         if forest.prev[token] >= 0:
             affected.append((forest.prev[token], ()))
         if forest.parent[token] >= 0:
-            keys = list(dict.fromkeys((slot, edge, k) for k in [*kinds, new_kind]))
-            affected.append((forest.parent[token], keys))
+            keys = [(slot, edge, kind) for kind in dict.fromkeys(kinds)]
+            affected.append((forest.parent[token], [*keys, (slot, edge, new_kind)]))
         return affected
 
     def recount_scores(self) -> dict[Pair, float]:
