@@ -152,6 +152,9 @@ class TPE:
         self._kind_ids: dict[tuple[int, str], int] = {}
         self._ranks: dict[Pair, int] = {}
         self._pattern_cache: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        # merges a fresh forest can hold (slot 0 or SIBLING) as sorted `_fresh_pair_keys`, ranks
+        self._fresh_keys = np.zeros(0, dtype=np.int64)
+        self._fresh_ranks = np.zeros(0, dtype=np.int64)
 
     # --- vocabulary ------------------------------------------------------------------------
 
@@ -170,6 +173,17 @@ class TPE:
         self._kind_ids = {kind: len(UNK_NAMES) + i for i, kind in enumerate(self.base)}
         self._ranks = {m.pair: r for r, m in enumerate(self.merges)}
         self._pattern_cache = {}
+        fresh = [(r, m) for r, m in enumerate(self.merges) if m.slot in (0, SIBLING)]
+        keys = _fresh_pair_keys(
+            np.asarray([m.parent for _, m in fresh], dtype=np.int64),
+            np.asarray([m.slot == SIBLING for _, m in fresh], dtype=bool),
+            np.asarray([m.edge for _, m in fresh], dtype=np.int64),
+            np.asarray([m.child for _, m in fresh], dtype=np.int64),
+            self.vocab_size,
+        )
+        order = np.argsort(keys, kind="stable")
+        self._fresh_keys = keys[order]
+        self._fresh_ranks = np.asarray([r for r, _ in fresh], dtype=np.int64)[order]
 
     def kind_id(self, layer: int, name: str) -> int:
         """Base token of a node: its kind's id, or its layer's `<unk-…>` token."""
@@ -617,7 +631,8 @@ class _Forest:
         return self.child_pairs(token, keys)
 
     def apply_merges(self, tpe: TPE) -> None:
-        """Apply `tpe`'s merges in rank order with one heap of (rank, owner token) candidates.
+        """Apply `tpe`'s merges in rank order with one heap of (rank, owner token) candidates, on
+        a fresh forest (one token per node).
 
         A merge only creates candidates of higher rank (it makes a new kind) except where it
         makes two old tokens adjacent; training never revisits an earlier merge, so such
@@ -627,13 +642,7 @@ class _Forest:
         ranks = tpe._ranks
         if not ranks:
             return
-        heap: list[tuple[int, int]] = []
-        for token in range(len(self.kind)):
-            for pair in self.owned(token):
-                rank = ranks.get(pair)
-                if rank is not None:
-                    heap.append((rank, token))
-        heapq.heapify(heap)
+        heap = self._fresh_candidates(tpe)
         merges = tpe.merges
         num_base = tpe.num_base
         current = -1
@@ -653,6 +662,36 @@ class _Forest:
                     found = rank_of(pair)
                     if found is not None and found > rank:
                         push(heap, (found, owner))
+
+    def _fresh_candidates(self, tpe: TPE) -> list[tuple[int, int]]:
+        """(rank, owner) of each merge a fresh forest holds, sorted (so already a heap).
+
+        One Python step per node was a sixth of encoding; here every parent → child and
+        sibling pair is packed into one integer key and looked up in the sorted merge keys at
+        once.
+        """
+        if not len(tpe._fresh_keys):
+            return []
+        kind = np.asarray(self.kind, dtype=np.int64)
+        parent = np.asarray(self.parent, dtype=np.int64)
+        edge = np.asarray(self.edge, dtype=np.int64)
+        after = np.asarray(self.next, dtype=np.int64)
+        child = np.flatnonzero(parent >= 0)
+        left = np.flatnonzero(after >= 0)
+        left = left[edge[after[left]] == edge[left]]
+        owners = np.concatenate([parent[child], left])
+        keys = _fresh_pair_keys(
+            kind[owners],
+            np.repeat([False, True], [len(child), len(left)]),
+            np.concatenate([edge[child], edge[left]]),
+            np.concatenate([kind[child], kind[after[left]]]),
+            tpe.vocab_size,
+        )
+        found = np.minimum(np.searchsorted(tpe._fresh_keys, keys), len(tpe._fresh_keys) - 1)
+        hit = tpe._fresh_keys[found] == keys
+        count = len(self.kind)
+        candidates = np.unique(tpe._fresh_ranks[found[hit]] * count + owners[hit])
+        return list(zip((candidates // count).tolist(), (candidates % count).tolist(), strict=True))
 
     def emit(self, piece: Slice) -> Tokens:
         roots = [t for t, alive in enumerate(self.alive) if alive]
@@ -694,6 +733,14 @@ class _Forest:
             steps=piece.steps,
             focus=piece.focus,
         )
+
+
+def _fresh_pair_keys(
+    parent: np.ndarray, sibling: np.ndarray, edge: np.ndarray, child: np.ndarray, vocab_size: int
+) -> np.ndarray:
+    """One int64 per pair of slot 0 or SIBLING (the only slots a fresh forest has): kinds are
+    below `vocab_size`, edges fit a byte."""
+    return ((parent * 2 + sibling) * 256 + (edge & 0xFF)) * vocab_size + child
 
 
 def _remove_sorted(table: dict[Key, list[int]], key: Key, token: int) -> None:
