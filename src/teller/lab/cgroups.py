@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,9 @@ from teller.errors import TellerError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
+#: How long removing a rank's group keeps retrying while its last processes exit.
+REMOVE_WAIT_S = 5.0
+REMOVE_PAUSE_S = 0.05
 
 
 def cgroup_version() -> int:
@@ -99,17 +103,26 @@ class RankCgroup:
             value = "-1" if limit_bytes is None else str(limit_bytes)
             _write(self.memory_dir / "memory.limit_in_bytes", value)
 
-    def remove(self) -> None:
+    def remove(self, wait_s: float = REMOVE_WAIT_S) -> None:
+        """Move what is left back to the parent group and remove the group(s).
+
+        A rank killed a moment ago (its launcher died) is still listed while it exits, and the
+        kernel refuses to remove a group with a task in it (EBUSY), so the removal is retried
+        until `wait_s` has passed; what is still there then is left to the run's final sweep."""
+        deadline = time.monotonic() + wait_s
         for directory in {self.cpu_dir, self.memory_dir}:
-            if not directory.is_dir():
-                continue
-            parent_procs = directory.parent / "cgroup.procs"
-            procs = directory / "cgroup.procs"
-            for pid in procs.read_text().split() if procs.exists() else []:
-                with contextlib.suppress(OSError):  # the process may have exited
-                    parent_procs.write_text(pid)
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+            while directory.is_dir():
+                parent_procs = directory.parent / "cgroup.procs"
+                procs = directory / "cgroup.procs"
+                for pid in procs.read_text().split() if procs.exists() else []:
+                    with contextlib.suppress(OSError):  # the process may have exited
+                        parent_procs.write_text(pid)
+                try:
+                    directory.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(REMOVE_PAUSE_S)
 
 
 @contextlib.contextmanager

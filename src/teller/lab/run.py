@@ -93,6 +93,15 @@ def parse_window(text: str) -> tuple[float, float]:
     return start, end
 
 
+def _sweep_own(tag: str) -> None:
+    """Sweep this run's own tag after its clean-up: a rank still exiting when its group was
+    removed leaves the group behind, and the guard stands down once the run says it is done."""
+    from teller.lab.guard import sweep_until_clean
+
+    for item in sweep_until_clean(tag, deadline_s=10.0):
+        print(f"teller lab: could not remove {item}", file=sys.stderr)
+
+
 def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
     """Record one case into `out` (which must not exist yet) and label it."""
     from teller.collect import collect  # local: the collector is only needed to record
@@ -116,6 +125,8 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
             _interrupt_on_sigterm(),
             contextlib.ExitStack() as stack,
         ):
+            if netns.is_root():  # runs last: whatever the steps below could not remove
+                stack.callback(_sweep_own, tag)
             network = (
                 stack.enter_context(netns.lab_network(spec.tp, tag)) if netns.is_root() else None
             )
