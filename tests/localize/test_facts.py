@@ -10,6 +10,7 @@ import pytest
 
 import teller.callchain.facts as facts_module
 from builders import write_run
+from conftest import real_trace
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import build_tree
 from teller.ingest import read_run
@@ -114,3 +115,17 @@ def test_step_lookups_match_a_scan(straggler) -> None:
     i, r, n = int(arrivals.iteration[0]), int(arrivals.rank[0]), int(arrivals.name[0])
     mask = (arrivals.iteration == i) & (arrivals.rank == r) & (arrivals.name == n)
     assert arrivals.rows_of(i, r, n).tolist() == np.flatnonzero(mask).tolist()
+
+
+def test_files_of_two_jobs_read_as_one_run_give_no_arrivals_days_late() -> None:
+    """Rank 1 of one job and rank 0 of another, read as one run: their collectives pair up by
+    occurrence, but spans a year apart are not one meeting, so no rank is late or last there."""
+    files = [
+        real_trace("hta/sampled_rank1_of128.json.gz"),
+        real_trace("hta/queue_len_rank0_of16.json.gz"),
+    ]
+    tree = build_tree(read_run(files))
+    arrivals = facts_module.arrivals_of(tree)
+    assert arrivals is not None and len(arrivals)
+    longest_step_ns = float(tree.steps.dur_ns.max())
+    assert float(arrivals.late_ns.max()) <= longest_step_ns

@@ -138,6 +138,8 @@ def arrivals_of(tree: CallTree) -> Arrivals | None:
         if len(group) < 2:
             continue
         starts = comm.start_ns[group]
+        if not _one_meeting(starts, comm.end_ns[group]):
+            continue
         last[group[np.argmax(starts)]] = True
         for k, row in enumerate(group.tolist()):
             others = np.delete(starts, k)
@@ -155,6 +157,14 @@ def arrivals_of(tree: CallTree) -> Arrivals | None:
         start_ns=comm.start_ns[kept].astype(np.int64),
         end_ns=comm.end_ns[kept].astype(np.int64),
     )
+
+
+def _one_meeting(starts: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether the ranks' spans of one collective instance can be one meeting: the peers wait
+    inside the collective for the last to arrive, so every rank is still in it when the last
+    one starts. Spans further apart than the longest of them (files of different jobs read as
+    one run, or clocks the alignment could not join) would turn into arrivals days late."""
+    return int(starts.max() - ends.min()) <= int((ends - starts).max())
 
 
 @dataclass(frozen=True)
