@@ -4,12 +4,13 @@ An explanation's slots (`teller.rca.plans`) are filled from a `StepContext`: the
 the named rank against what its batch predicts, the pointed candidate against its normal, the
 operator's time on the peer ranks in the same step, when and how late the rank reached the step's
 collectives and how long its peers waited there, the rank's host, GPU and idle time against its
-normal steps of the same kind, and the step's batch against the run's. Each is read from the call
-tree and its `RunFacts`; a fact the trace does not hold is None, and a plan that needs it is not
-chosen.
+normal steps of the same kind, where the rank's step time went (`teller.callchain.breakdown`:
+its GPU idle time and what its host was doing meanwhile), and the step's batch against the run's.
+Each is read from the call tree and its `RunFacts`; a fact the trace does not hold is None, and a
+plan that needs it is not chosen.
 
-`RunContext` builds the per-run tables once (the arrival table, per-rank work, idle gaps) and
-gives each flagged step its context.
+`RunContext` builds the per-run tables once (the arrival table, per-rank work, idle gaps, the
+breakdown) and gives each flagged step its context.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from teller.align.host import HostSteps
+from teller.callchain.breakdown import StepBreakdown, run_breakdown
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.localize import OperatorCandidate, StepScore
@@ -84,6 +87,9 @@ class StepContext:
     #: the named rank's host counters over the step against its normal steps (`MEASURES` of
     #: `teller.align.host`), where `teller collect` sampled them; None without
     host_counters: dict[str, Measured] | None = None
+    #: where the named rank's time went in the step (GPU busy, idle and its causes); None where
+    #: the rank has no GPU activity in the trace
+    breakdown: StepBreakdown | None = None
 
     @property
     def excess_ns(self) -> float:
@@ -279,7 +285,16 @@ class RunContext:
                 lambda k: self.idle_of.get((rank, int(self.tree.steps.index[k])), 0.0),
             )
         context.host_counters = self._host_counters(rank, iteration)
+        context.breakdown = self._breakdowns.get((rank, iteration))
         return context
+
+    @cached_property
+    def _breakdowns(self) -> dict[tuple[int, int], StepBreakdown]:
+        """(rank, iteration) → the rank's breakdown of the step. The run's breakdown is kept
+        under the facts' key "breakdown", the one `Analysis.breakdown` reads, so a verdict and
+        its report compute it once."""
+        breakdown = self.facts.derived("breakdown", lambda: run_breakdown(self.tree))
+        return {(b.rank, b.step): b for b in breakdown.steps if b.step is not None}
 
     def _host_counters(self, rank: int, iteration: int) -> dict[str, Measured] | None:
         """Each host measure over the step against its median over the rank's normal steps of

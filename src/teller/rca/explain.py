@@ -2,11 +2,13 @@
 
 The order is fixed (`teller.rca.plans.FAMILIES`): what was observed, the pointed node's evidence,
 the mechanism, the fault type's cause, the share of the step's excess the evidence explains (and
-where the rest went when that is under a third), and what the trace cannot tell. Which plan of each
-family is used follows from the facts (a one-rank trace never gets a sentence about peers; a step
-no slower than its batch predicts gets no share), except the mechanism, which the root-cause
-model's explanation head chooses (`mechanism=`) among those its facts allow; the localizer, which
-has no such head, states its fault type's first mechanism the facts allow (`default_mechanism`).
+where the rest went when that is under a third), how long the named rank's GPU sat idle in the
+step and what its host was doing meanwhile (`teller.callchain.breakdown`), and what the trace
+cannot tell. Which plan of each family is used follows from the facts (a one-rank trace never
+gets a sentence about peers; a step no slower than its batch predicts gets no share; a GPU busy
+nearly throughout gets no idle time), except the mechanism, which the root-cause model's
+explanation head chooses (`mechanism=`) among those its facts allow; the localizer, which has no
+such head, states its fault type's first mechanism the facts allow (`default_mechanism`).
 
 Every slot is a measured fact of `StepContext`; nothing is generated.
 """
@@ -34,6 +36,11 @@ REST_SHARE = 0.1
 MECHANISM_RISE = 1.1
 #: A late arrival this much beyond the rank's usual is still the group's skew, not a mechanism.
 MIN_LATE_NS = 20_000.0
+#: The named rank's GPU idle time is stated only where it is at least this share of its step's
+#: span. Below it the GPU was busy nearly throughout: launch latency between back-to-back
+#: kernels and the step's edges leave a few percent idle in any step, and a sentence about them
+#: would tell nothing about why this one was slow.
+IDLE_STATED = 0.1
 
 #: Fault type → the mechanisms a person would state for it, most telling first. The model's
 #: explanation head chooses among them (and "none"); the localizer takes the first one the facts
@@ -235,6 +242,7 @@ def compose(
     if top is not None and slower and c.excess_ns > 0:
         share_said, explained = _share(c, named, mechanism)
         said.append(share_said)
+    said += _time(c)
     said += _caveats(c, fault, state_cause)
     return _explanation(said, explained, c.excess_ns)
 
@@ -396,6 +404,32 @@ def _mechanism_rise(c: StepContext, mechanism: str) -> tuple[float, str]:
     if measured is None:
         return 0.0, "share.rise"
     return measured.excess_ns, "share.rise"
+
+
+def _time(c: StepContext) -> list[tuple[str, dict]]:
+    """How long the named rank's GPU sat idle in the step, and its largest idle contributor: what
+    the host was doing meanwhile (`teller.callchain.breakdown`). Stated only for the rank the
+    explanation names (a step without a candidate names none) and where the idle time is
+    `IDLE_STATED` of the step or more."""
+    b = c.breakdown
+    if b is None or c.candidate is None or c.rank is None or b.span_ns <= 0:
+        return []
+    if b.idle_ns < IDLE_STATED * b.span_ns:
+        return []
+    facts: dict[str, object] = dict(rank=c.rank, step=c.iteration, idle_share=b.idle_ns / b.span_ns)
+    if not b.idle_contributors:
+        return [("time.idle", facts)]
+    top = b.idle_contributors[0]
+    facts["cause_share"] = top.idle_ns / b.idle_ns
+    plan = f"time.idle_{top.cause}"
+    if top.cause not in ("sync", "launch"):
+        return [(plan, facts)]
+    if top.host_call is None:
+        return [(f"{plan}_unnamed", facts)]
+    facts["host_call"] = top.host_call
+    if top.cpu_operator is None:
+        return [(f"{plan}_call", facts)]
+    return [(plan, dict(facts, host_op=top.cpu_operator))]
 
 
 def _largest_other(c: StepContext):

@@ -4,7 +4,8 @@ An explanation is a few sentences in a fixed order of families: what was observe
 its time), the evidence (the pointed node against its normal), the mechanism (what the rank's work
 did: a late arrival with its peers waiting, host operators stretched, a GPU idle for launches...),
 the cause (the fault type's own sentence), the share of the step's excess that the evidence
-explains (and where the rest went when that is under a third) and what the trace cannot tell.
+explains (and where the rest went when that is under a third), how long the named rank's GPU sat
+idle in the step and what its host was doing meanwhile, and what the trace cannot tell.
 
 Why templates and not free words: a template is grammatical once, for every value its slots take,
 and each slot takes only a measured fact (a duration, a rank, an operator name, a count with the
@@ -20,12 +21,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from teller.callchain.breakdown import share as percentage
 from teller.callchain.render import format_ns, short_name
 
 #: Families in the order their sentences appear; an explanation holds at most one sentence of
 #: each, but for what the trace cannot tell and for the mechanism (its own work, then the late
 #: arrival it cost its peers) (`REPEATED`).
-FAMILIES = ("observed", "evidence", "mechanism", "host", "cause", "share", "caveat")
+FAMILIES = ("observed", "evidence", "mechanism", "host", "cause", "share", "time", "caveat")
 REPEATED = frozenset({"caveat", "mechanism"})
 #: Longest operator name an explanation shows (kernel names run to kilobytes of templates).
 OPERATOR_CHARS = 90
@@ -121,6 +123,11 @@ def operator_text(value: object) -> str:
 
 _INT = SlotType(r"\d+", lambda v: str(int(v)))  # type: ignore[call-overload]
 _NS = SlotType(_DURATION, lambda v: format_ns(float(v)))  # type: ignore[arg-type]
+#: A fraction of a step's time as the breakdown writes it everywhere (38%, 4.2%, 99.6%, <0.1%).
+_PERCENT = SlotType(
+    r"<0\.1%|\d{1,3}(?:\.\d)?%",
+    lambda v: percentage(float(v), 1.0),  # type: ignore[arg-type]
+)
 SLOT_TYPES: dict[str, SlotType] = {
     "step": _INT,
     "kind": SlotType(r"[A-Za-z][\w\- ]*"),
@@ -148,6 +155,12 @@ SLOT_TYPES: dict[str, SlotType] = {
         _COUNT_WORDS.format(noun=_COLLECTIVE) + rf"(?: of {_SIZE}(?: each| to {_SIZE})?)?",
     ),
     "basis": SlotType(f"{BASIS_BATCH}|{BASIS_RUN}"),
+    "idle_share": _PERCENT,
+    "cause_share": _PERCENT,
+    # the host's runtime call and the CPU operator that made it, while the GPU sat idle; not
+    # `op`, which is the verdict's operator claim
+    "host_call": SlotType(r".+?", operator_text),
+    "host_op": SlotType(r".+?", operator_text),
     "share": SlotType(r"all|under 1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
     "other_share": SlotType(r"all|under 1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
     **{
@@ -600,6 +613,69 @@ _PLANS = (
         "excess; the other {rest} is under no single operator the trace measures.",
         note="under a third explained and no other candidate takes a tenth of the excess",
     ),
+    # -- where the named rank's step went (`teller.callchain.breakdown`) -------------------------
+    Plan(
+        "time.idle_sync",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell inside a blocking call ({host_call} in {host_op}).",
+        note="GPU idle time, where it is a tenth of the step or more, and its largest part: "
+        "inside a call that blocks the host until the GPU is done (a synchronize, a copy to "
+        "pageable memory), with the CPU operator that made it (aten::item, .cpu())",
+    ),
+    Plan(
+        "time.idle_sync_call",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell inside a blocking call ({host_call}).",
+        note="the same, for a blocking call made outside any CPU operator",
+    ),
+    Plan(
+        "time.idle_sync_unnamed",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell inside blocking calls.",
+        note="the same, where the trace does not name the call",
+    ),
+    Plan(
+        "time.idle_launch",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell inside the host's launch calls ({host_call} in {host_op}).",
+        note="GPU idle time whose largest part the host spent launching work: launch-bound",
+    ),
+    Plan(
+        "time.idle_launch_call",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell inside the host's launch calls ({host_call}).",
+        note="the same, for launches made outside any CPU operator",
+    ),
+    Plan(
+        "time.idle_launch_unnamed",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell inside the host's launch calls.",
+        note="the same, where the trace does not name the call",
+    ),
+    Plan(
+        "time.idle_scheduler",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell inside the engine's scheduler.",
+        note="GPU idle time whose largest part the host spent in a serving engine's scheduler",
+    ),
+    Plan(
+        "time.idle_host",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell while the host ran Python or CPU operators between launches.",
+        note="GPU idle time whose largest part the host spent in Python or CPU operators",
+    ),
+    Plan(
+        "time.idle_unrecorded",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time; {cause_share} of that "
+        "idle time fell where the trace records nothing on the host.",
+        note="GPU idle time whose largest part has no host event around it (an untraced thread, "
+        "a stopped process, time outside the profiler's host capture)",
+    ),
+    Plan(
+        "time.idle",
+        "In step {step}, rank {rank}'s GPU was idle for {idle_share} of the time.",
+        note="GPU idle time with no part the breakdown attributes",
+    ),
     # -- what the trace cannot tell -----------------------------------------------------------
     Plan(
         "caveat.cpu",
@@ -743,6 +819,10 @@ EXAMPLE_FACTS: dict[str, object] = {
     "basis": BASIS_BATCH,
     "share": 0.81,
     "other_share": 0.79,
+    "idle_share": 0.38,
+    "cause_share": 0.71,
+    "host_call": "cudaStreamSynchronize",
+    "host_op": "aten::item",
     "dur": 509e6,
     "expected": 55.6e6,
     "observed": 6.07e6,
@@ -767,6 +847,10 @@ EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
     "evidence.frame": {"op": "## forward ##", "observed": 21.8e6, "normal": 256e3},
     "evidence.repeat_peers": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
     "evidence.wait": {"op": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "normal": 1.52e6},
+    **{
+        plan: {"host_call": "cudaLaunchKernel", "host_op": "aten::mm"}
+        for plan in ("time.idle_launch", "time.idle_launch_call")
+    },
 }
 
 
