@@ -222,12 +222,13 @@ def test_ranks_without_gpu_activity_are_listed_not_broken_down(tmp_path: Path):
 
 
 def test_shares_read_at_a_glance():
-    assert [share(p, 1000) for p in (0, 0.5, 4, 38.4, 996, 1000)] == [
+    assert [share(p, 1000) for p in (0, 0.5, 4, 38.4, 996, 999.6, 1000)] == [
         "0%",
         "<0.1%",
         "0.4%",
         "3.8%",
         "99.6%",
+        ">99.9%",
         "100%",
     ]
 

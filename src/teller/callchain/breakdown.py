@@ -609,12 +609,14 @@ def _concat_gaps(parts: list[IdleGaps]) -> IdleGaps:
 
 # -- the sentence a verdict quotes ---------------------------------------------------------------
 def share(part: float, whole: float) -> str:
-    """A share as a percentage a person reads at a glance: 38%, 0.4%, <0.1%."""
+    """A share as a percentage a person reads at a glance: 38%, 0.4%, <0.1%, >99.9%."""
     if whole <= 0 or part <= 0:
         return "0%"
     value = 100.0 * part / whole
     if value >= 100:
         return "100%"
+    if value >= 99.95:  # rounded, it would read "100.0%", as if nothing else ran
+        return ">99.9%"
     if value > 99:  # 99.6% is not "100%": an idle share of 100% would say nothing ran
         return f"{value:.1f}%"
     if value >= 10:

@@ -123,9 +123,10 @@ def operator_text(value: object) -> str:
 
 _INT = SlotType(r"\d+", lambda v: str(int(v)))  # type: ignore[call-overload]
 _NS = SlotType(_DURATION, lambda v: format_ns(float(v)))  # type: ignore[arg-type]
-#: A fraction of a step's time as the breakdown writes it everywhere (38%, 4.2%, 99.6%, <0.1%).
+#: A fraction of a step's time as the breakdown writes it everywhere (38%, 4.2%, 99.6%, <0.1%,
+#: >99.9%).
 _PERCENT = SlotType(
-    r"<0\.1%|\d{1,3}(?:\.\d)?%",
+    r"<0\.1%|>99\.9%|\d{1,3}(?:\.\d)?%",
     lambda v: percentage(float(v), 1.0),  # type: ignore[arg-type]
 )
 SLOT_TYPES: dict[str, SlotType] = {
