@@ -300,6 +300,18 @@ def test_hta_item_sync_is_named_with_its_operator():
     assert run.busy.busy_ns == 51 * US and run.busy.memory_ns == 2 * US  # four kernels, one copy
 
 
+def test_alexnet_first_step_idles_in_cudafree():
+    """HTA's AlexNet: the first step's cuDNN convolutions free their workspaces with cudaFree,
+    which synchronises the device (and the first call sets up the CUDA context): seconds of an
+    idle GPU behind a blocked host, not Python between launches."""
+    breakdown = _breakdown_of("hta/critical_path_alexnet.json.gz")
+    first = min((b for b in breakdown.steps if b.step is not None), key=lambda b: b.step)
+    _assert_adds_up(first)
+    top = first.idle_contributors[0]
+    assert (top.cause, top.host_call, top.cpu_operator) == ("sync", "cudaFree", "aten::conv2d")
+    assert top.idle_ns > 0.5 * first.idle_ns
+
+
 def test_sglang_capture_idles_in_a_blocking_copy():
     """SGLang's prefill step: the host sits 493 ms in hipMemcpyWithStream (`torch.tensor(...)`
     → aten::to) while the copy waits on its stream; the model's GEMMs then run 490 ms after the

@@ -4,7 +4,7 @@ An idle GPU is waiting for its host. Which host activity overlaps the gap says w
 cause has a different fix:
 
 * `sync`: the host was blocked in a synchronising call (`cudaStreamSynchronize`,
-  `cudaDeviceSynchronize`, `cudaEventSynchronize`, a blocking `cudaMemcpy`, or a `cudaMemcpyAsync`
+  `cudaDeviceSynchronize`, `cudaEventSynchronize`, `cudaFree`, a blocking `cudaMemcpy`, or a `cudaMemcpyAsync`
   into pageable memory, which blocks too). While blocked it queues nothing, so the GPU drains and
   stays idle until the host has run on to the next launch: a gap that opens while the host is in
   such a call is the sync's, whatever follows it. The CPU operator that made the call
@@ -43,8 +43,11 @@ SYNC, LAUNCH, SCHEDULER, HOST, UNRECORDED = range(len(IDLE_CAUSES))
 
 #: Runtime calls that block the host until the GPU (or a copy) is done. Asynchronous copies are
 #: not in it: they block only into pageable memory, which the copy's own name tells (`PAGEABLE`).
+#: Freeing device memory (`cudaFree`, `cuMemFree`, not the stream-ordered `…FreeAsync`)
+#: synchronises the whole device, and the first one in a process sets up the CUDA context.
 BLOCKING_CALL = re.compile(
-    r"^(?:cuda|hip|cu)(?:(?:Stream|Device|Event|Ctx)Synchronize|Memcpy(?!\w*Async))"
+    r"^(?:cuda|hip|cu)(?:(?:Stream|Device|Event|Ctx)Synchronize|Memcpy(?!\w*Async)"
+    r"|(?:Mem)?Free(?!\w*Async))"
 )
 #: Runtime calls that enqueue GPU work without waiting for it.
 LAUNCH_CALL = re.compile(r"^(?:cuda|hip|cu)(?:\w*Launch|(?:Memcpy|Memset)\w*Async)")
