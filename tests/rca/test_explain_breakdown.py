@@ -11,7 +11,7 @@ import pytest
 
 import teller.analysis
 import teller.rca.context
-from conftest import planted_analysis
+from conftest import planted_analysis, real_trace
 from teller.analysis import Analysis
 from teller.callchain.breakdown import (
     GpuBusy,
@@ -236,3 +236,23 @@ def test_random_heads_over_random_breakdowns_keep_the_pointers_rank() -> None:
             assert time.slots["step"] == str(context.iteration), text
             assert "None" not in text
     assert stated > 100
+
+
+def test_a_verdict_on_the_first_captured_step_says_set_up_may_explain_it() -> None:
+    """HTA's annotated training loop: its first step is slow in the allocator (aten::empty_strided
+    2.21 ms against 27.5 µs later), one-time set-up that a profiler schedule without warm-up
+    steps captures; the verdict says so. A later flagged step (the planted one) does not."""
+    analysis = Analysis(real_trace("hta/gpu_user_annotation_steps.json.gz"))
+    first = [f for f in analysis.verdict.findings if f.step == 0]
+    assert first, [f.step for f in analysis.verdict.findings]
+    said = parse(first[0].explanation)
+    assert said is not None
+    assert [s.slots for s in said if s.plan == "caveat.first_step"] == [{"step": "0"}]
+
+
+def test_a_planted_fault_in_a_later_step_gets_no_first_step_caveat(tmp_path: Path) -> None:
+    analysis, truth = planted_analysis(QUEUE_LEN, "host_gap:host_gap:0.25", tmp_path)
+    found = [f for f in analysis.verdict.findings if f.step_name == truth.step_name]
+    assert found and found[0].step != 0
+    said = parse(found[0].explanation)
+    assert said is not None and all(s.plan != "caveat.first_step" for s in said)

@@ -83,6 +83,9 @@ class StepContext:
     batch_tokens: tuple[int, int] | None = None  # this step's, the run's largest step's
     has_logs: bool = False
     unfinished: bool = False  # a step a hang never let finish
+    #: the step is the first the capture holds on the named rank (and not its only one), where
+    #: one-time set-up lands: the allocator's first blocks, autotuning, lazy module loading
+    first_step: bool = False
     only_step: bool = False  # the capture holds this one step per rank: nothing to expect from
     #: the named rank's host counters over the step against its normal steps (`MEASURES` of
     #: `teller.align.host`), where `teller collect` sampled them; None without
@@ -218,6 +221,10 @@ class RunContext:
         steps = tree.steps
         self.ranks = sorted(set(steps.rank.tolist()))
         self.row_of = {(int(steps.rank[k]), int(steps.index[k])): k for k in range(len(steps))}
+        self.first_of: dict[int, int] = {}
+        for rank_of_row, iteration_of_row in self.row_of:
+            known = self.first_of.get(rank_of_row, iteration_of_row)
+            self.first_of[rank_of_row] = min(known, iteration_of_row)
         iterations = self.facts.iterations
         self.kind_of = dict(
             zip(iterations.iteration.tolist(), iterations.kind.tolist(), strict=True)
@@ -266,6 +273,9 @@ class RunContext:
             has_logs=self.has_logs,
             unfinished=score.kind == "unfinished",
             only_step=len(self.tree.steps) <= len(self.ranks),
+        )
+        context.first_step = (
+            rank is not None and not context.only_step and self.first_of.get(rank) == iteration
         )
         if context.unfinished:
             return context

@@ -477,6 +477,8 @@ def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple
     if _waited(c):
         return [("caveat.peer_wait", {})]
     out = []
+    if c.first_step and fault is not None:
+        out.append(("caveat.first_step", {"step": c.iteration}))
     # "no host metrics" is false where the counters were sampled
     measured = c.host_counters is not None and CAVEATS.get(fault) in _HOST_CAVEATS
     if fault in CAVEATS and state_cause and not measured:

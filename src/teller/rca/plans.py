@@ -723,6 +723,13 @@ _PLANS = (
         note="a collective that waited, on a one-rank trace",
     ),
     Plan(
+        "caveat.first_step",
+        "Step {step} is the first step in the capture, where one-time set-up lands (the "
+        "allocator's first blocks, kernel autotuning, lazy module loading); a capture that "
+        "starts a few steps later tells it apart from a fault.",
+        note="any verdict on the first step a rank's capture holds",
+    ),
+    Plan(
         "caveat.one_rank",
         "One rank in the trace: its effect on peer ranks cannot be seen.",
         note="any rank-specific fault on a one-rank trace",
