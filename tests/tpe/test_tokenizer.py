@@ -17,15 +17,8 @@ from teller.ingest import read_trace
 from teller.ingest.schema import LAYER_CODE, LAYERS
 from teller.slices import root_slices, step_slices
 from teller.slices.slice import CommRelations, Slice
-from teller.tpe import TPE
-from teller.tpe.tokenizer import (
-    SIBLING,
-    UNK_NAMES,
-    _Forest,
-    _node_kinds,
-    _node_weights,
-    _Trainer,
-)
+from teller.tpe import TPE, kernels
+from teller.tpe.tokenizer import SIBLING, UNK_NAMES, _distinct_kinds, _forest, _node_weights
 
 # names that share kinds (template arguments, line numbers, instance ids) and some that do not
 NAME_POOL = [
@@ -113,17 +106,44 @@ def test_incremental_pair_counts_always_equal_a_recount(corpus: list[Slice]) -> 
     tpe = TPE.train(corpus, 10_000, min_count=1)
     tpe.merges, tpe.merge_counts = [], []  # base alphabet only
     tpe._rebuild_indexes()
-    layers, kinds = _node_kinds(corpus)
+    distinct = [_distinct_kinds(piece) for piece in corpus]
     weights = _node_weights(corpus, "slice")
-    trainer = _Trainer(tpe, _Forest.from_slices(tpe, corpus, layers, kinds), weights=weights)
     for merges in range(1, 40):
-        trainer.run(merges, 1, progress=False)
-        assert trainer.count == trainer.recount()
-        scores = trainer.recount_scores()
-        assert trainer.score.keys() == scores.keys()
-        assert all(abs(trainer.score[p] - s) < 1e-9 for p, s in scores.items())
-        if len(tpe.merges) < merges:
+        forest = _forest(tpe, corpus, distinct)
+        learned, pairs = kernels.train_merges(forest, weights, tpe.num_base, merges, 1, -1)
+        counts, scores = _recount(forest, weights)
+        held = np.flatnonzero(pairs.count[: pairs.table.used[0]] > 0)
+        pair_ids = {
+            (int(pairs.parent[i]), int(pairs.slot[i]), int(pairs.edge[i]), int(pairs.child[i])): i
+            for i in held.tolist()
+        }
+        assert {pair: int(pairs.count[i]) for pair, i in pair_ids.items()} == counts
+        assert all(abs(pairs.score[pair_ids[p]] - s) < 1e-9 for p, s in scores.items())
+        if len(learned) < merges:
             break
+
+
+def _recount(
+    forest: kernels.Forest, weights: np.ndarray
+) -> tuple[dict[tuple[int, int, int, int], int], dict[tuple[int, int, int, int], float]]:
+    """Pair counts and scores from scratch, from the forest's parent and sibling links alone:
+    one parent pair per (parent token, slot, edge, child kind), one sibling pair per token with
+    a next sibling by the same edge."""
+    kind, edge = forest.kind.tolist(), forest.edge.tolist()
+    owners: set[tuple[int, tuple[int, int, int, int]]] = set()
+    for token in np.flatnonzero(forest.alive).tolist():
+        up = int(forest.parent[token])
+        if up >= 0:
+            owners.add((up, (kind[up], int(forest.slot[token]), edge[token], kind[token])))
+        after = int(forest.next[token])
+        if after >= 0 and edge[after] == edge[token]:
+            owners.add((token, (kind[token], SIBLING, edge[token], kind[after])))
+    counts: dict[tuple[int, int, int, int], int] = {}
+    scores: dict[tuple[int, int, int, int], float] = {}
+    for owner, pair in owners:
+        counts[pair] = counts.get(pair, 0) + 1
+        scores[pair] = scores.get(pair, 0.0) + float(weights[owner])
+    return counts, scores
 
 
 def test_equality_sees_a_changed_time_name_or_parent() -> None:
