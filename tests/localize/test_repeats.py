@@ -78,3 +78,13 @@ def test_launches_blocked_behind_a_slowed_kernel_do_not_take_its_place(tmp_path:
     assert named[truth.step_name] == truth.kernel
     after = f"ProfilerStep#{int(truth.step_name.split('#')[1]) + 1}"
     assert named[after] == truth.kernel, named
+
+
+def test_a_host_gap_on_the_main_thread_does_not_reorder_the_autograd_threads_calls(
+    tmp_path: Path,
+) -> None:
+    """A stall planted in one ResNet step delays the main thread's calls there, not the autograd
+    thread's: `aten::add_` runs on both, so its k-th call by time is another tensor's add in that
+    step. Matched under its parent, each add keeps its place, and no other step is flagged."""
+    analysis, truth = planted_analysis(RESNET_V100, "host_gap:host_gap:0.25", tmp_path)
+    assert [f.step_name for f in analysis.verdict.findings] == [truth.step_name]

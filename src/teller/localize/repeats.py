@@ -306,6 +306,7 @@ def _call_slots(facts: RunFacts, groups: np.ndarray, calls: np.ndarray) -> np.nd
     every later `aten::mm` onto its neighbour's slot."""
     nodes, tree = facts.step_nodes, facts.tree
     out = np.full(len(nodes.node), -1, dtype=np.int64)
+    context = _call_contexts(tree, nodes.node)
     step_of = nodes.step[calls].astype(np.int64)
     order = np.lexsort((tree.start[nodes.node[calls]], step_of))
     calls, step_of = calls[order], step_of[order]
@@ -318,18 +319,31 @@ def _call_slots(facts: RunFacts, groups: np.ndarray, calls: np.ndarray) -> np.nd
         sequences = {r: nodes.name[per_step[r]] for r in rows}
         lengths = [len(sequences[r]) for r in rows]
         modal = max(set(lengths), key=lengths.count)
-        reference = sequences[next(r for r in rows if len(sequences[r]) == modal)]
+        first = next(r for r in rows if len(sequences[r]) == modal)
+        reference, reference_context = sequences[first], context[per_step[first]]
         slot_of = {key: k for k, key in enumerate(_occurrences(reference))}
+        slot_in_context = {key: k for k, key in enumerate(_occurrences(reference_context))}
         reference_count = Counter(reference.tolist())
+        reference_context_count = Counter(reference_context.tolist())
         for r in rows:
             sequence = sequences[r]
             if len(sequence) == len(reference) and np.array_equal(sequence, reference):
                 out[per_step[r]] = np.arange(len(sequence))
                 continue
             # a name the step calls as often as the reference does: its k-th call is the
-            # reference's k-th, however the threads interleaved; the others by alignment
+            # reference's k-th, however the threads interleaved (the k-th under the same
+            # parent where the parent's calls are as many too); the others by alignment
             count = Counter(sequence.tolist())
             slots = np.array([slot_of.get(key, -1) for key in _occurrences(sequence)])
+            in_context = context[per_step[r]]
+            context_count = Counter(in_context.tolist())
+            by_context = np.array(
+                [slot_in_context.get(key, -1) for key in _occurrences(in_context)]
+            )
+            same_context = np.array(
+                [context_count[c] == reference_context_count.get(c, 0) for c in in_context.tolist()]
+            )
+            slots[same_context] = by_context[same_context]
             differ = np.array([count[n] != reference_count.get(n, 0) for n in sequence.tolist()])
             slots[differ] = -1
             if differ.any():
@@ -340,6 +354,16 @@ def _call_slots(facts: RunFacts, groups: np.ndarray, calls: np.ndarray) -> np.nd
                     slots[span] = span - block.b + block.a
             out[per_step[r]] = slots
     return out
+
+
+def _call_contexts(tree: CallTree, node: np.ndarray) -> np.ndarray:
+    """Per node: its name and its parent's name in one id. The same operator runs on several
+    threads (`aten::add_` in the forward on the main thread and in DDP's gradient hooks on the
+    autograd thread), and a delay on one thread reorders their calls by time; the parent tells
+    the two apart, so the k-th call of each keeps its place."""
+    parent = tree.parent[node]
+    parent_name = np.where(parent >= 0, tree.name[np.maximum(parent, 0)], -1).astype(np.int64)
+    return tree.name[node].astype(np.int64) * (len(tree.names) + 1) + parent_name + 1
 
 
 def _name_ordinals(call: np.ndarray, name: np.ndarray) -> np.ndarray:
