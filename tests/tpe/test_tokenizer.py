@@ -112,12 +112,10 @@ def test_incremental_pair_counts_always_equal_a_recount(corpus: list[Slice]) -> 
         forest = _forest(tpe, corpus, distinct)
         learned, pairs = kernels.train_merges(forest, weights, tpe.num_base, merges, 1, -1)
         counts, scores = _recount(forest, weights)
-        held = np.flatnonzero(pairs.count[: pairs.table.used[0]] > 0)
-        pair_ids = {
-            (int(pairs.parent[i]), int(pairs.slot[i]), int(pairs.edge[i]), int(pairs.child[i])): i
-            for i in held.tolist()
-        }
-        assert {pair: int(pairs.count[i]) for pair, i in pair_ids.items()} == counts
+        rows = pairs.data[: pairs.table.used[0]]
+        held = np.flatnonzero(rows[:, kernels.P_COUNT] > 0).tolist()
+        pair_ids = {tuple(rows[i, : kernels.P_COUNT].tolist()): i for i in held}
+        assert {pair: int(rows[i, kernels.P_COUNT]) for pair, i in pair_ids.items()} == counts
         assert all(abs(pairs.score[pair_ids[p]] - s) < 1e-9 for p, s in scores.items())
         if len(learned) < merges:
             break
@@ -129,13 +127,15 @@ def _recount(
     """Pair counts and scores from scratch, from the forest's parent and sibling links alone:
     one parent pair per (parent token, slot, edge, child kind), one sibling pair per token with
     a next sibling by the same edge."""
-    kind, edge = forest.kind.tolist(), forest.edge.tolist()
+    tok = forest.tok
+    kind, parent, slot = tok[:, kernels.KIND].tolist(), tok[:, kernels.PARENT], tok[:, kernels.SLOT]
+    edge, after_of = tok[:, kernels.EDGE].tolist(), tok[:, kernels.NEXT]
     owners: set[tuple[int, tuple[int, int, int, int]]] = set()
-    for token in np.flatnonzero(forest.alive).tolist():
-        up = int(forest.parent[token])
+    for token in np.flatnonzero(tok[:, kernels.ALIVE]).tolist():
+        up = int(parent[token])
         if up >= 0:
-            owners.add((up, (kind[up], int(forest.slot[token]), edge[token], kind[token])))
-        after = int(forest.next[token])
+            owners.add((up, (kind[up], int(slot[token]), edge[token], kind[token])))
+        after = int(after_of[token])
         if after >= 0 and edge[after] == edge[token]:
             owners.add((token, (kind[token], SIBLING, edge[token], kind[after])))
     counts: dict[tuple[int, int, int, int], int] = {}

@@ -36,61 +36,38 @@ NONE = -1
 #: Table keys: (owner or parent kind) << 32 | (slot + 1), and kind << 8 | edge byte.
 SHIFT = 4294967296
 
-Table = namedtuple("Table", ["k1", "k2", "val", "used"])
-Forest = namedtuple(
-    "Forest",
-    [
-        "kind",
-        "parent",
-        "slot",
-        "edge",
-        "alive",
-        "prev",
-        "next",
-        "size",
-        "node_head",
-        "node_tail",
-        "node_next",
-        "rec_of",  # the record a token is a child in (NONE for a root)
-        "mem_prev",  # neighbours in that record's children, token order
-        "mem_next",
-        "own_head",  # first record a token owns; records chained by rec_onext/rec_oprev
-        "own_count",
-        "rec_owner",
-        "rec_slot",
-        "rec_edge",
-        "rec_kind",
-        "rec_head",
-        "rec_tail",
-        "rec_count",
-        "rec_onext",
-        "rec_oprev",
-        "free",  # stack of unused record ids, meta[0] of them
-        "meta",
-        "records",
-    ],
-)
-#: Training's pairs, by id (dense, never reused): the pair, how many occurrences it has, their
-#: score, the first of them (`Occurrences`), whether it was merged, whether it changed this merge.
+# Columns of a token row (`Forest.tok`), the most used in its first 64 bytes.
+KIND, PARENT, SLOT, EDGE, PREV, NEXT, ALIVE, OWN_HEAD = range(8)
+SIZE, NODE_HEAD, NODE_TAIL, REC_OF, MEM_PREV, MEM_NEXT, OWN_COUNT, HASHED = range(8, 16)
+TOKEN_COLUMNS = 16
+#: A token's records are found by walking its chain of them while it owns at most this many (no
+#: hash table traffic for the common narrow node); from then on, through `Forest.records`.
+CHAIN_RECORDS = 4
+# Columns of a record row (`Forest.rec`): the key, its children list, the owner's chain of records.
+OWNER, RSLOT, REDGE, RKIND, HEAD, TAIL, ONEXT, OPREV = range(8)
+RECORD_COLUMNS = 8
+# Columns of a pair row (`Pairs.data`) and of an occurrence row (`Pairs.occurrences`).
+P_PARENT, P_SLOT, P_EDGE, P_CHILD, P_COUNT, P_HEAD = range(6)
+PAIR_COLUMNS = 8
+O_PAIR, O_PREV, O_NEXT = range(3)
+OCCURRENCE_COLUMNS = 4
+
+#: A hash table: rows of (key 1, key 2, value + 1, unused), 0 for a free row (so a big table
+#: costs nothing until used: untouched zero pages); `used` [count].
+Table = namedtuple("Table", ["rows", "used"])
+#: The forest. Rows, not one array per field, because a merge reads several fields of few
+#: tokens scattered over a big forest: one cache line per token instead of one per field.
+#: `tok`: a row per token (REC_OF is the record it is a child in, MEM_PREV/MEM_NEXT its neighbours
+#: there, OWN_HEAD the first record it owns); `rec`: a row per record; `node_next` chains each
+#: token's nodes (NODE_HEAD..NODE_TAIL) in pattern order; `free[:meta[0]]` are unused record ids.
+Forest = namedtuple("Forest", ["tok", "rec", "node_next", "free", "meta", "records"])
+#: Training's pairs, by id (dense, never reused): a row each (the pair, how many occurrences it has,
+#: the first of them), their scores, whether merged, whether changed by this merge (`touched_ids`,
+#: meta[0] of them). Occurrence rows: record r is occurrence r, token t's sibling pair R + t.
 Pairs = namedtuple(
     "Pairs",
-    [
-        "table",
-        "parent",
-        "slot",
-        "edge",
-        "child",
-        "count",
-        "score",
-        "head",
-        "merged",
-        "touched",
-        "touched_ids",
-        "meta",  # [number of touched ids]
-    ],
+    ["table", "data", "score", "merged", "touched", "touched_ids", "meta", "occurrences"],
 )
-#: Pair occurrences: record r is occurrence r, token t's sibling pair occurrence R + t (R records).
-Occurrences = namedtuple("Occurrences", ["pair", "prev", "next"])
 
 # --- a hash table of two int64 keys to a non-negative int64 (linear probing) ----------------------
 
@@ -110,68 +87,56 @@ def new_table(entries: int) -> Table:
     capacity = 16
     while capacity < 2 * entries:
         capacity *= 2
-    k1 = np.zeros(capacity, dtype=np.int64)
-    return Table(
-        k1,
-        np.zeros(capacity, dtype=np.int64),
-        np.full(capacity, NONE, dtype=np.int64),
-        np.zeros(1, dtype=np.int64),
-    )
+    return Table(np.zeros((capacity, 4), dtype=np.int64), np.zeros(1, dtype=np.int64))
 
 
 @njit(cache=True)
 def table_find(table: Table, k1: int, k2: int) -> int:
-    mask = len(table.val) - 1
+    rows = table.rows
+    mask = len(rows) - 1
     i = _home(k1, k2, mask)
     while True:
-        value = table.val[i]
-        if value == NONE or (table.k1[i] == k1 and table.k2[i] == k2):
-            return value
+        value = rows[i, 2]
+        if value == 0 or (rows[i, 0] == k1 and rows[i, 1] == k2):
+            return value - 1
         i = (i + 1) & mask
 
 
 @njit(cache=True)
 def table_put(table: Table, k1: int, k2: int, value: int) -> None:
     """Insert a key that is not in the table."""
-    mask = len(table.val) - 1
+    rows = table.rows
+    mask = len(rows) - 1
     i = _home(k1, k2, mask)
-    while table.val[i] != NONE:
+    while rows[i, 2] != 0:
         i = (i + 1) & mask
-    table.k1[i] = k1
-    table.k2[i] = k2
-    table.val[i] = value
+    rows[i, 0] = k1
+    rows[i, 1] = k2
+    rows[i, 2] = value + 1
     table.used[0] += 1
 
 
 @njit(cache=True)
 def table_delete(table: Table, k1: int, k2: int) -> None:
     """Remove a key that is in the table, shifting later keys of its probe run back."""
-    mask = len(table.val) - 1
+    rows = table.rows
+    mask = len(rows) - 1
     i = _home(k1, k2, mask)
-    while not (table.k1[i] == k1 and table.k2[i] == k2 and table.val[i] != NONE):
+    while not (rows[i, 0] == k1 and rows[i, 1] == k2 and rows[i, 2] != 0):
         i = (i + 1) & mask
     j = i
     while True:
         j = (j + 1) & mask
-        if table.val[j] == NONE:
+        if rows[j, 2] == 0:
             break
-        home = _home(table.k1[j], table.k2[j], mask)
+        home = _home(rows[j, 0], rows[j, 1], mask)
         if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
-            table.k1[i] = table.k1[j]
-            table.k2[i] = table.k2[j]
-            table.val[i] = table.val[j]
+            rows[i, 0] = rows[j, 0]
+            rows[i, 1] = rows[j, 1]
+            rows[i, 2] = rows[j, 2]
             i = j
-    table.val[i] = NONE
+    rows[i, 2] = 0
     table.used[0] -= 1
-
-
-@njit(cache=True)
-def table_grown(table: Table) -> Table:
-    grown = new_table(len(table.val))
-    for i in range(len(table.val)):
-        if table.val[i] != NONE:
-            table_put(grown, table.k1[i], table.k2[i], table.val[i])
-    return grown
 
 
 @njit(cache=True)
@@ -193,32 +158,17 @@ def build_forest(
     """
     count = len(kind)
     records = count + 1  # a live record has a child, so there are never more
+    tok = np.empty((count, TOKEN_COLUMNS), dtype=np.int64)
+    for node in range(count):
+        row = tok[node]
+        row[:] = NONE
+        row[KIND], row[PARENT], row[SLOT], row[EDGE] = kind[node], parent[node], 0, edge[node]
+        row[ALIVE], row[SIZE], row[NODE_HEAD], row[NODE_TAIL] = 1, 1, node, node
+        row[OWN_COUNT], row[HASHED] = 0, 0
     forest = Forest(
-        kind.copy(),
-        parent.copy(),
-        np.zeros(count, dtype=np.int64),
-        edge.copy(),
-        np.ones(count, dtype=np.bool_),
+        tok,
+        np.empty((records, RECORD_COLUMNS), dtype=np.int64),  # rows written when taken
         np.full(count, NONE, dtype=np.int64),
-        np.full(count, NONE, dtype=np.int64),
-        np.ones(count, dtype=np.int64),
-        np.arange(count, dtype=np.int64),
-        np.arange(count, dtype=np.int64),
-        np.full(count, NONE, dtype=np.int64),
-        np.full(count, NONE, dtype=np.int64),
-        np.full(count, NONE, dtype=np.int64),
-        np.full(count, NONE, dtype=np.int64),
-        np.full(count, NONE, dtype=np.int64),
-        np.zeros(count, dtype=np.int64),
-        np.zeros(records, dtype=np.int64),
-        np.zeros(records, dtype=np.int64),
-        np.zeros(records, dtype=np.int64),
-        np.zeros(records, dtype=np.int64),
-        np.full(records, NONE, dtype=np.int64),
-        np.full(records, NONE, dtype=np.int64),
-        np.zeros(records, dtype=np.int64),
-        np.full(records, NONE, dtype=np.int64),
-        np.full(records, NONE, dtype=np.int64),
         np.arange(records - 1, -1, -1).astype(np.int64),
         np.full(1, records, dtype=np.int64),
         new_table(records),
@@ -230,7 +180,15 @@ def build_forest(
             last_root = NONE
         up = parent[node]
         if up >= 0:
-            record = find_record(forest, up, 0, edge[node], kind[node])
+            record = NONE
+            sibling = last_child[up]
+            if sibling >= 0:  # runs of alike siblings are common: try the last one's record
+                record = forest.tok[sibling, REC_OF]
+                if (
+                    forest.rec[record, REDGE] != edge[node]
+                    or forest.rec[record, RKIND] != kind[node]
+                ):
+                    record = find_record(forest, up, 0, edge[node], kind[node])
             if record == NONE:
                 record = _new_record(forest, up, 0, edge[node], kind[node])
             _insert_member(forest, record, node)
@@ -240,14 +198,36 @@ def build_forest(
             before = last_root
             last_root = node
         if before >= 0:
-            forest.prev[node] = before
-            forest.next[before] = node
+            forest.tok[node, PREV] = before
+            forest.tok[before, NEXT] = node
     return forest
 
 
 @njit(cache=True)
 def find_record(forest: Forest, owner: int, slot: int, edge: int, kind: int) -> int:
-    return table_find(forest.records, owner * SHIFT + slot, kind * 256 + (edge & 255))
+    """The record of `owner`'s children hanging from `slot` by `edge` of `kind`, or NONE."""
+    if forest.tok[owner, HASHED]:
+        return table_find(forest.records, owner * SHIFT + slot, kind * 256 + (edge & 255))
+    record = forest.tok[owner, OWN_HEAD]
+    while record >= 0:
+        row = forest.rec[record]
+        if row[RKIND] == kind and row[RSLOT] == slot and row[REDGE] == edge:
+            return record
+        record = row[ONEXT]
+    return NONE
+
+
+@njit(cache=True)
+def _hash_records(forest: Forest, owner: int) -> None:
+    """Put `owner`'s records in the hash table once it owns more than CHAIN_RECORDS."""
+    if forest.tok[owner, HASHED] or forest.tok[owner, OWN_COUNT] <= CHAIN_RECORDS:
+        return
+    forest.tok[owner, HASHED] = 1
+    record = forest.tok[owner, OWN_HEAD]
+    while record >= 0:
+        k1, k2 = _record_keys(forest, record)
+        table_put(forest.records, k1, k2, record)
+        record = forest.rec[record, ONEXT]
 
 
 @njit(cache=True)
@@ -255,47 +235,49 @@ def _new_record(forest: Forest, owner: int, slot: int, edge: int, kind: int) -> 
     top = forest.meta[0] - 1
     forest.meta[0] = top
     record = forest.free[top]
-    forest.rec_owner[record] = owner
-    forest.rec_slot[record] = slot
-    forest.rec_edge[record] = edge
-    forest.rec_kind[record] = kind
-    forest.rec_head[record] = NONE
-    forest.rec_tail[record] = NONE
-    forest.rec_count[record] = 0
+    forest.rec[record, OWNER] = owner
+    forest.rec[record, RSLOT] = slot
+    forest.rec[record, REDGE] = edge
+    forest.rec[record, RKIND] = kind
+    forest.rec[record, HEAD] = NONE
+    forest.rec[record, TAIL] = NONE
     _chain_record(forest, record, owner)
-    table_put(forest.records, owner * SHIFT + slot, kind * 256 + (edge & 255), record)
+    if forest.tok[owner, HASHED]:
+        table_put(forest.records, owner * SHIFT + slot, kind * 256 + (edge & 255), record)
+    else:
+        _hash_records(forest, owner)
     return record
 
 
 @njit(cache=True)
 def _chain_record(forest: Forest, record: int, owner: int) -> None:
-    first = forest.own_head[owner]
-    forest.rec_oprev[record] = NONE
-    forest.rec_onext[record] = first
+    first = forest.tok[owner, OWN_HEAD]
+    forest.rec[record, OPREV] = NONE
+    forest.rec[record, ONEXT] = first
     if first >= 0:
-        forest.rec_oprev[first] = record
-    forest.own_head[owner] = record
-    forest.own_count[owner] += 1
+        forest.rec[first, OPREV] = record
+    forest.tok[owner, OWN_HEAD] = record
+    forest.tok[owner, OWN_COUNT] += 1
 
 
 @njit(cache=True)
 def _unchain_record(forest: Forest, record: int) -> None:
-    owner = forest.rec_owner[record]
-    before, after = forest.rec_oprev[record], forest.rec_onext[record]
+    owner = forest.rec[record, OWNER]
+    before, after = forest.rec[record, OPREV], forest.rec[record, ONEXT]
     if before >= 0:
-        forest.rec_onext[before] = after
+        forest.rec[before, ONEXT] = after
     else:
-        forest.own_head[owner] = after
+        forest.tok[owner, OWN_HEAD] = after
     if after >= 0:
-        forest.rec_oprev[after] = before
-    forest.own_count[owner] -= 1
+        forest.rec[after, OPREV] = before
+    forest.tok[owner, OWN_COUNT] -= 1
 
 
 @njit(cache=True)
 def _record_keys(forest: Forest, record: int) -> tuple[int, int]:
     return (
-        forest.rec_owner[record] * SHIFT + forest.rec_slot[record],
-        forest.rec_kind[record] * 256 + (forest.rec_edge[record] & 255),
+        forest.rec[record, OWNER] * SHIFT + forest.rec[record, RSLOT],
+        forest.rec[record, RKIND] * 256 + (forest.rec[record, REDGE] & 255),
     )
 
 
@@ -303,42 +285,41 @@ def _record_keys(forest: Forest, record: int) -> tuple[int, int]:
 def _insert_member(forest: Forest, record: int, token: int) -> None:
     """Add `token` to the record's children, keeping token order (it nearly always goes last)."""
     after = NONE
-    before = forest.rec_tail[record]
+    before = forest.rec[record, TAIL]
     while before > token:
         after = before
-        before = forest.mem_prev[before]
-    forest.mem_prev[token] = before
-    forest.mem_next[token] = after
+        before = forest.tok[before, MEM_PREV]
+    forest.tok[token, MEM_PREV] = before
+    forest.tok[token, MEM_NEXT] = after
     if before >= 0:
-        forest.mem_next[before] = token
+        forest.tok[before, MEM_NEXT] = token
     else:
-        forest.rec_head[record] = token
+        forest.rec[record, HEAD] = token
     if after >= 0:
-        forest.mem_prev[after] = token
+        forest.tok[after, MEM_PREV] = token
     else:
-        forest.rec_tail[record] = token
-    forest.rec_count[record] += 1
-    forest.rec_of[token] = record
+        forest.rec[record, TAIL] = token
+    forest.tok[token, REC_OF] = record
 
 
 @njit(cache=True)
 def _remove_member(forest: Forest, token: int) -> None:
     """Take `token` out of its record; an emptied record is dropped."""
-    record = forest.rec_of[token]
-    before, after = forest.mem_prev[token], forest.mem_next[token]
+    record = forest.tok[token, REC_OF]
+    before, after = forest.tok[token, MEM_PREV], forest.tok[token, MEM_NEXT]
     if before >= 0:
-        forest.mem_next[before] = after
+        forest.tok[before, MEM_NEXT] = after
     else:
-        forest.rec_head[record] = after
+        forest.rec[record, HEAD] = after
     if after >= 0:
-        forest.mem_prev[after] = before
+        forest.tok[after, MEM_PREV] = before
     else:
-        forest.rec_tail[record] = before
-    forest.mem_prev[token] = forest.mem_next[token] = forest.rec_of[token] = NONE
-    forest.rec_count[record] -= 1
-    if forest.rec_count[record] == 0:
-        k1, k2 = _record_keys(forest, record)
-        table_delete(forest.records, k1, k2)
+        forest.rec[record, TAIL] = before
+    forest.tok[token, MEM_PREV] = forest.tok[token, MEM_NEXT] = forest.tok[token, REC_OF] = NONE
+    if forest.rec[record, HEAD] == NONE:
+        if forest.tok[forest.rec[record, OWNER], HASHED]:
+            k1, k2 = _record_keys(forest, record)
+            table_delete(forest.records, k1, k2)
         _unchain_record(forest, record)
         forest.free[forest.meta[0]] = record
         forest.meta[0] += 1
@@ -346,51 +327,54 @@ def _remove_member(forest: Forest, token: int) -> None:
 
 @njit(cache=True)
 def _unlink(forest: Forest, token: int) -> None:
-    before, after = forest.prev[token], forest.next[token]
+    before, after = forest.tok[token, PREV], forest.tok[token, NEXT]
     if before >= 0:
-        forest.next[before] = after
+        forest.tok[before, NEXT] = after
     if after >= 0:
-        forest.prev[after] = before
-    forest.prev[token] = forest.next[token] = NONE
+        forest.tok[after, PREV] = before
+    forest.tok[token, PREV] = forest.tok[token, NEXT] = NONE
 
 
 @njit(cache=True)
 def _take_over(forest: Forest, token: int, other: int) -> None:
     """`token` takes `other`'s nodes and children (their slots shift past its own nodes)."""
-    offset = forest.size[token]
-    forest.node_next[forest.node_tail[token]] = forest.node_head[other]
-    forest.node_tail[token] = forest.node_tail[other]
-    forest.size[token] += forest.size[other]
-    forest.size[other] = 0
-    forest.node_head[other] = forest.node_tail[other] = NONE
-    record = forest.own_head[other]
+    offset = forest.tok[token, SIZE]
+    forest.node_next[forest.tok[token, NODE_TAIL]] = forest.tok[other, NODE_HEAD]
+    forest.tok[token, NODE_TAIL] = forest.tok[other, NODE_TAIL]
+    forest.tok[token, SIZE] += forest.tok[other, SIZE]
+    forest.tok[other, SIZE] = 0
+    forest.tok[other, NODE_HEAD] = forest.tok[other, NODE_TAIL] = NONE
+    record = forest.tok[other, OWN_HEAD]
     while record >= 0:
-        following = forest.rec_onext[record]
-        k1, k2 = _record_keys(forest, record)
-        table_delete(forest.records, k1, k2)
-        child = forest.rec_head[record]
+        following = forest.rec[record, ONEXT]
+        if forest.tok[other, HASHED]:
+            k1, k2 = _record_keys(forest, record)
+            table_delete(forest.records, k1, k2)
+        child = forest.rec[record, HEAD]
         while child >= 0:
-            forest.parent[child] = token
-            forest.slot[child] += offset
-            child = forest.mem_next[child]
-        forest.rec_owner[record] = token
-        forest.rec_slot[record] += offset
-        k1, k2 = _record_keys(forest, record)
-        table_put(forest.records, k1, k2, record)
+            forest.tok[child, PARENT] = token
+            forest.tok[child, SLOT] += offset
+            child = forest.tok[child, MEM_NEXT]
+        forest.rec[record, OWNER] = token
+        forest.rec[record, RSLOT] += offset
+        if forest.tok[token, HASHED]:
+            k1, k2 = _record_keys(forest, record)
+            table_put(forest.records, k1, k2, record)
         _chain_record(forest, record, token)
         record = following
-    forest.own_head[other] = NONE
-    forest.own_count[other] = 0
-    forest.alive[other] = False
+    _hash_records(forest, token)
+    forest.tok[other, OWN_HEAD] = NONE
+    forest.tok[other, OWN_COUNT] = 0
+    forest.tok[other, ALIVE] = 0
 
 
 @njit(cache=True)
 def _rekind(forest: Forest, token: int, new_kind: int) -> None:
-    forest.kind[token] = new_kind
-    up = forest.parent[token]
+    forest.tok[token, KIND] = new_kind
+    up = forest.tok[token, PARENT]
     if up >= 0:
         _remove_member(forest, token)
-        slot, edge = forest.slot[token], forest.edge[token]
+        slot, edge = forest.tok[token, SLOT], forest.tok[token, EDGE]
         record = find_record(forest, up, slot, edge, new_kind)
         if record == NONE:
             record = _new_record(forest, up, slot, edge, new_kind)
@@ -398,18 +382,36 @@ def _rekind(forest: Forest, token: int, new_kind: int) -> None:
 
 
 @njit(cache=True)
+def still(forest: Forest, record: int, owner: int, slot: int, edge: int, kind: int) -> int:
+    """`record` if it is still the live record of that key (a dropped one may have been reused
+    for another), else NONE: finds a parent's records around a merge without a lookup."""
+    if record < 0:
+        return NONE
+    row = forest.rec[record]
+    if (
+        row[HEAD] == NONE
+        or row[OWNER] != owner
+        or row[RKIND] != kind
+        or row[RSLOT] != slot
+        or row[REDGE] != edge
+    ):
+        return NONE
+    return record
+
+
+@njit(cache=True)
 def match(forest: Forest, token: int, parent: int, slot: int, edge: int, child: int) -> int:
     """Where merge (parent, slot, edge, child) applies at `token`: the record of the child key,
     or for a sibling merge the next sibling; NONE where it does not apply."""
-    if not forest.alive[token] or forest.kind[token] != parent:
+    if forest.tok[token, ALIVE] == 0 or forest.tok[token, KIND] != parent:
         return NONE
     if slot == SIBLING:
-        after = forest.next[token]
+        after = forest.tok[token, NEXT]
         if (
             after >= 0
-            and forest.kind[after] == child
-            and forest.edge[token] == edge
-            and forest.edge[after] == edge
+            and forest.tok[after, KIND] == child
+            and forest.tok[token, EDGE] == edge
+            and forest.tok[after, EDGE] == edge
         ):
             return after
         return NONE
@@ -421,10 +423,10 @@ def apply_merge(forest: Forest, token: int, sibling: bool, where: int, new_kind:
     """Apply a merge `match` found at `token` (`where` is its result); returns the dead token."""
     if sibling:
         dead = where
-        if forest.rec_of[dead] >= 0:
+        if forest.tok[dead, REC_OF] >= 0:
             _remove_member(forest, dead)
     else:
-        dead = forest.rec_head[where]
+        dead = forest.rec[where, HEAD]
         _remove_member(forest, dead)
     _unlink(forest, dead)
     _take_over(forest, token, dead)
@@ -435,30 +437,32 @@ def apply_merge(forest: Forest, token: int, sibling: bool, where: int, new_kind:
 @njit(cache=True)
 def sibling_pair(forest: Forest, token: int) -> tuple[int, int]:
     """Table keys of `token`'s sibling pair, or (NONE, NONE) when it has none."""
-    after = forest.next[token]
-    if after < 0 or forest.edge[after] != forest.edge[token]:
+    after = forest.tok[token, NEXT]
+    if after < 0 or forest.tok[after, EDGE] != forest.tok[token, EDGE]:
         return NONE, NONE
-    return pair_keys(forest.kind[token], SIBLING, forest.edge[token], forest.kind[after])
+    return pair_keys(
+        forest.tok[token, KIND], SIBLING, forest.tok[token, EDGE], forest.tok[after, KIND]
+    )
 
 
 @njit(cache=True)
 def record_pair(forest: Forest, record: int) -> tuple[int, int]:
     return pair_keys(
-        forest.kind[forest.rec_owner[record]],
-        forest.rec_slot[record],
-        forest.rec_edge[record],
-        forest.rec_kind[record],
+        forest.tok[forest.rec[record, OWNER], KIND],
+        forest.rec[record, RSLOT],
+        forest.rec[record, REDGE],
+        forest.rec[record, RKIND],
     )
 
 
 @njit(cache=True)
 def emit(forest: Forest) -> tuple:
     """The live tokens in order: kind, parent (token index), slot, edge, and their nodes."""
-    count = len(forest.kind)
+    count = len(forest.tok)
     index = np.full(count, NONE, dtype=np.int64)
     tokens = 0
     for token in range(count):
-        if forest.alive[token]:
+        if forest.tok[token, ALIVE] == 1:
             index[token] = tokens
             tokens += 1
     kind = np.empty(tokens, dtype=np.int64)
@@ -471,15 +475,15 @@ def emit(forest: Forest) -> tuple:
     i = 0
     row = 0
     for token in range(count):
-        if not forest.alive[token]:
+        if forest.tok[token, ALIVE] == 0:
             continue
-        kind[i] = forest.kind[token]
-        up = forest.parent[token]
+        kind[i] = forest.tok[token, KIND]
+        up = forest.tok[token, PARENT]
         parent[i] = index[up] if up >= 0 else NONE
-        slot[i] = forest.slot[token]
-        edge[i] = forest.edge[token]
+        slot[i] = forest.tok[token, SLOT]
+        edge[i] = forest.tok[token, EDGE]
         root[i] = token
-        node = forest.node_head[token]
+        node = forest.tok[token, NODE_HEAD]
         while node >= 0:
             rows[row] = node
             row += 1
@@ -503,61 +507,31 @@ def rank_table(parent: np.ndarray, slot: np.ndarray, edge: np.ndarray, child: np
 
 
 @njit(cache=True)
-def _heap_push(heap: np.ndarray, size: int, item: int) -> np.ndarray:
-    if size == len(heap):
-        grown = np.empty(2 * len(heap) + 16, dtype=np.int64)
-        grown[:size] = heap[:size]
-        heap = grown
-    i = size
-    while i > 0:
-        up = (i - 1) >> 1
-        if heap[up] <= item:
-            break
-        heap[i] = heap[up]
-        i = up
-    heap[i] = item
-    return heap
-
-
-@njit(cache=True)
-def _heap_pop(heap: np.ndarray, size: int) -> int:
-    """Remove and return the smallest of `heap[:size]` (the caller shrinks `size`)."""
-    top = heap[0]
-    last = heap[size - 1]
-    size -= 1
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and heap[child + 1] < heap[child]:
-            child += 1
-        if heap[child] >= last:
-            break
-        heap[i] = heap[child]
-        i = child
-    if size > 0:
-        heap[i] = last
-    return top
-
-
-@njit(cache=True)
 def _push_pair(
-    heap: np.ndarray,
-    size: int,
+    heads: np.ndarray,
+    entries: np.ndarray,
+    fill: np.ndarray,
     ranks: Table,
     keys: tuple[int, int],
     above: int,
     owner: int,
-    count: int,
-) -> tuple[np.ndarray, int]:
+) -> np.ndarray:
+    """Queue `owner` under the rank of the merge with pair `keys`, if it ranks after `above`;
+    returns `entries` (grown when full)."""
     if keys[0] == NONE:
-        return heap, size
+        return entries
     rank = table_find(ranks, keys[0], keys[1])
     if rank > above:
-        heap = _heap_push(heap, size, rank * count + owner)
-        size += 1
-    return heap, size
+        used = fill[0]
+        if used == len(entries):
+            grown = np.empty((2 * len(entries) + 16, 2), dtype=np.int64)
+            grown[:used] = entries[:used]
+            entries = grown
+        entries[used, 0] = owner
+        entries[used, 1] = heads[rank]
+        heads[rank] = used
+        fill[0] = used + 1
+    return entries
 
 
 @njit(cache=True)
@@ -570,102 +544,120 @@ def encode_merges(
     merge_child: np.ndarray,
     num_base: int,
 ) -> None:
-    """Apply the merges in rank order with one heap of (rank, owner) candidates.
+    """Apply the merges in rank order, each at the owners queued under its rank in token order.
 
     A merge only creates candidates of higher rank (it makes a new kind) except where it makes
     two old tokens adjacent; training never revisits an earlier merge, so such candidates are
-    dropped. Popping the heap thus visits merges in rank order and, within a rank, owners in
-    token order: the order training applied them in.
+    dropped. A rank's queue is thus complete when its turn comes, and its owners, sorted, are
+    visited in the order training applied the merge in. An owner queued twice is applied once:
+    a merge changes its owner's kind.
     """
-    count = len(forest.kind)
+    count = len(forest.tok)
     if len(merge_parent) == 0:
         return
-    heap = np.empty(count + 16, dtype=np.int64)
-    size = 0
+    heads = np.full(len(merge_parent), NONE, dtype=np.int64)
+    entries = np.empty((count + 16, 2), dtype=np.int64)
+    fill = np.zeros(1, dtype=np.int64)
     for token in range(count):
-        record = forest.own_head[token]
+        record = forest.tok[token, OWN_HEAD]
         while record >= 0:
-            heap, size = _push_pair(
-                heap, size, ranks, record_pair(forest, record), -1, token, count
+            entries = _push_pair(
+                heads, entries, fill, ranks, record_pair(forest, record), -1, token
             )
-            record = forest.rec_onext[record]
-        heap, size = _push_pair(heap, size, ranks, sibling_pair(forest, token), -1, token, count)
-    heap[:size] = np.sort(heap[:size])  # sorted is a heap
-    current = -1
-    while size > 0:
-        item = _heap_pop(heap, size)
-        size -= 1
-        rank, token = item // count, item % count
-        if rank < current:
+            record = forest.rec[record, ONEXT]
+        entries = _push_pair(heads, entries, fill, ranks, sibling_pair(forest, token), -1, token)
+    queued = np.empty(64, dtype=np.int64)
+    for rank in range(len(merge_parent)):
+        waiting = 0
+        entry = heads[rank]
+        while entry >= 0:
+            if waiting == len(queued):
+                queued = np.concatenate((queued, np.empty(len(queued), dtype=np.int64)))
+            queued[waiting] = entries[entry, 0]
+            waiting += 1
+            entry = entries[entry, 1]
+        if waiting == 0:
             continue
-        current = rank
+        owners = np.sort(queued[:waiting])
         parent_kind, slot, edge, child_kind = (
             merge_parent[rank],
             merge_slot[rank],
             merge_edge[rank],
             merge_child[rank],
         )
-        where = match(forest, token, parent_kind, slot, edge, child_kind)
-        if where == NONE:
-            continue
         sibling = slot == SIBLING
-        up, before = forest.parent[token], forest.prev[token]
-        token_slot, token_edge = forest.slot[token], forest.edge[token]
-        child_before = NONE if sibling else forest.prev[forest.rec_head[where]]
         new_kind = num_base + rank
-        apply_merge(forest, token, sibling, where, new_kind)
-        record = forest.own_head[token]
-        while record >= 0:
-            heap, size = _push_pair(
-                heap, size, ranks, record_pair(forest, record), rank, token, count
-            )
-            record = forest.rec_onext[record]
-        heap, size = _push_pair(heap, size, ranks, sibling_pair(forest, token), rank, token, count)
-        if child_before >= 0:
-            heap, size = _push_pair(
-                heap, size, ranks, sibling_pair(forest, child_before), rank, child_before, count
-            )
-        if before >= 0:
-            heap, size = _push_pair(
-                heap, size, ranks, sibling_pair(forest, before), rank, before, count
-            )
-        if up >= 0:
-            record = find_record(forest, up, token_slot, token_edge, new_kind)
-            if record >= 0:
-                heap, size = _push_pair(
-                    heap, size, ranks, record_pair(forest, record), rank, up, count
+        last = NONE
+        for token in owners:
+            if token == last:
+                continue
+            last = token
+            where = match(forest, token, parent_kind, slot, edge, child_kind)
+            if where == NONE:
+                continue
+            up, before = forest.tok[token, PARENT], forest.tok[token, PREV]
+            token_slot, token_edge = forest.tok[token, SLOT], forest.tok[token, EDGE]
+            child_before = NONE if sibling else forest.tok[forest.rec[where, HEAD], PREV]
+            token_record = forest.tok[token, REC_OF]  # up's records of the old kinds
+            dead_record = forest.tok[where, REC_OF] if sibling else NONE
+            apply_merge(forest, token, sibling, where, new_kind)
+            record = forest.tok[token, OWN_HEAD]
+            while record >= 0:
+                entries = _push_pair(
+                    heads, entries, fill, ranks, record_pair(forest, record), rank, token
                 )
-            record = find_record(forest, up, token_slot, token_edge, parent_kind)
-            if record >= 0:
-                heap, size = _push_pair(
-                    heap, size, ranks, record_pair(forest, record), rank, up, count
+                record = forest.rec[record, ONEXT]
+            entries = _push_pair(
+                heads, entries, fill, ranks, sibling_pair(forest, token), rank, token
+            )
+            if child_before >= 0:
+                entries = _push_pair(
+                    heads,
+                    entries,
+                    fill,
+                    ranks,
+                    sibling_pair(forest, child_before),
+                    rank,
+                    child_before,
                 )
-            if sibling and child_kind != parent_kind:
-                record = find_record(forest, up, token_slot, token_edge, child_kind)
-                if record >= 0:
-                    heap, size = _push_pair(
-                        heap, size, ranks, record_pair(forest, record), rank, up, count
-                    )
+            if before >= 0:
+                entries = _push_pair(
+                    heads, entries, fill, ranks, sibling_pair(forest, before), rank, before
+                )
+            if up >= 0:
+                for i in range(3):
+                    if i == 0:
+                        record = forest.tok[token, REC_OF]
+                    elif i == 1:
+                        record = still(
+                            forest, token_record, up, token_slot, token_edge, parent_kind
+                        )
+                    elif sibling and child_kind != parent_kind:
+                        record = still(forest, dead_record, up, token_slot, token_edge, child_kind)
+                    else:
+                        record = NONE
+                    if record >= 0:
+                        entries = _push_pair(
+                            heads, entries, fill, ranks, record_pair(forest, record), rank, up
+                        )
 
 
 # --- training ---------------------------------------------------------------------------------
 
 
 @njit(cache=True)
-def _new_pairs(capacity: int) -> Pairs:
+def _new_pairs(capacity: int, occurrences: np.ndarray) -> Pairs:
+    data = np.zeros((capacity, PAIR_COLUMNS), dtype=np.int64)
+    data[:, P_HEAD] = NONE
     return Pairs(
         new_table(capacity),
-        np.zeros(capacity, dtype=np.int64),
-        np.zeros(capacity, dtype=np.int64),
-        np.zeros(capacity, dtype=np.int64),
-        np.zeros(capacity, dtype=np.int64),
-        np.zeros(capacity, dtype=np.int64),
+        data,
         np.zeros(capacity, dtype=np.float64),
-        np.full(capacity, NONE, dtype=np.int64),
         np.zeros(capacity, dtype=np.bool_),
         np.zeros(capacity, dtype=np.bool_),
         np.zeros(capacity, dtype=np.int64),
         np.zeros(1, dtype=np.int64),
+        occurrences,
     )
 
 
@@ -673,22 +665,15 @@ def _new_pairs(capacity: int) -> Pairs:
 def _pairs_with_room(pairs: Pairs, more: int) -> Pairs:
     """`pairs`, or a copy with twice the room when `more` new pairs might not fit."""
     used = pairs.table.used[0]
-    if used + more <= len(pairs.parent):
+    if used + more <= len(pairs.data):
         return pairs
-    grown = _new_pairs(2 * (used + more))
-    for i in range(len(pairs.table.val)):
-        if pairs.table.val[i] != NONE:
-            table_put(grown.table, pairs.table.k1[i], pairs.table.k2[i], pairs.table.val[i])
-    for old, new in (
-        (pairs.parent, grown.parent),
-        (pairs.slot, grown.slot),
-        (pairs.edge, grown.edge),
-        (pairs.child, grown.child),
-        (pairs.count, grown.count),
-        (pairs.head, grown.head),
-        (pairs.touched_ids, grown.touched_ids),
-    ):
-        new[:used] = old[:used]
+    grown = _new_pairs(2 * (used + more), pairs.occurrences)
+    rows = pairs.table.rows
+    for i in range(len(rows)):
+        if rows[i, 2] != 0:
+            table_put(grown.table, rows[i, 0], rows[i, 1], rows[i, 2] - 1)
+    grown.data[:used] = pairs.data[:used]
+    grown.touched_ids[:used] = pairs.touched_ids[:used]
     grown.score[:used] = pairs.score[:used]
     grown.merged[:used] = pairs.merged[:used]
     grown.touched[:used] = pairs.touched[:used]
@@ -707,7 +692,6 @@ def _touch(pairs: Pairs, pair: int) -> None:
 @njit(cache=True)
 def _add(
     pairs: Pairs,
-    occurrences: Occurrences,
     occurrence: int,
     keys: tuple[int, int],
     pair: tuple[int, int, int, int],
@@ -718,88 +702,85 @@ def _add(
     if found == NONE:
         found = pairs.table.used[0]
         table_put(pairs.table, keys[0], keys[1], found)
-        pairs.parent[found], pairs.slot[found], pairs.edge[found], pairs.child[found] = pair
-    first = pairs.head[found]
-    occurrences.prev[occurrence] = NONE
-    occurrences.next[occurrence] = first
+        (
+            pairs.data[found, P_PARENT],
+            pairs.data[found, P_SLOT],
+            pairs.data[found, P_EDGE],
+            pairs.data[found, P_CHILD],
+        ) = pair
+    first = pairs.data[found, P_HEAD]
+    pairs.occurrences[occurrence, O_PREV] = NONE
+    pairs.occurrences[occurrence, O_NEXT] = first
     if first >= 0:
-        occurrences.prev[first] = occurrence
-    pairs.head[found] = occurrence
-    occurrences.pair[occurrence] = found
-    pairs.count[found] += 1
+        pairs.occurrences[first, O_PREV] = occurrence
+    pairs.data[found, P_HEAD] = occurrence
+    pairs.occurrences[occurrence, O_PAIR] = found
+    pairs.data[found, P_COUNT] += 1
     pairs.score[found] += weight
     _touch(pairs, found)
 
 
 @njit(cache=True)
-def _remove(pairs: Pairs, occurrences: Occurrences, occurrence: int, weight: float) -> None:
+def _remove(pairs: Pairs, occurrence: int, weight: float) -> None:
     """Stop counting `occurrence` (if it is a pair occurrence now)."""
-    found = occurrences.pair[occurrence]
+    found = pairs.occurrences[occurrence, O_PAIR]
     if found == NONE:
         return
-    before, after = occurrences.prev[occurrence], occurrences.next[occurrence]
+    before, after = pairs.occurrences[occurrence, O_PREV], pairs.occurrences[occurrence, O_NEXT]
     if before >= 0:
-        occurrences.next[before] = after
+        pairs.occurrences[before, O_NEXT] = after
     else:
-        pairs.head[found] = after
+        pairs.data[found, P_HEAD] = after
     if after >= 0:
-        occurrences.prev[after] = before
-    occurrences.pair[occurrence] = NONE
-    if pairs.count[found] > 1:
-        pairs.count[found] -= 1
+        pairs.occurrences[after, O_PREV] = before
+    pairs.occurrences[occurrence, O_PAIR] = NONE
+    if pairs.data[found, P_COUNT] > 1:
+        pairs.data[found, P_COUNT] -= 1
         pairs.score[found] -= weight
     else:  # zeroed, not decremented: float sums must not leave a ghost of a gone pair
-        pairs.count[found] = 0
+        pairs.data[found, P_COUNT] = 0
         pairs.score[found] = 0.0
     _touch(pairs, found)
 
 
 @njit(cache=True)
-def _add_record(
-    forest: Forest, pairs: Pairs, occurrences: Occurrences, record: int, weight: np.ndarray
-) -> None:
-    owner = forest.rec_owner[record]
+def _add_record(forest: Forest, pairs: Pairs, record: int, weight: np.ndarray) -> None:
+    owner = forest.rec[record, OWNER]
     pair = (
-        forest.kind[owner],
-        forest.rec_slot[record],
-        forest.rec_edge[record],
-        forest.rec_kind[record],
+        forest.tok[owner, KIND],
+        forest.rec[record, RSLOT],
+        forest.rec[record, REDGE],
+        forest.rec[record, RKIND],
     )
-    _add(pairs, occurrences, record, pair_keys(*pair), pair, weight[owner])
+    _add(pairs, record, pair_keys(*pair), pair, weight[owner])
 
 
 @njit(cache=True)
-def _add_sibling(
-    forest: Forest, pairs: Pairs, occurrences: Occurrences, token: int, weight: np.ndarray
-) -> None:
-    after = forest.next[token]
-    if after < 0 or forest.edge[after] != forest.edge[token]:
+def _add_sibling(forest: Forest, pairs: Pairs, token: int, weight: np.ndarray) -> None:
+    after = forest.tok[token, NEXT]
+    if after < 0 or forest.tok[after, EDGE] != forest.tok[token, EDGE]:
         return
-    pair = (forest.kind[token], SIBLING, forest.edge[token], forest.kind[after])
-    occurrence = len(forest.rec_owner) + token
-    _add(pairs, occurrences, occurrence, pair_keys(*pair), pair, weight[token])
+    pair = (forest.tok[token, KIND], SIBLING, forest.tok[token, EDGE], forest.tok[after, KIND])
+    occurrence = len(forest.rec) + token
+    _add(pairs, occurrence, pair_keys(*pair), pair, weight[token])
 
 
 @njit(cache=True)
-def _add_owned(
-    forest: Forest, pairs: Pairs, occurrences: Occurrences, token: int, weight: np.ndarray
-) -> None:
-    record = forest.own_head[token]
+def _add_owned(forest: Forest, pairs: Pairs, token: int, weight: np.ndarray) -> None:
+    record = forest.tok[token, OWN_HEAD]
     while record >= 0:
-        _add_record(forest, pairs, occurrences, record, weight)
-        record = forest.rec_onext[record]
-    _add_sibling(forest, pairs, occurrences, token, weight)
+        _add_record(forest, pairs, record, weight)
+        record = forest.rec[record, ONEXT]
+    _add_sibling(forest, pairs, token, weight)
 
 
 @njit(cache=True)
-def _remove_owned(
-    forest: Forest, pairs: Pairs, occurrences: Occurrences, token: int, weight: np.ndarray
-) -> None:
-    record = forest.own_head[token]
+def _remove_owned(forest: Forest, pairs: Pairs, token: int, weight: np.ndarray) -> None:
+    record = forest.tok[token, OWN_HEAD]
     while record >= 0:
-        _remove(pairs, occurrences, record, weight[token])
-        record = forest.rec_onext[record]
-    _remove(pairs, occurrences, len(forest.rec_owner) + token, weight[token])
+        _remove(pairs, record, weight[token])
+        record = forest.rec[record, ONEXT]
+    _remove(pairs, len(forest.rec) + token, weight[token])
 
 
 @njit(cache=True)
@@ -808,13 +789,13 @@ def _above(scores: np.ndarray, ids: np.ndarray, a: int, b: int, pairs: Pairs) ->
     if scores[a] != scores[b]:
         return scores[a] < scores[b]  # scores are stored negated
     x, y = ids[a], ids[b]
-    if pairs.parent[x] != pairs.parent[y]:
-        return pairs.parent[x] < pairs.parent[y]
-    if pairs.slot[x] != pairs.slot[y]:
-        return pairs.slot[x] < pairs.slot[y]
-    if pairs.edge[x] != pairs.edge[y]:
-        return pairs.edge[x] < pairs.edge[y]
-    return pairs.child[x] < pairs.child[y]
+    if pairs.data[x, P_PARENT] != pairs.data[y, P_PARENT]:
+        return pairs.data[x, P_PARENT] < pairs.data[y, P_PARENT]
+    if pairs.data[x, P_SLOT] != pairs.data[y, P_SLOT]:
+        return pairs.data[x, P_SLOT] < pairs.data[y, P_SLOT]
+    if pairs.data[x, P_EDGE] != pairs.data[y, P_EDGE]:
+        return pairs.data[x, P_EDGE] < pairs.data[y, P_EDGE]
+    return pairs.data[x, P_CHILD] < pairs.data[y, P_CHILD]
 
 
 @njit(cache=True)
@@ -866,24 +847,20 @@ def train_merges(
     (the owner, the left neighbours, the parent's keys, the token absorbed) and puts back
     theirs after, in the order of `tests/tpe/reference_tpe.py`, so float scores match.
     """
-    count = len(forest.kind)
-    records = len(forest.rec_owner)
-    occurrences = Occurrences(
-        np.full(records + count, NONE, dtype=np.int64),
-        np.full(records + count, NONE, dtype=np.int64),
-        np.full(records + count, NONE, dtype=np.int64),
-    )
-    pairs = _new_pairs(max(1024, count // 4))
+    count = len(forest.tok)
+    records = len(forest.rec)
+    occurrences = np.full((records + count, OCCURRENCE_COLUMNS), NONE, dtype=np.int64)
+    pairs = _new_pairs(max(1024, count // 4), occurrences)
     for token in range(count):
-        pairs = _pairs_with_room(pairs, forest.own_count[token] + 1)
-        _add_owned(forest, pairs, occurrences, token, weight)
+        pairs = _pairs_with_room(pairs, forest.tok[token, OWN_COUNT] + 1)
+        _add_owned(forest, pairs, token, weight)
     used = pairs.table.used[0]
     scores = np.empty(max(16, 2 * used), dtype=np.float64)
     ids = np.empty(max(16, 2 * used), dtype=np.int64)
     size = 0
     for pair in range(used):
         pairs.touched[pair] = False
-        if pairs.count[pair] > 0:
+        if pairs.data[pair, P_COUNT] > 0:
             scores[size] = -pairs.score[pair]
             ids[size] = pair
             size += 1
@@ -899,11 +876,17 @@ def train_merges(
         best = NONE
         while size > 0:
             pair = ids[0]
-            if not pairs.merged[pair] and pairs.count[pair] > 0 and pairs.score[pair] == -scores[0]:
-                nodes = token_nodes[pairs.parent[pair]] + token_nodes[pairs.child[pair]]
+            if (
+                not pairs.merged[pair]
+                and pairs.data[pair, P_COUNT] > 0
+                and pairs.score[pair] == -scores[0]
+            ):
+                nodes = (
+                    token_nodes[pairs.data[pair, P_PARENT]] + token_nodes[pairs.data[pair, P_CHILD]]
+                )
                 if max_token_nodes >= 0 and nodes > max_token_nodes:
                     pairs.merged[pair] = True  # too big now, too big forever: kinds never grow
-                elif pairs.count[pair] >= min_count:
+                elif pairs.data[pair, P_COUNT] >= min_count:
                     best = pair
                     break
             size -= 1
@@ -912,21 +895,21 @@ def train_merges(
         if best == NONE:
             break
         parent_kind, slot, edge, child_kind = (
-            pairs.parent[best],
-            pairs.slot[best],
-            pairs.edge[best],
-            pairs.child[best],
+            pairs.data[best, P_PARENT],
+            pairs.data[best, P_SLOT],
+            pairs.data[best, P_EDGE],
+            pairs.data[best, P_CHILD],
         )
         new_kind = num_base + learned
         pairs.merged[best] = True
         token_nodes[new_kind] = token_nodes[parent_kind] + token_nodes[child_kind]
-        owners = np.empty(pairs.count[best], dtype=np.int64)
-        occurrence = pairs.head[best]
+        owners = np.empty(pairs.data[best, P_COUNT], dtype=np.int64)
+        occurrence = pairs.data[best, P_HEAD]
         for i in range(len(owners)):
             owners[i] = (
-                forest.rec_owner[occurrence] if occurrence < records else occurrence - records
+                forest.rec[occurrence, OWNER] if occurrence < records else occurrence - records
             )
-            occurrence = occurrences.next[occurrence]
+            occurrence = pairs.occurrences[occurrence, O_NEXT]
         owners.sort()
         sibling = slot == SIBLING
         applied = 0
@@ -934,39 +917,45 @@ def train_merges(
             where = match(forest, token, parent_kind, slot, edge, child_kind)
             if where == NONE:
                 continue
-            dead = where if sibling else forest.rec_head[where]
-            pairs = _pairs_with_room(pairs, forest.own_count[token] + forest.own_count[dead] + 8)
-            up, before = forest.parent[token], forest.prev[token]
-            token_slot, token_edge = forest.slot[token], forest.edge[token]
-            child_before = NONE if sibling else forest.prev[dead]
-            up_kinds = (parent_kind, child_kind if sibling else parent_kind, new_kind)
-            _remove_owned(forest, pairs, occurrences, token, weight)
+            dead = where if sibling else forest.rec[where, HEAD]
+            pairs = _pairs_with_room(
+                pairs, forest.tok[token, OWN_COUNT] + forest.tok[dead, OWN_COUNT] + 8
+            )
+            up, before = forest.tok[token, PARENT], forest.tok[token, PREV]
+            token_slot, token_edge = forest.tok[token, SLOT], forest.tok[token, EDGE]
+            child_before = NONE if sibling else forest.tok[dead, PREV]
+            token_record = forest.tok[token, REC_OF]  # up's records of the old kinds
+            dead_record = (
+                forest.tok[dead, REC_OF] if sibling and child_kind != parent_kind else NONE
+            )
+            _remove_owned(forest, pairs, token, weight)
             if child_before >= 0:
-                _remove(pairs, occurrences, records + child_before, weight[child_before])
+                _remove(pairs, records + child_before, weight[child_before])
             if before >= 0:
-                _remove(pairs, occurrences, records + before, weight[before])
-            if up >= 0:
-                for i, kind in enumerate(up_kinds):
-                    if i == 1 and kind == parent_kind:
-                        continue
-                    record = find_record(forest, up, token_slot, token_edge, kind)
-                    if record >= 0:
-                        _remove(pairs, occurrences, record, weight[up])
-            _remove_owned(forest, pairs, occurrences, dead, weight)
+                _remove(pairs, records + before, weight[before])
+            if up >= 0:  # in the order the keys (old kind, other old kind, new kind) are listed
+                _remove(pairs, token_record, weight[up])
+                if dead_record >= 0:
+                    _remove(pairs, dead_record, weight[up])
+                record = find_record(forest, up, token_slot, token_edge, new_kind)
+                if record >= 0:
+                    _remove(pairs, record, weight[up])
+            _remove_owned(forest, pairs, dead, weight)
             apply_merge(forest, token, sibling, where, new_kind)
             applied += 1
-            _add_owned(forest, pairs, occurrences, token, weight)
+            _add_owned(forest, pairs, token, weight)
             if child_before >= 0:
-                _add_sibling(forest, pairs, occurrences, child_before, weight)
+                _add_sibling(forest, pairs, child_before, weight)
             if before >= 0:
-                _add_sibling(forest, pairs, occurrences, before, weight)
+                _add_sibling(forest, pairs, before, weight)
             if up >= 0:
-                for i, kind in enumerate(up_kinds):
-                    if i == 1 and kind == parent_kind:
-                        continue
-                    record = find_record(forest, up, token_slot, token_edge, kind)
-                    if record >= 0:
-                        _add_record(forest, pairs, occurrences, record, weight)
+                record = still(forest, token_record, up, token_slot, token_edge, parent_kind)
+                if record >= 0:
+                    _add_record(forest, pairs, record, weight)
+                record = still(forest, dead_record, up, token_slot, token_edge, child_kind)
+                if record >= 0:
+                    _add_record(forest, pairs, record, weight)
+                _add_record(forest, pairs, forest.tok[token, REC_OF], weight)
         merges[learned, 0] = parent_kind
         merges[learned, 1] = slot
         merges[learned, 2] = edge
@@ -976,7 +965,7 @@ def train_merges(
         for i in range(pairs.meta[0]):
             pair = pairs.touched_ids[i]
             pairs.touched[pair] = False
-            if pairs.count[pair] > 0 and not pairs.merged[pair]:
+            if pairs.data[pair, P_COUNT] > 0 and not pairs.merged[pair]:
                 if size == len(scores):
                     scores = np.concatenate((scores, np.empty(len(scores), dtype=np.float64)))
                     ids = np.concatenate((ids, np.empty(len(ids), dtype=np.int64)))
