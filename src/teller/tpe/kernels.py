@@ -72,7 +72,7 @@ Pairs = namedtuple(
 # --- a hash table of two int64 keys to a non-negative int64 (linear probing) ----------------------
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _home(k1: int, k2: int, mask: int) -> int:
     h = k1 * -7046029254386353131 + k2 * -4658895280553007687
     h ^= h >> 31
@@ -90,7 +90,7 @@ def new_table(entries: int) -> Table:
     return Table(np.zeros((capacity, 4), dtype=np.int64), np.zeros(1, dtype=np.int64))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def table_find(table: Table, k1: int, k2: int) -> int:
     rows = table.rows
     mask = len(rows) - 1
@@ -102,7 +102,7 @@ def table_find(table: Table, k1: int, k2: int) -> int:
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def table_put(table: Table, k1: int, k2: int, value: int) -> None:
     """Insert a key that is not in the table."""
     rows = table.rows
@@ -139,7 +139,7 @@ def table_delete(table: Table, k1: int, k2: int) -> None:
     table.used[0] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def pair_keys(parent_kind: int, slot: int, edge: int, child_kind: int) -> tuple[int, int]:
     return parent_kind * SHIFT + slot + 1, child_kind * 256 + (edge & 255)
 
@@ -203,7 +203,7 @@ def build_forest(
     return forest
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def find_record(forest: Forest, owner: int, slot: int, edge: int, kind: int) -> int:
     """The record of `owner`'s children hanging from `slot` by `edge` of `kind`, or NONE."""
     if forest.tok[owner, HASHED]:
@@ -249,7 +249,7 @@ def _new_record(forest: Forest, owner: int, slot: int, edge: int, kind: int) -> 
     return record
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _chain_record(forest: Forest, record: int, owner: int) -> None:
     first = forest.tok[owner, OWN_HEAD]
     forest.rec[record, OPREV] = NONE
@@ -260,7 +260,7 @@ def _chain_record(forest: Forest, record: int, owner: int) -> None:
     forest.tok[owner, OWN_COUNT] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _unchain_record(forest: Forest, record: int) -> None:
     owner = forest.rec[record, OWNER]
     before, after = forest.rec[record, OPREV], forest.rec[record, ONEXT]
@@ -273,7 +273,7 @@ def _unchain_record(forest: Forest, record: int) -> None:
     forest.tok[owner, OWN_COUNT] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _record_keys(forest: Forest, record: int) -> tuple[int, int]:
     return (
         forest.rec[record, OWNER] * SHIFT + forest.rec[record, RSLOT],
@@ -281,7 +281,7 @@ def _record_keys(forest: Forest, record: int) -> tuple[int, int]:
     )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _insert_member(forest: Forest, record: int, token: int) -> None:
     """Add `token` to the record's children, keeping token order (it nearly always goes last)."""
     after = NONE
@@ -302,7 +302,7 @@ def _insert_member(forest: Forest, record: int, token: int) -> None:
     forest.tok[token, REC_OF] = record
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _remove_member(forest: Forest, token: int) -> None:
     """Take `token` out of its record; an emptied record is dropped."""
     record = forest.tok[token, REC_OF]
@@ -325,7 +325,7 @@ def _remove_member(forest: Forest, token: int) -> None:
         forest.meta[0] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _unlink(forest: Forest, token: int) -> None:
     before, after = forest.tok[token, PREV], forest.tok[token, NEXT]
     if before >= 0:
@@ -381,7 +381,7 @@ def _rekind(forest: Forest, token: int, new_kind: int) -> None:
         _insert_member(forest, record, token)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def still(forest: Forest, record: int, owner: int, slot: int, edge: int, kind: int) -> int:
     """`record` if it is still the live record of that key (a dropped one may have been reused
     for another), else NONE: finds a parent's records around a merge without a lookup."""
@@ -399,7 +399,7 @@ def still(forest: Forest, record: int, owner: int, slot: int, edge: int, kind: i
     return record
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def match(forest: Forest, token: int, parent: int, slot: int, edge: int, child: int) -> int:
     """Where merge (parent, slot, edge, child) applies at `token`: the record of the child key,
     or for a sibling merge the next sibling; NONE where it does not apply."""
@@ -434,7 +434,7 @@ def apply_merge(forest: Forest, token: int, sibling: bool, where: int, new_kind:
     return dead
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def sibling_pair(forest: Forest, token: int) -> tuple[int, int]:
     """Table keys of `token`'s sibling pair, or (NONE, NONE) when it has none."""
     after = forest.tok[token, NEXT]
@@ -445,7 +445,7 @@ def sibling_pair(forest: Forest, token: int) -> tuple[int, int]:
     )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def record_pair(forest: Forest, record: int) -> tuple[int, int]:
     return pair_keys(
         forest.tok[forest.rec[record, OWNER], KIND],
@@ -506,7 +506,7 @@ def rank_table(parent: np.ndarray, slot: np.ndarray, edge: np.ndarray, child: np
     return table
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _push_pair(
     heads: np.ndarray,
     entries: np.ndarray,
@@ -517,8 +517,9 @@ def _push_pair(
     owner: int,
 ) -> np.ndarray:
     """Queue `owner` under the rank of the merge with pair `keys`, if it ranks after `above`;
-    returns `entries` (grown when full)."""
-    if keys[0] == NONE:
+    returns `entries` (grown when full). After its fill[1] queue heads, `heads` holds the last
+    rank at which each kind is a merge's parent: that rules most pairs out before the table."""
+    if keys[0] == NONE or heads[fill[1] + (keys[0] >> 32)] <= above:
         return entries
     rank = table_find(ranks, keys[0], keys[1])
     if rank > above:
@@ -555,9 +556,12 @@ def encode_merges(
     count = len(forest.tok)
     if len(merge_parent) == 0:
         return
-    heads = np.full(len(merge_parent), NONE, dtype=np.int64)
+    # one queue per rank, then the last rank at which each kind is a merge's parent
+    heads = np.full(2 * len(merge_parent) + num_base, NONE, dtype=np.int64)
+    for rank in range(len(merge_parent)):
+        heads[len(merge_parent) + merge_parent[rank]] = rank
     entries = np.empty((count + 16, 2), dtype=np.int64)
-    fill = np.zeros(1, dtype=np.int64)
+    fill = np.array([0, len(merge_parent)], dtype=np.int64)
     for token in range(count):
         record = forest.tok[token, OWN_HEAD]
         while record >= 0:
@@ -681,7 +685,7 @@ def _pairs_with_room(pairs: Pairs, more: int) -> Pairs:
     return grown
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _touch(pairs: Pairs, pair: int) -> None:
     if not pairs.touched[pair]:
         pairs.touched[pair] = True
@@ -689,7 +693,7 @@ def _touch(pairs: Pairs, pair: int) -> None:
         pairs.meta[0] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _add(
     pairs: Pairs,
     occurrence: int,
@@ -720,7 +724,7 @@ def _add(
     _touch(pairs, found)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _remove(pairs: Pairs, occurrence: int, weight: float) -> None:
     """Stop counting `occurrence` (if it is a pair occurrence now)."""
     found = pairs.occurrences[occurrence, O_PAIR]
@@ -743,7 +747,7 @@ def _remove(pairs: Pairs, occurrence: int, weight: float) -> None:
     _touch(pairs, found)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _add_record(forest: Forest, pairs: Pairs, record: int, weight: np.ndarray) -> None:
     owner = forest.rec[record, OWNER]
     pair = (
@@ -752,17 +756,17 @@ def _add_record(forest: Forest, pairs: Pairs, record: int, weight: np.ndarray) -
         forest.rec[record, REDGE],
         forest.rec[record, RKIND],
     )
-    _add(pairs, record, pair_keys(*pair), pair, weight[owner])
+    _add(pairs, record, pair_keys(pair[0], pair[1], pair[2], pair[3]), pair, weight[owner])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _add_sibling(forest: Forest, pairs: Pairs, token: int, weight: np.ndarray) -> None:
     after = forest.tok[token, NEXT]
     if after < 0 or forest.tok[after, EDGE] != forest.tok[token, EDGE]:
         return
     pair = (forest.tok[token, KIND], SIBLING, forest.tok[token, EDGE], forest.tok[after, KIND])
     occurrence = len(forest.rec) + token
-    _add(pairs, occurrence, pair_keys(*pair), pair, weight[token])
+    _add(pairs, occurrence, pair_keys(pair[0], pair[1], pair[2], pair[3]), pair, weight[token])
 
 
 @njit(cache=True)
@@ -783,7 +787,7 @@ def _remove_owned(forest: Forest, pairs: Pairs, token: int, weight: np.ndarray) 
     _remove(pairs, len(forest.rec) + token, weight[token])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _above(scores: np.ndarray, ids: np.ndarray, a: int, b: int, pairs: Pairs) -> bool:
     """Whether heap entry a comes before b: higher score, then the smaller pair tuple."""
     if scores[a] != scores[b]:
@@ -798,7 +802,7 @@ def _above(scores: np.ndarray, ids: np.ndarray, a: int, b: int, pairs: Pairs) ->
     return pairs.data[x, P_CHILD] < pairs.data[y, P_CHILD]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _swap(scores: np.ndarray, ids: np.ndarray, a: int, b: int) -> None:
     scores[a], scores[b] = scores[b], scores[a]
     ids[a], ids[b] = ids[b], ids[a]
