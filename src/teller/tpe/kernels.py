@@ -36,7 +36,7 @@ NONE = -1
 #: Table keys: (owner or parent kind) << 32 | (slot + 1), and kind << 8 | edge byte.
 SHIFT = 4294967296
 
-# Columns of a token row (`Forest.tok`), the most used in its first 64 bytes.
+# Columns of a token row (`Forest.tok`, int32: one 64-byte cache line per token).
 KIND, PARENT, SLOT, EDGE, PREV, NEXT, ALIVE, OWN_HEAD = range(8)
 SIZE, NODE_HEAD, NODE_TAIL, REC_OF, MEM_PREV, MEM_NEXT, OWN_COUNT, HASHED = range(8, 16)
 TOKEN_COLUMNS = 16
@@ -56,7 +56,8 @@ OCCURRENCE_COLUMNS = 4
 #: costs nothing until used: untouched zero pages); `used` [count].
 Table = namedtuple("Table", ["rows", "used"])
 #: The forest. Rows, not one array per field, because a merge reads several fields of few
-#: tokens scattered over a big forest: one cache line per token instead of one per field.
+#: tokens scattered over a big forest: one cache line per token instead of one per field (and
+#: int32, which halves the memory a forest has the kernel fault in).
 #: `tok`: a row per token (REC_OF is the record it is a child in, MEM_PREV/MEM_NEXT its neighbours
 #: there, OWN_HEAD the first record it owns); `rec`: a row per record; `node_next` chains each
 #: token's nodes (NODE_HEAD..NODE_TAIL) in pattern order; `free[:meta[0]]` are unused record ids.
@@ -158,16 +159,17 @@ def build_forest(
     """
     count = len(kind)
     records = count + 1  # a live record has a child, so there are never more
-    tok = np.empty((count, TOKEN_COLUMNS), dtype=np.int64)
+    tok = np.empty((count, TOKEN_COLUMNS), dtype=np.int32)
     for node in range(count):
-        row = tok[node]
-        row[:] = NONE
-        row[KIND], row[PARENT], row[SLOT], row[EDGE] = kind[node], parent[node], 0, edge[node]
-        row[ALIVE], row[SIZE], row[NODE_HEAD], row[NODE_TAIL] = 1, 1, node, node
-        row[OWN_COUNT], row[HASHED] = 0, 0
+        for column in range(TOKEN_COLUMNS):
+            tok[node, column] = NONE
+        tok[node, KIND], tok[node, PARENT], tok[node, EDGE] = kind[node], parent[node], edge[node]
+        tok[node, SLOT], tok[node, ALIVE], tok[node, SIZE] = 0, 1, 1
+        tok[node, NODE_HEAD], tok[node, NODE_TAIL] = node, node
+        tok[node, OWN_COUNT], tok[node, HASHED] = 0, 0
     forest = Forest(
         tok,
-        np.empty((records, RECORD_COLUMNS), dtype=np.int64),  # rows written when taken
+        np.empty((records, RECORD_COLUMNS), dtype=np.int32),  # rows written when taken
         np.full(count, NONE, dtype=np.int64),
         np.arange(records - 1, -1, -1).astype(np.int64),
         np.full(1, records, dtype=np.int64),
@@ -210,10 +212,13 @@ def find_record(forest: Forest, owner: int, slot: int, edge: int, kind: int) -> 
         return table_find(forest.records, owner * SHIFT + slot, kind * 256 + (edge & 255))
     record = forest.tok[owner, OWN_HEAD]
     while record >= 0:
-        row = forest.rec[record]
-        if row[RKIND] == kind and row[RSLOT] == slot and row[REDGE] == edge:
+        if (
+            forest.rec[record, RKIND] == kind
+            and forest.rec[record, RSLOT] == slot
+            and forest.rec[record, REDGE] == edge
+        ):
             return record
-        record = row[ONEXT]
+        record = forest.rec[record, ONEXT]
     return NONE
 
 
@@ -387,13 +392,13 @@ def still(forest: Forest, record: int, owner: int, slot: int, edge: int, kind: i
     for another), else NONE: finds a parent's records around a merge without a lookup."""
     if record < 0:
         return NONE
-    row = forest.rec[record]
+    rec = forest.rec
     if (
-        row[HEAD] == NONE
-        or row[OWNER] != owner
-        or row[RKIND] != kind
-        or row[RSLOT] != slot
-        or row[REDGE] != edge
+        rec[record, HEAD] == NONE
+        or rec[record, OWNER] != owner
+        or rec[record, RKIND] != kind
+        or rec[record, RSLOT] != slot
+        or rec[record, REDGE] != edge
     ):
         return NONE
     return record
@@ -515,24 +520,30 @@ def _push_pair(
     keys: tuple[int, int],
     above: int,
     owner: int,
-) -> np.ndarray:
-    """Queue `owner` under the rank of the merge with pair `keys`, if it ranks after `above`;
-    returns `entries` (grown when full). After its fill[1] queue heads, `heads` holds the last
+) -> None:
+    """Queue `owner` under the rank of the merge with pair `keys`, if it ranks after `above`
+    (`entries` has room: `_with_room`). After its fill[1] queue heads, `heads` holds the last
     rank at which each kind is a merge's parent: that rules most pairs out before the table."""
     if keys[0] == NONE or heads[fill[1] + (keys[0] >> 32)] <= above:
-        return entries
+        return
     rank = table_find(ranks, keys[0], keys[1])
     if rank > above:
         used = fill[0]
-        if used == len(entries):
-            grown = np.empty((2 * len(entries) + 16, 2), dtype=np.int64)
-            grown[:used] = entries[:used]
-            entries = grown
         entries[used, 0] = owner
         entries[used, 1] = heads[rank]
         heads[rank] = used
         fill[0] = used + 1
-    return entries
+
+
+@njit(cache=True)
+def _with_room(entries: np.ndarray, fill: np.ndarray, more: int) -> np.ndarray:
+    """`entries`, or a copy twice as big when `more` might not fit."""
+    used = fill[0]
+    if used + more <= len(entries):
+        return entries
+    grown = np.empty((2 * (used + more), 2), dtype=np.int64)
+    grown[:used] = entries[:used]
+    return grown
 
 
 @njit(cache=True)
@@ -563,13 +574,13 @@ def encode_merges(
     entries = np.empty((count + 16, 2), dtype=np.int64)
     fill = np.array([0, len(merge_parent)], dtype=np.int64)
     for token in range(count):
+        if fill[0] + forest.tok[token, OWN_COUNT] + 1 > len(entries):
+            entries = _with_room(entries, fill, forest.tok[token, OWN_COUNT] + 1)
         record = forest.tok[token, OWN_HEAD]
         while record >= 0:
-            entries = _push_pair(
-                heads, entries, fill, ranks, record_pair(forest, record), -1, token
-            )
+            _push_pair(heads, entries, fill, ranks, record_pair(forest, record), -1, token)
             record = forest.rec[record, ONEXT]
-        entries = _push_pair(heads, entries, fill, ranks, sibling_pair(forest, token), -1, token)
+        _push_pair(heads, entries, fill, ranks, sibling_pair(forest, token), -1, token)
     queued = np.empty(64, dtype=np.int64)
     for rank in range(len(merge_parent)):
         waiting = 0
@@ -605,17 +616,15 @@ def encode_merges(
             token_record = forest.tok[token, REC_OF]  # up's records of the old kinds
             dead_record = forest.tok[where, REC_OF] if sibling else NONE
             apply_merge(forest, token, sibling, where, new_kind)
+            if fill[0] + forest.tok[token, OWN_COUNT] + 6 > len(entries):
+                entries = _with_room(entries, fill, forest.tok[token, OWN_COUNT] + 6)
             record = forest.tok[token, OWN_HEAD]
             while record >= 0:
-                entries = _push_pair(
-                    heads, entries, fill, ranks, record_pair(forest, record), rank, token
-                )
+                _push_pair(heads, entries, fill, ranks, record_pair(forest, record), rank, token)
                 record = forest.rec[record, ONEXT]
-            entries = _push_pair(
-                heads, entries, fill, ranks, sibling_pair(forest, token), rank, token
-            )
+            _push_pair(heads, entries, fill, ranks, sibling_pair(forest, token), rank, token)
             if child_before >= 0:
-                entries = _push_pair(
+                _push_pair(
                     heads,
                     entries,
                     fill,
@@ -625,9 +634,7 @@ def encode_merges(
                     child_before,
                 )
             if before >= 0:
-                entries = _push_pair(
-                    heads, entries, fill, ranks, sibling_pair(forest, before), rank, before
-                )
+                _push_pair(heads, entries, fill, ranks, sibling_pair(forest, before), rank, before)
             if up >= 0:
                 for i in range(3):
                     if i == 0:
@@ -641,7 +648,7 @@ def encode_merges(
                     else:
                         record = NONE
                     if record >= 0:
-                        entries = _push_pair(
+                        _push_pair(
                             heads, entries, fill, ranks, record_pair(forest, record), rank, up
                         )
 
@@ -856,7 +863,8 @@ def train_merges(
     occurrences = np.full((records + count, OCCURRENCE_COLUMNS), NONE, dtype=np.int64)
     pairs = _new_pairs(max(1024, count // 4), occurrences)
     for token in range(count):
-        pairs = _pairs_with_room(pairs, forest.tok[token, OWN_COUNT] + 1)
+        if pairs.table.used[0] + forest.tok[token, OWN_COUNT] + 1 > len(pairs.data):
+            pairs = _pairs_with_room(pairs, forest.tok[token, OWN_COUNT] + 1)
         _add_owned(forest, pairs, token, weight)
     used = pairs.table.used[0]
     scores = np.empty(max(16, 2 * used), dtype=np.float64)
@@ -922,9 +930,9 @@ def train_merges(
             if where == NONE:
                 continue
             dead = where if sibling else forest.rec[where, HEAD]
-            pairs = _pairs_with_room(
-                pairs, forest.tok[token, OWN_COUNT] + forest.tok[dead, OWN_COUNT] + 8
-            )
+            more = forest.tok[token, OWN_COUNT] + forest.tok[dead, OWN_COUNT] + 8
+            if pairs.table.used[0] + more > len(pairs.data):
+                pairs = _pairs_with_room(pairs, more)
             up, before = forest.tok[token, PARENT], forest.tok[token, PREV]
             token_slot, token_edge = forest.tok[token, SLOT], forest.tok[token, EDGE]
             child_before = NONE if sibling else forest.tok[dead, PREV]
