@@ -3,6 +3,8 @@ made fast, `reference_tpe.py`), on real traces and on small synthetic trees."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,8 +55,15 @@ def assert_same_vocabulary(fast: TPE, reference: TPE) -> None:
 
 
 def real_slices(relative: str) -> list[Slice]:
+    return list(_read_slices(relative))
+
+
+@functools.cache
+def _read_slices(relative: str) -> tuple[Slice, ...]:
+    """Each real trace is read once for the whole module (both weightings and the token cap
+    train on the same slices; neither tokenizer changes them)."""
     tree = build_tree(read_trace(real_trace(relative)))
-    return step_slices(tree) if len(tree.steps) else root_slices(tree)
+    return tuple(step_slices(tree) if len(tree.steps) else root_slices(tree))
 
 
 @pytest.mark.parametrize("weighting", ["slice", "node"])
