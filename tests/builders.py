@@ -63,3 +63,22 @@ def write_run(
 
 def op(name: str, cat: str, ts: float, dur: float) -> dict:
     return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+
+def simulated_straggler(
+    case: Path, topology: object, steps: int, rank: int, window: tuple[int, int]
+) -> Path:
+    """A simulated case (`teller lab sim`, 2 layers, no Python frames, seed 3) of `topology`
+    with a full-intensity straggler on `rank` over the steps `window`, written to `case`."""
+    from teller.lab.sim import FaultSpec, SimConfig, simulate
+
+    config = SimConfig(
+        topology,
+        steps=steps,
+        layers=2,
+        python_frames=False,
+        fault=FaultSpec("straggler", rank=rank, intensity=1.0, window=window),
+        seed=3,
+    )
+    simulate(config, case)
+    return case

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from builders import simulated_straggler
 from conftest import real_trace
 from teller.cli import main
 from teller.errors import TellerError
 from teller.ingest import read_run
-from teller.lab.sim import FaultSpec, SimConfig, Topology, simulate
+from teller.lab.sim import Topology
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'teller-rca[ray]'")
 pytestmark = pytest.mark.slow  # a Ray start takes seconds
@@ -23,16 +24,7 @@ pytestmark = pytest.mark.slow  # a Ray start takes seconds
 def sixteen_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TP8 x PP2 straggler case over two simulated nodes."""
     case = tmp_path_factory.mktemp("on-ray") / "straggler"
-    config = SimConfig(
-        Topology(2, 8, 8, 2),
-        steps=12,
-        layers=2,
-        python_frames=False,
-        fault=FaultSpec("straggler", rank=5, intensity=1.0, window=(4, 8)),
-        seed=3,
-    )
-    simulate(config, case)
-    return case
+    return simulated_straggler(case, Topology(2, 8, 8, 2), steps=12, rank=5, window=(4, 8))
 
 
 def test_real_rank_files_read_as_ray_tasks_are_the_run_read_here() -> None:

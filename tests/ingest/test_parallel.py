@@ -7,25 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from builders import simulated_straggler
 from teller.cli import main
 from teller.ingest import read_run
-from teller.lab.sim import FaultSpec, SimConfig, Topology, simulate
+from teller.lab.sim import Topology
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A TP4 straggler case, small enough for seconds."""
     case = tmp_path_factory.mktemp("parallel") / "straggler"
-    config = SimConfig(
-        Topology(1, 4, 4, 1),
-        steps=40,
-        layers=2,
-        python_frames=False,
-        fault=FaultSpec("straggler", rank=2, intensity=1.0, window=(15, 22)),
-        seed=3,
-    )
-    simulate(config, case)
-    return case
+    return simulated_straggler(case, Topology(1, 4, 4, 1), steps=40, rank=2, window=(15, 22))
 
 
 def test_two_workers_read_the_same_run(four_ranks: Path) -> None:
