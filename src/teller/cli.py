@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from teller.errors import TellerError
+from teller.errors import TellerError, printable
 
 EXIT_OK, EXIT_ERROR = 0, 2
 #: `teller diff`: B regressed beyond the gate; the runs cannot be compared.
@@ -170,6 +170,7 @@ def cmd_lab_dataset(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from teller.analysis import Analysis
     from teller.ingest.parallel import default_jobs
+    from teller.rca.diagnose import MODEL_UNAVAILABLE
     from teller.report import format_for, render, write_atomic
     from teller.report.console import PLAIN, look_for
 
@@ -205,6 +206,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         print(f"report written to {path}")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    for warning in verdict.warnings:  # the model's fallback is in the verdict text itself
+        if not warning.startswith(MODEL_UNAVAILABLE):
+            print(f"warning: {printable(warning)}", file=sys.stderr)
     return EXIT_OK
 
 

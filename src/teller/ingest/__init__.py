@@ -12,6 +12,8 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
+import pyarrow.compute as pc
+
 from teller.errors import TraceError
 from teller.ingest import kineto
 from teller.ingest.files import NSYS_REPORT_SUFFIXES
@@ -73,7 +75,49 @@ def read_run(
     run = concat(tables)
     for error in refused:  # one bad rank file does not stop the others: it is named instead
         run.sources[0].warnings.append(f"rank file left out: {error}")
+    _warn_apart(tables)
     return run
+
+
+#: Files whose captures lie further apart than this, and than ten times the longer of them, are
+#: not one run's ranks: profiles of the same job's ranks overlap in time.
+APART_S = 60.0
+
+
+def _warn_apart(tables: list[EventTable]) -> None:
+    """Warn on each file that begins long after every earlier one ended: two captures of a
+    service (its CUDA-graph capture and a later profile) or files of different jobs read from
+    one folder. They are still read as one run, so the user learns why its spans and idle time
+    look absurd."""
+    spans = []
+    for table in tables:
+        if not len(table):
+            continue
+        start = pc.min(table.table["ts_ns"]).as_py()
+        end = pc.max(pc.add(table.table["ts_ns"], table.table["dur_ns"])).as_py()
+        spans.append((start, end, table))
+    spans.sort(key=lambda span: span[0])
+    ended_at, ended_by = None, None
+    for start, end, table in spans:
+        if ended_at is not None:
+            gap_s = (start - ended_at) / 1e9
+            longest_s = max(end - start, ended_by[1]) / 1e9
+            if gap_s > max(APART_S, 10 * longest_s):
+                table.sources[0].warnings.append(
+                    f"begins {_spelled(gap_s)} after {Path(ended_by[0]).name} ends: "
+                    "its capture does not overlap the others', so it is not one run with them "
+                    "(analyse each capture on its own)"
+                )
+        if ended_at is None or end > ended_at:
+            ended_at, ended_by = end, (table.sources[0].path, end - start)
+
+
+def _spelled(seconds: float) -> str:
+    """A long gap as a person reads it: 121 s, 38 min, 5.2 h, 399 days."""
+    for unit, size in (("days", 86_400.0), ("h", 3_600.0), ("min", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
