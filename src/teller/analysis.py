@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from teller.align.host import HostSteps, host_steps
-from teller.callchain.breakdown import RunBreakdown, run_breakdown
+from teller.callchain.breakdown import RunBreakdown, breakdown_of
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
@@ -180,7 +180,7 @@ class Analysis:
         host was doing (blocking sync and the operator behind it, launches, scheduler, Python),
         communication compute did not hide, and the top kernels and operators by GPU time.
         `.to_arrow()` gives one row per (rank, step), `.gaps.to_arrow()` every idle gap."""
-        return self.facts.derived("breakdown", lambda: run_breakdown(self.tree))
+        return breakdown_of(self.facts)
 
     @cached_property
     def facts(self) -> RunFacts:

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import teller.analysis
-import teller.rca.context
+import teller.callchain.breakdown
 from conftest import planted_analysis, real_trace
 from teller.analysis import Analysis
 from teller.callchain.breakdown import (
@@ -47,14 +46,13 @@ def test_a_planted_host_gap_states_the_idle_time_of_its_step_and_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     computed: list[int] = []
-    real = teller.analysis.run_breakdown
+    real = teller.callchain.breakdown.run_breakdown
 
     def counted(tree):
         computed.append(1)
         return real(tree)
 
-    monkeypatch.setattr(teller.analysis, "run_breakdown", counted)
-    monkeypatch.setattr(teller.rca.context, "run_breakdown", counted)
+    monkeypatch.setattr(teller.callchain.breakdown, "run_breakdown", counted)
     analysis, truth = planted_analysis(QUEUE_LEN, "host_gap:host_gap:0.25", tmp_path)
     found = [f for f in analysis.verdict.findings if f.step_name == truth.step_name]
     assert found, [f.step_name for f in analysis.verdict.findings]

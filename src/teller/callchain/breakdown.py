@@ -23,6 +23,7 @@ steps' spans can overlap; a rank's whole run spans all of its host and GPU event
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +39,9 @@ from teller.callchain.host_activity import (
 from teller.callchain.intervals import Intervals, clip_to_windows
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import LAYER_CODE, LAYERS
+
+if TYPE_CHECKING:
+    from teller.callchain.facts import RunFacts
 
 GPU_KINDS: tuple[str, ...] = ("compute", "communication", "memory")
 COMPUTE, COMMUNICATION, MEMORY = range(len(GPU_KINDS))
@@ -279,6 +283,12 @@ class RunBreakdown:
             "steps": [b.to_json() for b in self.steps],
             "ranks_without_gpu": list(self.ranks_without_gpu),
         }
+
+
+def breakdown_of(facts: RunFacts) -> RunBreakdown:
+    """The breakdown of the run whose facts these are, computed on first use and kept beside
+    them, so a verdict's sentences and its report read one."""
+    return facts.derived("breakdown", lambda: run_breakdown(facts.tree))
 
 
 def run_breakdown(tree: CallTree) -> RunBreakdown:

@@ -306,7 +306,7 @@ def _call_slots(facts: RunFacts, groups: np.ndarray, calls: np.ndarray) -> np.nd
     every later `aten::mm` onto its neighbour's slot."""
     nodes, tree = facts.step_nodes, facts.tree
     out = np.full(len(nodes.node), -1, dtype=np.int64)
-    context = _call_contexts(tree, nodes.node)
+    context = facts.derived("repeats.call_contexts", lambda: _call_contexts(tree, nodes.node))
     step_of = nodes.step[calls].astype(np.int64)
     order = np.lexsort((tree.start[nodes.node[calls]], step_of))
     calls, step_of = calls[order], step_of[order]

@@ -23,7 +23,7 @@ from functools import cached_property
 import numpy as np
 
 from teller.align.host import HostSteps
-from teller.callchain.breakdown import StepBreakdown, run_breakdown
+from teller.callchain.breakdown import StepBreakdown, breakdown_of
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.localize import OperatorCandidate, StepScore
@@ -221,10 +221,7 @@ class RunContext:
         steps = tree.steps
         self.ranks = sorted(set(steps.rank.tolist()))
         self.row_of = {(int(steps.rank[k]), int(steps.index[k])): k for k in range(len(steps))}
-        self.first_of: dict[int, int] = {}
-        for rank_of_row, iteration_of_row in self.row_of:
-            known = self.first_of.get(rank_of_row, iteration_of_row)
-            self.first_of[rank_of_row] = min(known, iteration_of_row)
+        self.first_of = _first_iteration_of(steps.rank, steps.index)
         iterations = self.facts.iterations
         self.kind_of = dict(
             zip(iterations.iteration.tolist(), iterations.kind.tolist(), strict=True)
@@ -300,10 +297,9 @@ class RunContext:
 
     @cached_property
     def _breakdowns(self) -> dict[tuple[int, int], StepBreakdown]:
-        """(rank, iteration) → the rank's breakdown of the step. The run's breakdown is kept
-        under the facts' key "breakdown", the one `Analysis.breakdown` reads, so a verdict and
-        its report compute it once."""
-        breakdown = self.facts.derived("breakdown", lambda: run_breakdown(self.tree))
+        """(rank, iteration) → the rank's breakdown of the step (the run's one, which the
+        report reads too)."""
+        breakdown = breakdown_of(self.facts)
         return {(b.rank, b.step): b for b in breakdown.steps if b.step is not None}
 
     def _host_counters(self, rank: int, iteration: int) -> dict[str, Measured] | None:
@@ -465,3 +461,11 @@ def _late_sums(table: _CommTable | None) -> dict[tuple[int, int], float]:
 def _idle_totals(tree: CallTree) -> dict[tuple[int, int], float]:
     """(rank, iteration) → GPU idle ns the host caused (`teller.localize.idle.idle_gaps`)."""
     return {key: float(sum(per_name.values())) for key, per_name in idle_gaps(tree).items()}
+
+
+def _first_iteration_of(rank: np.ndarray, iteration: np.ndarray) -> dict[int, int]:
+    """rank → the first step its capture holds (one-time set-up lands there)."""
+    order = np.lexsort((iteration, rank))
+    rank, iteration = rank[order], iteration[order]
+    first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]]) if len(rank) else order
+    return dict(zip(rank[first].tolist(), iteration[first].tolist(), strict=True))
