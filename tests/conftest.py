@@ -1,4 +1,6 @@
-"""Shared test settings: where the real traces live (one setting, TELLER_TRACES)."""
+"""Shared test settings: where the real traces live (one setting, TELLER_TRACES), and no
+event-table cache (tests must not write under the user's home, and a test that changes a
+reader must see its change; tests/ingest/test_cache.py turns it on in a temporary directory)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+os.environ["TELLER_CACHE_DIR"] = "off"  # inherited by the CLI subprocesses tests start
 
 
 def traces_root() -> Path:

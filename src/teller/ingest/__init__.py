@@ -16,9 +16,16 @@ import pyarrow.compute as pc
 
 from teller.errors import TraceError
 from teller.ingest import kineto
+from teller.ingest.cache import read_cached
 from teller.ingest.files import NSYS_REPORT_SUFFIXES
 from teller.ingest.parallel import read_each
-from teller.ingest.schema import EventTable, concat
+from teller.ingest.schema import (
+    PARQUET_SUFFIX,
+    EventTable,
+    concat,
+    is_event_table,
+    read_event_table,
+)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: How much of a file's (decompressed) head is enough to tell a Kineto trace from other JSON.
@@ -26,8 +33,17 @@ _SNIFF_BYTES = 1 << 16
 
 
 def read_trace(path: str | Path) -> EventTable:
-    """Read one trace file (Kineto JSON / .json.gz, Nsight Systems SQLite export or report)."""
+    """Read one trace file (Kineto JSON / .json.gz, Nsight Systems SQLite export or report, or
+    an event table `teller ingest` wrote); a file read before and unchanged since comes from
+    the event-table cache (`teller.ingest.cache`)."""
     path = Path(path)
+    if path.name.lower().endswith(PARQUET_SUFFIX):
+        return read_event_table(path)
+    return read_cached(_read_source, path)
+
+
+def _read_source(path: Path) -> EventTable:
+    """Parse one trace file in its own format (module level: pool workers import it by name)."""
     if _is_sqlite(path) or path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
         from teller.ingest import nsys  # local: sqlite is only needed for nsys exports
 
@@ -54,7 +70,8 @@ def read_run(
     if not files:
         shown = ", ".join(str(p) for p in paths)
         raise TraceError(
-            shown, "no trace files found (looked for *.json, *.json.gz, *.sqlite, *.nsys-rep)"
+            shown,
+            "no trace files found (looked for *.json, *.json.gz, *.sqlite, *.nsys-rep, *.parquet)",
         )
     results: Iterable[EventTable | TraceError] = read_each(
         read_trace, files, jobs, engine, ray_address
@@ -121,12 +138,17 @@ def _spelled(seconds: float) -> str:
 
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories into the trace files under them, sorted; plain files pass through."""
+    """Expand directories into the trace files under them, sorted; plain files pass through.
+
+    A directory that holds traces and event tables (`teller ingest -o` into the run's own
+    folder) gives its traces alone: the tables are the same ranks again."""
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
             candidates = sorted(p for p in path.rglob("*") if p.is_file())
-            found.extend(p for p in candidates if looks_like_trace(p))
+            traces = [p for p in candidates if looks_like_trace(p)]
+            sources = [p for p in traces if not p.name.lower().endswith(PARQUET_SUFFIX)]
+            found.extend(sources or traces)
         else:
             found.append(path)
     return found
@@ -139,6 +161,8 @@ def looks_like_trace(path: Path) -> bool:
         return _is_sqlite(path)
     if name.endswith(NSYS_REPORT_SUFFIXES):
         return True
+    if name.endswith(PARQUET_SUFFIX):
+        return is_event_table(path)
     if not name.endswith((".json", ".json.gz")):
         return False
     head = _head(path)

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from teller.atomic import atomic_path
+from teller.errors import TraceError
 
 LAYERS: tuple[str, ...] = (
     "request",
@@ -269,8 +270,34 @@ def write_parquet(events: EventTable, path: str | Path) -> None:
 
 
 def read_parquet(path: str | Path) -> EventTable:
+    """An event table `write_parquet` wrote, as the reader that made it returned it: one chunk
+    per column and one dictionary per symbol column (Parquet splits long tables into row
+    groups, each with its own dictionary)."""
     table = pq.read_table(path)
     raw = (table.schema.metadata or {}).get(_METADATA_KEY, b"[]")
     sources = [SourceInfo(**s) for s in json.loads(raw)]
-    table = table.replace_schema_metadata(None)
-    return EventTable(table=table.cast(EVENT_SCHEMA), sources=sources)
+    table = table.replace_schema_metadata(None).cast(EVENT_SCHEMA)
+    return EventTable(table=table.unify_dictionaries().combine_chunks(), sources=sources)
+
+
+PARQUET_SUFFIX = ".parquet"
+
+
+def is_event_table(path: str | Path) -> bool:
+    """True for a Parquet file `write_parquet` wrote (its footer names teller's sources)."""
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException):
+        return False
+    return _METADATA_KEY in metadata
+
+
+def read_event_table(path: str | Path) -> EventTable:
+    """A table `teller ingest` wrote, or a TraceError naming the file and what is wrong."""
+    path = Path(path)
+    if not is_event_table(path):
+        raise TraceError(path, "not an event table written by `teller ingest` (no teller sources)")
+    try:
+        return read_parquet(path)
+    except (OSError, ValueError, TypeError, KeyError, pa.ArrowException) as error:
+        raise TraceError(path, f"unreadable event table ({str(error)[:120]})") from None
