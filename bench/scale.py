@@ -5,6 +5,7 @@
     .venv/bin/python bench/scale.py --large                  # adds 8x200 16x200 8x400
     .venv/bin/python bench/scale.py --cases 8x800 --keep /tmp/scale   # any RANKSxSTEPS, kept
     .venv/bin/python bench/scale.py --sources /tmp/anchor/src          # another checkout's code
+    .venv/bin/python bench/scale.py --cache                  # and again from the event-table cache
 
 Each case is a `teller lab sim` run of TP4 replicas (ranks / 4 replicas of one 4-GPU node,
 Python frames on, a straggler on rank 1 over the middle tenth of the steps, seed 0), written once
@@ -15,6 +16,11 @@ from `os.wait4`, its peak RSS from its own `/proc/self/status` VmHWM read just b
 wall time to write the same case (issue 22 asks for analysis within 3x of it). The growth
 exponents are least-squares slopes of log CPU seconds against log ranks and log steps over all
 cases together (1.0: linear). Printed as Markdown, for docs/benchmarks.md.
+
+Analyses read every trace file (the event-table cache is off, `TELLER_CACHE_DIR=off`) unless
+`--cache`, which then analyses each case twice more with a cache of its own, once filling it and
+once reading from it, and prints those against the uncached run (the anchor), with whether the
+three verdicts are byte-identical.
 """
 
 from __future__ import annotations
@@ -91,8 +97,11 @@ class Measured:
 SOURCES = [REPO / "src"]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(SOURCES[0])}
+def _env(cache: Path | None = None) -> dict[str, str]:
+    """The analysing child's environment: these sources, and the event-table cache off unless
+    a cache directory is given."""
+    cache_dir = str(cache) if cache is not None else "off"
+    return {**os.environ, "PYTHONPATH": str(SOURCES[0]), "TELLER_CACHE_DIR": cache_dir}
 
 
 def _input_bytes(case: Path) -> int:
@@ -147,14 +156,16 @@ def build(shape: Shape, root: Path) -> Built:
     return Built(case, events, _input_bytes(case), wall)
 
 
-def analyze(case: Path, method: str, extra: list[str], out: Path) -> Measured:
+def analyze(
+    case: Path, method: str, extra: list[str], out: Path, cache: Path | None = None
+) -> Measured:
     """One `teller analyze` in a fresh interpreter; the verdict goes to `out`."""
     peak_file = out.with_suffix(".peak")
     command = [sys.executable, "-c", ANALYZE_ENTRY, str(peak_file), "-q", "analyze", str(case)]
     command += ["--format", "json", "--method", method, *extra]
     started = time.perf_counter()
     with out.open("wb") as handle:
-        process = subprocess.Popen(command, env=_env(), stdout=handle, stderr=subprocess.PIPE)
+        process = subprocess.Popen(command, env=_env(cache), stdout=handle, stderr=subprocess.PIPE)
         assert process.stderr is not None
         errors = process.stderr.read()
         _, status, usage = os.wait4(process.pid, 0)
@@ -190,6 +201,9 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="write (or reuse) the cases here")
     parser.add_argument("--jobs", type=int, help="pass --jobs N to teller analyze")
     parser.add_argument(
+        "--cache", action="store_true", help="also analyse with the event-table cache, cold, warm"
+    )
+    parser.add_argument(
         "--sources", type=Path, help="teller sources to analyse with (default: this checkout)"
     )
     args = parser.parse_args()
@@ -207,6 +221,7 @@ def main() -> int:
         root.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     rows = []
+    cached: list[tuple[Shape, str, Measured, Measured, Measured, bool]] = []
     try:
         for shape in shapes:
             built = build(shape, root)
@@ -215,6 +230,8 @@ def main() -> int:
                 for m in methods
             }
             rows.append((shape, built, measured))
+            if args.cache:
+                cached += [_with_cache(shape, built, m, measured[m], extra, root) for m in methods]
             print(f"  {shape.name} done", file=sys.stderr, flush=True)
     finally:
         if temporary is not None:
@@ -250,7 +267,35 @@ def main() -> int:
             f"{method}: CPU time grows as ranks^{exponents[0]:.2f} x steps^{exponents[1]:.2f},"
             f" peak RSS as ranks^{rss[0]:.2f} x steps^{rss[1]:.2f} (target <= 1.1)"
         )
+    if cached:
+        print()
+        print(
+            "| ranks x steps | method | no cache CPU s | filling CPU s | from cache CPU s"
+            " | from cache / no cache | wall s | peak RSS MB | verdicts identical |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+        for shape, method, off, cold, warm, same in cached:
+            print(
+                f"| {shape.name} | {method} | {off.cpu_s:.1f} | {cold.cpu_s:.1f} | {warm.cpu_s:.1f}"
+                f" | {warm.cpu_s / off.cpu_s:.2f} | {warm.wall_s:.1f}"
+                f" | {warm.peak_rss_kib / 1024:.0f} | {'yes' if same else 'NO'} |"
+            )
     return 0
+
+
+def _with_cache(
+    shape: Shape, built: Built, method: str, off: Measured, extra: list[str], root: Path
+) -> tuple[Shape, str, Measured, Measured, Measured, bool]:
+    """The case analysed with an empty cache of its own (filling it), then from it."""
+    cache = root / f"{shape.name}.{method}.cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    verdicts = [root / f"{shape.name}.{method}.{when}.json" for when in ("cold", "warm")]
+    cold = analyze(built.directory, method, extra, verdicts[0], cache)
+    warm = analyze(built.directory, method, extra, verdicts[1], cache)
+    shutil.rmtree(cache, ignore_errors=True)
+    anchor = (root / f"{shape.name}.{method}.json").read_bytes()
+    same = all(path.read_bytes() == anchor for path in verdicts)
+    return shape, method, off, cold, warm, same
 
 
 if __name__ == "__main__":
