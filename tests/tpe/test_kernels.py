@@ -25,14 +25,16 @@ def test_the_table_finds_what_was_put_and_not_what_was_deleted(
     expected: dict[tuple[int, int], int] = {}
     for number, (put, key) in enumerate(operations):
         if put and key not in expected and len(expected) < 8:
-            kernels.table_put(table, *key, number)
+            kernels.table_put(table.rows, table.used, *key, number)
             expected[key] = number
         elif not put and key in expected:
-            kernels.table_delete(table, *key)
+            kernels.table_delete(table.rows, table.used, *key)
             del expected[key]
         for k1 in range(6):
             for k2 in range(6):
-                assert kernels.table_find(table, k1, k2) == expected.get((k1, k2), kernels.NONE)
+                assert kernels.table_find(table.rows, k1, k2) == expected.get(
+                    (k1, k2), kernels.NONE
+                )
         assert table.used[0] == len(expected)
 
 

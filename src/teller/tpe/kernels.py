@@ -71,6 +71,9 @@ Pairs = namedtuple(
 )
 
 # --- a hash table of two int64 keys to a non-negative int64 (linear probing) ----------------------
+#
+# The functions take the table's arrays (`rows`, `used`), not the `Table`: numba counts references
+# to every array of a tuple it unpacks, a per-call cost that is most of a merge's work.
 
 
 @njit(cache=True, inline="always")
@@ -91,9 +94,8 @@ def new_table(entries: int) -> Table:
     return Table(np.zeros((capacity, 4), dtype=np.int64), np.zeros(1, dtype=np.int64))
 
 
-@njit(cache=True, inline="always")
-def table_find(table: Table, k1: int, k2: int) -> int:
-    rows = table.rows
+@njit(cache=True)
+def table_find(rows: np.ndarray, k1: int, k2: int) -> int:
     mask = len(rows) - 1
     i = _home(k1, k2, mask)
     while True:
@@ -103,10 +105,9 @@ def table_find(table: Table, k1: int, k2: int) -> int:
         i = (i + 1) & mask
 
 
-@njit(cache=True, inline="always")
-def table_put(table: Table, k1: int, k2: int, value: int) -> None:
+@njit(cache=True)
+def table_put(rows: np.ndarray, used: np.ndarray, k1: int, k2: int, value: int) -> None:
     """Insert a key that is not in the table."""
-    rows = table.rows
     mask = len(rows) - 1
     i = _home(k1, k2, mask)
     while rows[i, 2] != 0:
@@ -114,13 +115,12 @@ def table_put(table: Table, k1: int, k2: int, value: int) -> None:
     rows[i, 0] = k1
     rows[i, 1] = k2
     rows[i, 2] = value + 1
-    table.used[0] += 1
+    used[0] += 1
 
 
 @njit(cache=True)
-def table_delete(table: Table, k1: int, k2: int) -> None:
+def table_delete(rows: np.ndarray, used: np.ndarray, k1: int, k2: int) -> None:
     """Remove a key that is in the table, shifting later keys of its probe run back."""
-    rows = table.rows
     mask = len(rows) - 1
     i = _home(k1, k2, mask)
     while not (rows[i, 0] == k1 and rows[i, 1] == k2 and rows[i, 2] != 0):
@@ -137,7 +137,7 @@ def table_delete(table: Table, k1: int, k2: int) -> None:
             rows[i, 2] = rows[j, 2]
             i = j
     rows[i, 2] = 0
-    table.used[0] -= 1
+    used[0] -= 1
 
 
 @njit(cache=True, inline="always")
@@ -146,6 +146,10 @@ def pair_keys(parent_kind: int, slot: int, edge: int, child_kind: int) -> tuple[
 
 
 # --- the forest -------------------------------------------------------------------------------
+#
+# The kernels take a `Forest` and unpack it once; the functions they call take its arrays: `tok`,
+# `rec`, `node_next`, the free record ids (`free`, `meta`) and the records' hash table (`rows`,
+# `used`), for the reason given above the hash table.
 
 
 @njit(cache=True)
@@ -167,14 +171,11 @@ def build_forest(
         tok[node, SLOT], tok[node, ALIVE], tok[node, SIZE] = 0, 1, 1
         tok[node, NODE_HEAD], tok[node, NODE_TAIL] = node, node
         tok[node, OWN_COUNT], tok[node, HASHED] = 0, 0
-    forest = Forest(
-        tok,
-        np.empty((records, RECORD_COLUMNS), dtype=np.int32),  # rows written when taken
-        np.full(count, NONE, dtype=np.int64),
-        np.arange(records - 1, -1, -1).astype(np.int64),
-        np.full(1, records, dtype=np.int64),
-        new_table(records),
-    )
+    rec = np.empty((records, RECORD_COLUMNS), dtype=np.int32)  # rows written when taken
+    free = np.arange(records - 1, -1, -1).astype(np.int64)
+    meta = np.full(1, records, dtype=np.int64)
+    table = new_table(records)
+    rows, used = table.rows, table.used
     last_child = np.full(count, NONE, dtype=np.int64)
     last_root = NONE
     for node in range(count):
@@ -185,214 +186,248 @@ def build_forest(
             record = NONE
             sibling = last_child[up]
             if sibling >= 0:  # runs of alike siblings are common: try the last one's record
-                record = forest.tok[sibling, REC_OF]
-                if (
-                    forest.rec[record, REDGE] != edge[node]
-                    or forest.rec[record, RKIND] != kind[node]
-                ):
-                    record = find_record(forest, up, 0, edge[node], kind[node])
+                record = tok[sibling, REC_OF]
+                if rec[record, REDGE] != edge[node] or rec[record, RKIND] != kind[node]:
+                    record = find_record(tok, rec, rows, up, 0, edge[node], kind[node])
             if record == NONE:
-                record = _new_record(forest, up, 0, edge[node], kind[node])
-            _insert_member(forest, record, node)
+                record = _new_record(
+                    tok, rec, free, meta, rows, used, up, 0, edge[node], kind[node]
+                )
+            _insert_member(tok, rec, record, node)
             before = last_child[up]
             last_child[up] = node
         else:
             before = last_root
             last_root = node
         if before >= 0:
-            forest.tok[node, PREV] = before
-            forest.tok[before, NEXT] = node
-    return forest
+            tok[node, PREV] = before
+            tok[before, NEXT] = node
+    return Forest(tok, rec, np.full(count, NONE, dtype=np.int64), free, meta, table)
 
 
-@njit(cache=True, inline="always")
-def find_record(forest: Forest, owner: int, slot: int, edge: int, kind: int) -> int:
+@njit(cache=True)
+def find_record(
+    tok: np.ndarray, rec: np.ndarray, rows: np.ndarray, owner: int, slot: int, edge: int, kind: int
+) -> int:
     """The record of `owner`'s children hanging from `slot` by `edge` of `kind`, or NONE."""
-    if forest.tok[owner, HASHED]:
-        return table_find(forest.records, owner * SHIFT + slot, kind * 256 + (edge & 255))
-    record = forest.tok[owner, OWN_HEAD]
+    if tok[owner, HASHED]:
+        return table_find(rows, owner * SHIFT + slot, kind * 256 + (edge & 255))
+    record = tok[owner, OWN_HEAD]
     while record >= 0:
-        if (
-            forest.rec[record, RKIND] == kind
-            and forest.rec[record, RSLOT] == slot
-            and forest.rec[record, REDGE] == edge
-        ):
+        if rec[record, RKIND] == kind and rec[record, RSLOT] == slot and rec[record, REDGE] == edge:
             return record
-        record = forest.rec[record, ONEXT]
+        record = rec[record, ONEXT]
     return NONE
 
 
 @njit(cache=True)
-def _hash_records(forest: Forest, owner: int) -> None:
+def _hash_records(
+    tok: np.ndarray, rec: np.ndarray, rows: np.ndarray, used: np.ndarray, owner: int
+) -> None:
     """Put `owner`'s records in the hash table once it owns more than CHAIN_RECORDS."""
-    if forest.tok[owner, HASHED] or forest.tok[owner, OWN_COUNT] <= CHAIN_RECORDS:
+    if tok[owner, HASHED] or tok[owner, OWN_COUNT] <= CHAIN_RECORDS:
         return
-    forest.tok[owner, HASHED] = 1
-    record = forest.tok[owner, OWN_HEAD]
+    tok[owner, HASHED] = 1
+    record = tok[owner, OWN_HEAD]
     while record >= 0:
-        k1, k2 = _record_keys(forest, record)
-        table_put(forest.records, k1, k2, record)
-        record = forest.rec[record, ONEXT]
+        k1, k2 = _record_keys(rec, record)
+        table_put(rows, used, k1, k2, record)
+        record = rec[record, ONEXT]
 
 
 @njit(cache=True)
-def _new_record(forest: Forest, owner: int, slot: int, edge: int, kind: int) -> int:
-    top = forest.meta[0] - 1
-    forest.meta[0] = top
-    record = forest.free[top]
-    forest.rec[record, OWNER] = owner
-    forest.rec[record, RSLOT] = slot
-    forest.rec[record, REDGE] = edge
-    forest.rec[record, RKIND] = kind
-    forest.rec[record, HEAD] = NONE
-    forest.rec[record, TAIL] = NONE
-    _chain_record(forest, record, owner)
-    if forest.tok[owner, HASHED]:
-        table_put(forest.records, owner * SHIFT + slot, kind * 256 + (edge & 255), record)
+def _new_record(
+    tok: np.ndarray,
+    rec: np.ndarray,
+    free: np.ndarray,
+    meta: np.ndarray,
+    rows: np.ndarray,
+    used: np.ndarray,
+    owner: int,
+    slot: int,
+    edge: int,
+    kind: int,
+) -> int:
+    top = meta[0] - 1
+    meta[0] = top
+    record = free[top]
+    rec[record, OWNER] = owner
+    rec[record, RSLOT] = slot
+    rec[record, REDGE] = edge
+    rec[record, RKIND] = kind
+    rec[record, HEAD] = NONE
+    rec[record, TAIL] = NONE
+    _chain_record(tok, rec, record, owner)
+    if tok[owner, HASHED]:
+        table_put(rows, used, owner * SHIFT + slot, kind * 256 + (edge & 255), record)
     else:
-        _hash_records(forest, owner)
+        _hash_records(tok, rec, rows, used, owner)
     return record
 
 
-@njit(cache=True, inline="always")
-def _chain_record(forest: Forest, record: int, owner: int) -> None:
-    first = forest.tok[owner, OWN_HEAD]
-    forest.rec[record, OPREV] = NONE
-    forest.rec[record, ONEXT] = first
+@njit(cache=True)
+def _chain_record(tok: np.ndarray, rec: np.ndarray, record: int, owner: int) -> None:
+    first = tok[owner, OWN_HEAD]
+    rec[record, OPREV] = NONE
+    rec[record, ONEXT] = first
     if first >= 0:
-        forest.rec[first, OPREV] = record
-    forest.tok[owner, OWN_HEAD] = record
-    forest.tok[owner, OWN_COUNT] += 1
+        rec[first, OPREV] = record
+    tok[owner, OWN_HEAD] = record
+    tok[owner, OWN_COUNT] += 1
 
 
-@njit(cache=True, inline="always")
-def _unchain_record(forest: Forest, record: int) -> None:
-    owner = forest.rec[record, OWNER]
-    before, after = forest.rec[record, OPREV], forest.rec[record, ONEXT]
+@njit(cache=True)
+def _unchain_record(tok: np.ndarray, rec: np.ndarray, record: int) -> None:
+    owner = rec[record, OWNER]
+    before, after = rec[record, OPREV], rec[record, ONEXT]
     if before >= 0:
-        forest.rec[before, ONEXT] = after
+        rec[before, ONEXT] = after
     else:
-        forest.tok[owner, OWN_HEAD] = after
+        tok[owner, OWN_HEAD] = after
     if after >= 0:
-        forest.rec[after, OPREV] = before
-    forest.tok[owner, OWN_COUNT] -= 1
+        rec[after, OPREV] = before
+    tok[owner, OWN_COUNT] -= 1
 
 
 @njit(cache=True, inline="always")
-def _record_keys(forest: Forest, record: int) -> tuple[int, int]:
+def _record_keys(rec: np.ndarray, record: int) -> tuple[int, int]:
     return (
-        forest.rec[record, OWNER] * SHIFT + forest.rec[record, RSLOT],
-        forest.rec[record, RKIND] * 256 + (forest.rec[record, REDGE] & 255),
+        rec[record, OWNER] * SHIFT + rec[record, RSLOT],
+        rec[record, RKIND] * 256 + (rec[record, REDGE] & 255),
     )
 
 
-@njit(cache=True, inline="always")
-def _insert_member(forest: Forest, record: int, token: int) -> None:
+@njit(cache=True)
+def _insert_member(tok: np.ndarray, rec: np.ndarray, record: int, token: int) -> None:
     """Add `token` to the record's children, keeping token order (it nearly always goes last)."""
     after = NONE
-    before = forest.rec[record, TAIL]
+    before = rec[record, TAIL]
     while before > token:
         after = before
-        before = forest.tok[before, MEM_PREV]
-    forest.tok[token, MEM_PREV] = before
-    forest.tok[token, MEM_NEXT] = after
+        before = tok[before, MEM_PREV]
+    tok[token, MEM_PREV] = before
+    tok[token, MEM_NEXT] = after
     if before >= 0:
-        forest.tok[before, MEM_NEXT] = token
+        tok[before, MEM_NEXT] = token
     else:
-        forest.rec[record, HEAD] = token
+        rec[record, HEAD] = token
     if after >= 0:
-        forest.tok[after, MEM_PREV] = token
+        tok[after, MEM_PREV] = token
     else:
-        forest.rec[record, TAIL] = token
-    forest.tok[token, REC_OF] = record
+        rec[record, TAIL] = token
+    tok[token, REC_OF] = record
 
 
-@njit(cache=True, inline="always")
-def _remove_member(forest: Forest, token: int) -> None:
+@njit(cache=True)
+def _remove_member(
+    tok: np.ndarray,
+    rec: np.ndarray,
+    free: np.ndarray,
+    meta: np.ndarray,
+    rows: np.ndarray,
+    used: np.ndarray,
+    token: int,
+) -> None:
     """Take `token` out of its record; an emptied record is dropped."""
-    record = forest.tok[token, REC_OF]
-    before, after = forest.tok[token, MEM_PREV], forest.tok[token, MEM_NEXT]
+    record = tok[token, REC_OF]
+    before, after = tok[token, MEM_PREV], tok[token, MEM_NEXT]
     if before >= 0:
-        forest.tok[before, MEM_NEXT] = after
+        tok[before, MEM_NEXT] = after
     else:
-        forest.rec[record, HEAD] = after
+        rec[record, HEAD] = after
     if after >= 0:
-        forest.tok[after, MEM_PREV] = before
+        tok[after, MEM_PREV] = before
     else:
-        forest.rec[record, TAIL] = before
-    forest.tok[token, MEM_PREV] = forest.tok[token, MEM_NEXT] = forest.tok[token, REC_OF] = NONE
-    if forest.rec[record, HEAD] == NONE:
-        if forest.tok[forest.rec[record, OWNER], HASHED]:
-            k1, k2 = _record_keys(forest, record)
-            table_delete(forest.records, k1, k2)
-        _unchain_record(forest, record)
-        forest.free[forest.meta[0]] = record
-        forest.meta[0] += 1
-
-
-@njit(cache=True, inline="always")
-def _unlink(forest: Forest, token: int) -> None:
-    before, after = forest.tok[token, PREV], forest.tok[token, NEXT]
-    if before >= 0:
-        forest.tok[before, NEXT] = after
-    if after >= 0:
-        forest.tok[after, PREV] = before
-    forest.tok[token, PREV] = forest.tok[token, NEXT] = NONE
+        rec[record, TAIL] = before
+    tok[token, MEM_PREV] = tok[token, MEM_NEXT] = tok[token, REC_OF] = NONE
+    if rec[record, HEAD] == NONE:
+        if tok[rec[record, OWNER], HASHED]:
+            k1, k2 = _record_keys(rec, record)
+            table_delete(rows, used, k1, k2)
+        _unchain_record(tok, rec, record)
+        free[meta[0]] = record
+        meta[0] += 1
 
 
 @njit(cache=True)
-def _take_over(forest: Forest, token: int, other: int) -> None:
+def _unlink(tok: np.ndarray, token: int) -> None:
+    before, after = tok[token, PREV], tok[token, NEXT]
+    if before >= 0:
+        tok[before, NEXT] = after
+    if after >= 0:
+        tok[after, PREV] = before
+    tok[token, PREV] = tok[token, NEXT] = NONE
+
+
+@njit(cache=True)
+def _take_over(
+    tok: np.ndarray,
+    rec: np.ndarray,
+    node_next: np.ndarray,
+    rows: np.ndarray,
+    used: np.ndarray,
+    token: int,
+    other: int,
+) -> None:
     """`token` takes `other`'s nodes and children (their slots shift past its own nodes)."""
-    offset = forest.tok[token, SIZE]
-    forest.node_next[forest.tok[token, NODE_TAIL]] = forest.tok[other, NODE_HEAD]
-    forest.tok[token, NODE_TAIL] = forest.tok[other, NODE_TAIL]
-    forest.tok[token, SIZE] += forest.tok[other, SIZE]
-    forest.tok[other, SIZE] = 0
-    forest.tok[other, NODE_HEAD] = forest.tok[other, NODE_TAIL] = NONE
-    record = forest.tok[other, OWN_HEAD]
+    offset = tok[token, SIZE]
+    node_next[tok[token, NODE_TAIL]] = tok[other, NODE_HEAD]
+    tok[token, NODE_TAIL] = tok[other, NODE_TAIL]
+    tok[token, SIZE] += tok[other, SIZE]
+    tok[other, SIZE] = 0
+    tok[other, NODE_HEAD] = tok[other, NODE_TAIL] = NONE
+    record = tok[other, OWN_HEAD]
     while record >= 0:
-        following = forest.rec[record, ONEXT]
-        if forest.tok[other, HASHED]:
-            k1, k2 = _record_keys(forest, record)
-            table_delete(forest.records, k1, k2)
-        child = forest.rec[record, HEAD]
+        following = rec[record, ONEXT]
+        if tok[other, HASHED]:
+            k1, k2 = _record_keys(rec, record)
+            table_delete(rows, used, k1, k2)
+        child = rec[record, HEAD]
         while child >= 0:
-            forest.tok[child, PARENT] = token
-            forest.tok[child, SLOT] += offset
-            child = forest.tok[child, MEM_NEXT]
-        forest.rec[record, OWNER] = token
-        forest.rec[record, RSLOT] += offset
-        if forest.tok[token, HASHED]:
-            k1, k2 = _record_keys(forest, record)
-            table_put(forest.records, k1, k2, record)
-        _chain_record(forest, record, token)
+            tok[child, PARENT] = token
+            tok[child, SLOT] += offset
+            child = tok[child, MEM_NEXT]
+        rec[record, OWNER] = token
+        rec[record, RSLOT] += offset
+        if tok[token, HASHED]:
+            k1, k2 = _record_keys(rec, record)
+            table_put(rows, used, k1, k2, record)
+        _chain_record(tok, rec, record, token)
         record = following
-    _hash_records(forest, token)
-    forest.tok[other, OWN_HEAD] = NONE
-    forest.tok[other, OWN_COUNT] = 0
-    forest.tok[other, ALIVE] = 0
+    _hash_records(tok, rec, rows, used, token)
+    tok[other, OWN_HEAD] = NONE
+    tok[other, OWN_COUNT] = 0
+    tok[other, ALIVE] = 0
 
 
 @njit(cache=True)
-def _rekind(forest: Forest, token: int, new_kind: int) -> None:
-    forest.tok[token, KIND] = new_kind
-    up = forest.tok[token, PARENT]
+def _rekind(
+    tok: np.ndarray,
+    rec: np.ndarray,
+    free: np.ndarray,
+    meta: np.ndarray,
+    rows: np.ndarray,
+    used: np.ndarray,
+    token: int,
+    new_kind: int,
+) -> None:
+    tok[token, KIND] = new_kind
+    up = tok[token, PARENT]
     if up >= 0:
-        _remove_member(forest, token)
-        slot, edge = forest.tok[token, SLOT], forest.tok[token, EDGE]
-        record = find_record(forest, up, slot, edge, new_kind)
+        _remove_member(tok, rec, free, meta, rows, used, token)
+        slot, edge = tok[token, SLOT], tok[token, EDGE]
+        record = find_record(tok, rec, rows, up, slot, edge, new_kind)
         if record == NONE:
-            record = _new_record(forest, up, slot, edge, new_kind)
-        _insert_member(forest, record, token)
+            record = _new_record(tok, rec, free, meta, rows, used, up, slot, edge, new_kind)
+        _insert_member(tok, rec, record, token)
 
 
-@njit(cache=True, inline="always")
-def still(forest: Forest, record: int, owner: int, slot: int, edge: int, kind: int) -> int:
+@njit(cache=True)
+def still(rec: np.ndarray, record: int, owner: int, slot: int, edge: int, kind: int) -> int:
     """`record` if it is still the live record of that key (a dropped one may have been reused
     for another), else NONE: finds a parent's records around a merge without a lookup."""
     if record < 0:
         return NONE
-    rec = forest.rec
     if (
         rec[record, HEAD] == NONE
         or rec[record, OWNER] != owner
@@ -404,70 +439,87 @@ def still(forest: Forest, record: int, owner: int, slot: int, edge: int, kind: i
     return record
 
 
-@njit(cache=True, inline="always")
-def match(forest: Forest, token: int, parent: int, slot: int, edge: int, child: int) -> int:
+@njit(cache=True)
+def match(
+    tok: np.ndarray,
+    rec: np.ndarray,
+    rows: np.ndarray,
+    token: int,
+    parent: int,
+    slot: int,
+    edge: int,
+    child: int,
+) -> int:
     """Where merge (parent, slot, edge, child) applies at `token`: the record of the child key,
     or for a sibling merge the next sibling; NONE where it does not apply."""
-    if forest.tok[token, ALIVE] == 0 or forest.tok[token, KIND] != parent:
+    if tok[token, ALIVE] == 0 or tok[token, KIND] != parent:
         return NONE
     if slot == SIBLING:
-        after = forest.tok[token, NEXT]
+        after = tok[token, NEXT]
         if (
             after >= 0
-            and forest.tok[after, KIND] == child
-            and forest.tok[token, EDGE] == edge
-            and forest.tok[after, EDGE] == edge
+            and tok[after, KIND] == child
+            and tok[token, EDGE] == edge
+            and tok[after, EDGE] == edge
         ):
             return after
         return NONE
-    return find_record(forest, token, slot, edge, child)
+    return find_record(tok, rec, rows, token, slot, edge, child)
 
 
 @njit(cache=True)
-def apply_merge(forest: Forest, token: int, sibling: bool, where: int, new_kind: int) -> int:
+def apply_merge(
+    tok: np.ndarray,
+    rec: np.ndarray,
+    node_next: np.ndarray,
+    free: np.ndarray,
+    meta: np.ndarray,
+    rows: np.ndarray,
+    used: np.ndarray,
+    token: int,
+    sibling: bool,
+    where: int,
+    new_kind: int,
+) -> int:
     """Apply a merge `match` found at `token` (`where` is its result); returns the dead token."""
     if sibling:
         dead = where
-        if forest.tok[dead, REC_OF] >= 0:
-            _remove_member(forest, dead)
+        if tok[dead, REC_OF] >= 0:
+            _remove_member(tok, rec, free, meta, rows, used, dead)
     else:
-        dead = forest.rec[where, HEAD]
-        _remove_member(forest, dead)
-    _unlink(forest, dead)
-    _take_over(forest, token, dead)
-    _rekind(forest, token, new_kind)
+        dead = rec[where, HEAD]
+        _remove_member(tok, rec, free, meta, rows, used, dead)
+    _unlink(tok, dead)
+    _take_over(tok, rec, node_next, rows, used, token, dead)
+    _rekind(tok, rec, free, meta, rows, used, token, new_kind)
     return dead
 
 
 @njit(cache=True, inline="always")
-def sibling_pair(forest: Forest, token: int) -> tuple[int, int]:
+def sibling_pair(tok: np.ndarray, token: int) -> tuple[int, int]:
     """Table keys of `token`'s sibling pair, or (NONE, NONE) when it has none."""
-    after = forest.tok[token, NEXT]
-    if after < 0 or forest.tok[after, EDGE] != forest.tok[token, EDGE]:
+    after = tok[token, NEXT]
+    if after < 0 or tok[after, EDGE] != tok[token, EDGE]:
         return NONE, NONE
-    return pair_keys(
-        forest.tok[token, KIND], SIBLING, forest.tok[token, EDGE], forest.tok[after, KIND]
-    )
+    return pair_keys(tok[token, KIND], SIBLING, tok[token, EDGE], tok[after, KIND])
 
 
 @njit(cache=True, inline="always")
-def record_pair(forest: Forest, record: int) -> tuple[int, int]:
+def record_pair(tok: np.ndarray, rec: np.ndarray, record: int) -> tuple[int, int]:
     return pair_keys(
-        forest.tok[forest.rec[record, OWNER], KIND],
-        forest.rec[record, RSLOT],
-        forest.rec[record, REDGE],
-        forest.rec[record, RKIND],
+        tok[rec[record, OWNER], KIND], rec[record, RSLOT], rec[record, REDGE], rec[record, RKIND]
     )
 
 
 @njit(cache=True)
 def emit(forest: Forest) -> tuple:
     """The live tokens in order: kind, parent (token index), slot, edge, and their nodes."""
-    count = len(forest.tok)
+    tok, node_next = forest.tok, forest.node_next
+    count = len(tok)
     index = np.full(count, NONE, dtype=np.int64)
     tokens = 0
     for token in range(count):
-        if forest.tok[token, ALIVE] == 1:
+        if tok[token, ALIVE] == 1:
             index[token] = tokens
             tokens += 1
     kind = np.empty(tokens, dtype=np.int64)
@@ -480,19 +532,19 @@ def emit(forest: Forest) -> tuple:
     i = 0
     row = 0
     for token in range(count):
-        if forest.tok[token, ALIVE] == 0:
+        if tok[token, ALIVE] == 0:
             continue
-        kind[i] = forest.tok[token, KIND]
-        up = forest.tok[token, PARENT]
+        kind[i] = tok[token, KIND]
+        up = tok[token, PARENT]
         parent[i] = index[up] if up >= 0 else NONE
-        slot[i] = forest.tok[token, SLOT]
-        edge[i] = forest.tok[token, EDGE]
+        slot[i] = tok[token, SLOT]
+        edge[i] = tok[token, EDGE]
         root[i] = token
-        node = forest.tok[token, NODE_HEAD]
+        node = tok[token, NODE_HEAD]
         while node >= 0:
             rows[row] = node
             row += 1
-            node = forest.node_next[node]
+            node = node_next[node]
         i += 1
         offsets[i] = row
     return kind, parent, slot, edge, root, offsets, rows
@@ -507,43 +559,8 @@ def rank_table(parent: np.ndarray, slot: np.ndarray, edge: np.ndarray, child: np
     table = new_table(len(parent))
     for rank in range(len(parent)):
         k1, k2 = pair_keys(parent[rank], slot[rank], edge[rank], child[rank])
-        table_put(table, k1, k2, rank)
+        table_put(table.rows, table.used, k1, k2, rank)
     return table
-
-
-@njit(cache=True, inline="always")
-def _push_pair(
-    heads: np.ndarray,
-    entries: np.ndarray,
-    fill: np.ndarray,
-    ranks: Table,
-    keys: tuple[int, int],
-    above: int,
-    owner: int,
-) -> None:
-    """Queue `owner` under the rank of the merge with pair `keys`, if it ranks after `above`
-    (`entries` has room: `_with_room`). After its fill[1] queue heads, `heads` holds the last
-    rank at which each kind is a merge's parent: that rules most pairs out before the table."""
-    if keys[0] == NONE or heads[fill[1] + (keys[0] >> 32)] <= above:
-        return
-    rank = table_find(ranks, keys[0], keys[1])
-    if rank > above:
-        used = fill[0]
-        entries[used, 0] = owner
-        entries[used, 1] = heads[rank]
-        heads[rank] = used
-        fill[0] = used + 1
-
-
-@njit(cache=True)
-def _with_room(entries: np.ndarray, fill: np.ndarray, more: int) -> np.ndarray:
-    """`entries`, or a copy twice as big when `more` might not fit."""
-    used = fill[0]
-    if used + more <= len(entries):
-        return entries
-    grown = np.empty((2 * (used + more), 2), dtype=np.int64)
-    grown[:used] = entries[:used]
-    return grown
 
 
 @njit(cache=True)
@@ -564,93 +581,304 @@ def encode_merges(
     visited in the order training applied the merge in. An owner queued twice is applied once:
     a merge changes its owner's kind.
     """
-    count = len(forest.tok)
-    if len(merge_parent) == 0:
+    tok, rec, node_next, free, meta, records = forest
+    _encode(
+        tok,
+        rec,
+        node_next,
+        free,
+        meta,
+        records.rows,
+        records.used,
+        ranks.rows,
+        merge_parent,
+        merge_slot,
+        merge_edge,
+        merge_child,
+        num_base,
+    )
+
+
+@njit(cache=True)
+def _encode(
+    tok: np.ndarray,
+    rec: np.ndarray,
+    node_next: np.ndarray,
+    free: np.ndarray,
+    meta: np.ndarray,
+    rows: np.ndarray,
+    used: np.ndarray,
+    rank_rows: np.ndarray,
+    merge_parent: np.ndarray,
+    merge_slot: np.ndarray,
+    merge_edge: np.ndarray,
+    merge_child: np.ndarray,
+    num_base: int,
+) -> None:
+    """`encode_merges` on the forest's arrays, as one loop that passes no arrays to functions on
+    its common path.
+
+    Numba counts a reference to each array a function is passed, with an atomic add, and often
+    cannot prune the pair where the arrays' last uses fall on different branches; between small
+    functions over the forest that costs about half of a merge's time. So the merge application
+    (`match`, `apply_merge`) and the queueing of the candidates it makes are written out here
+    over arrays bound once, in the order of training's steps; only the rare work of owners with
+    hashed records (`table_put`, `table_delete`, `_hash_records`) calls out.
+    `tests/tpe/test_fast_path_equivalence.py` holds the tokens to the reference tokenizer's.
+    """
+    count = len(tok)
+    merges = len(merge_parent)
+    if merges == 0:
         return
-    # one queue per rank, then the last rank at which each kind is a merge's parent
-    heads = np.full(2 * len(merge_parent) + num_base, NONE, dtype=np.int64)
-    for rank in range(len(merge_parent)):
-        heads[len(merge_parent) + merge_parent[rank]] = rank
+    # one queue per rank, then the last rank at which each kind is a merge's parent: a pair whose
+    # parent kind is no merge's parent after the current rank is ruled out before the rank table
+    heads = np.full(2 * merges + num_base, NONE, dtype=np.int64)
+    for rank in range(merges):
+        heads[merges + merge_parent[rank]] = rank
     entries = np.empty((count + 16, 2), dtype=np.int64)
-    fill = np.array([0, len(merge_parent)], dtype=np.int64)
-    for token in range(count):
-        if fill[0] + forest.tok[token, OWN_COUNT] + 1 > len(entries):
-            entries = _with_room(entries, fill, forest.tok[token, OWN_COUNT] + 1)
-        record = forest.tok[token, OWN_HEAD]
-        while record >= 0:
-            _push_pair(heads, entries, fill, ranks, record_pair(forest, record), -1, token)
-            record = forest.rec[record, ONEXT]
-        _push_pair(heads, entries, fill, ranks, sibling_pair(forest, token), -1, token)
+    filled = 0
     queued = np.empty(64, dtype=np.int64)
-    for rank in range(len(merge_parent)):
-        waiting = 0
-        entry = heads[rank]
-        while entry >= 0:
-            if waiting == len(queued):
-                queued = np.concatenate((queued, np.empty(len(queued), dtype=np.int64)))
-            queued[waiting] = entries[entry, 0]
-            waiting += 1
-            entry = entries[entry, 1]
-        if waiting == 0:
-            continue
-        owners = np.sort(queued[:waiting])
-        parent_kind, slot, edge, child_kind = (
-            merge_parent[rank],
-            merge_slot[rank],
-            merge_edge[rank],
-            merge_child[rank],
-        )
-        sibling = slot == SIBLING
-        new_kind = num_base + rank
+    parent_kind = slot = edge = child_kind = new_kind = 0
+    sibling = False
+    for rank in range(-1, merges):
+        if rank == -1:  # the fresh forest's candidates: every token's records and sibling pair
+            waiting = count
+        else:
+            waiting = 0
+            entry = heads[rank]
+            while entry >= 0:
+                if waiting == len(queued):
+                    queued = np.concatenate((queued, np.empty(len(queued), dtype=np.int64)))
+                queued[waiting] = entries[entry, 0]
+                waiting += 1
+                entry = entries[entry, 1]
+            if waiting == 0:
+                continue
+            queued[:waiting].sort()
+            parent_kind, slot, edge, child_kind = (
+                merge_parent[rank],
+                merge_slot[rank],
+                merge_edge[rank],
+                merge_child[rank],
+            )
+            sibling = slot == SIBLING
+            new_kind = num_base + rank
         last = NONE
-        for token in owners:
-            if token == last:
-                continue
-            last = token
-            where = match(forest, token, parent_kind, slot, edge, child_kind)
-            if where == NONE:
-                continue
-            up, before = forest.tok[token, PARENT], forest.tok[token, PREV]
-            token_slot, token_edge = forest.tok[token, SLOT], forest.tok[token, EDGE]
-            child_before = NONE if sibling else forest.tok[forest.rec[where, HEAD], PREV]
-            token_record = forest.tok[token, REC_OF]  # up's records of the old kinds
-            dead_record = forest.tok[where, REC_OF] if sibling else NONE
-            apply_merge(forest, token, sibling, where, new_kind)
-            if fill[0] + forest.tok[token, OWN_COUNT] + 6 > len(entries):
-                entries = _with_room(entries, fill, forest.tok[token, OWN_COUNT] + 6)
-            record = forest.tok[token, OWN_HEAD]
-            while record >= 0:
-                _push_pair(heads, entries, fill, ranks, record_pair(forest, record), rank, token)
-                record = forest.rec[record, ONEXT]
-            _push_pair(heads, entries, fill, ranks, sibling_pair(forest, token), rank, token)
-            if child_before >= 0:
-                _push_pair(
-                    heads,
-                    entries,
-                    fill,
-                    ranks,
-                    sibling_pair(forest, child_before),
-                    rank,
-                    child_before,
-                )
-            if before >= 0:
-                _push_pair(heads, entries, fill, ranks, sibling_pair(forest, before), rank, before)
-            if up >= 0:
-                for i in range(3):
-                    if i == 0:
-                        record = forest.tok[token, REC_OF]
-                    elif i == 1:
-                        record = still(
-                            forest, token_record, up, token_slot, token_edge, parent_kind
+        for i in range(waiting):
+            token = i if rank == -1 else queued[i]
+            up = before = child_before = token_record = dead_record = NONE
+            token_slot = token_edge = 0
+            if rank >= 0:
+                if token == last:
+                    continue
+                last = token
+                # match: where the merge applies at token (next sibling, or child record)
+                if tok[token, ALIVE] == 0 or tok[token, KIND] != parent_kind:
+                    continue
+                if sibling:
+                    where = tok[token, NEXT]
+                    if (
+                        where < 0
+                        or tok[where, KIND] != child_kind
+                        or tok[token, EDGE] != edge
+                        or tok[where, EDGE] != edge
+                    ):
+                        continue
+                elif tok[token, HASHED]:
+                    where = table_find(rows, token * SHIFT + slot, child_kind * 256 + (edge & 255))
+                else:
+                    where = tok[token, OWN_HEAD]
+                    while where >= 0 and not (
+                        rec[where, RKIND] == child_kind
+                        and rec[where, RSLOT] == slot
+                        and rec[where, REDGE] == edge
+                    ):
+                        where = rec[where, ONEXT]
+                if where == NONE:
+                    continue
+                up, before = tok[token, PARENT], tok[token, PREV]
+                token_slot, token_edge = tok[token, SLOT], tok[token, EDGE]
+                dead = where if sibling else rec[where, HEAD]
+                child_before = NONE if sibling else tok[dead, PREV]
+                token_record = tok[token, REC_OF]  # up's records of the old kinds
+                dead_record = tok[where, REC_OF] if sibling else NONE
+                # apply_merge: take dead out of its record and sibling list, then token takes
+                # over dead's nodes and children and, as new_kind, moves to that key of up
+                for member in (dead, token):
+                    if member == token:
+                        tok[token, KIND] = new_kind
+                        if up < 0:
+                            break
+                    record = tok[member, REC_OF]
+                    if record >= 0:  # (a sibling merge's dead root token has none)
+                        prev_member, next_member = tok[member, MEM_PREV], tok[member, MEM_NEXT]
+                        if prev_member >= 0:
+                            tok[prev_member, MEM_NEXT] = next_member
+                        else:
+                            rec[record, HEAD] = next_member
+                        if next_member >= 0:
+                            tok[next_member, MEM_PREV] = prev_member
+                        else:
+                            rec[record, TAIL] = prev_member
+                        tok[member, MEM_PREV] = tok[member, MEM_NEXT] = tok[member, REC_OF] = NONE
+                        if rec[record, HEAD] == NONE:  # emptied: unchain and free the record
+                            owner = rec[record, OWNER]
+                            if tok[owner, HASHED]:
+                                k1, k2 = _record_keys(rec, record)
+                                table_delete(rows, used, k1, k2)
+                            prev_record, next_record = rec[record, OPREV], rec[record, ONEXT]
+                            if prev_record >= 0:
+                                rec[prev_record, ONEXT] = next_record
+                            else:
+                                tok[owner, OWN_HEAD] = next_record
+                            if next_record >= 0:
+                                rec[next_record, OPREV] = prev_record
+                            tok[owner, OWN_COUNT] -= 1
+                            free[meta[0]] = record
+                            meta[0] += 1
+                    if member == dead:
+                        prev_sibling, next_sibling = tok[dead, PREV], tok[dead, NEXT]
+                        if prev_sibling >= 0:
+                            tok[prev_sibling, NEXT] = next_sibling
+                        if next_sibling >= 0:
+                            tok[next_sibling, PREV] = prev_sibling
+                        tok[dead, PREV] = tok[dead, NEXT] = NONE
+                        offset = tok[token, SIZE]
+                        node_next[tok[token, NODE_TAIL]] = tok[dead, NODE_HEAD]
+                        tok[token, NODE_TAIL] = tok[dead, NODE_TAIL]
+                        tok[token, SIZE] += tok[dead, SIZE]
+                        tok[dead, SIZE] = 0
+                        tok[dead, NODE_HEAD] = tok[dead, NODE_TAIL] = NONE
+                        record = tok[dead, OWN_HEAD]
+                        while record >= 0:
+                            following = rec[record, ONEXT]
+                            if tok[dead, HASHED]:
+                                k1, k2 = _record_keys(rec, record)
+                                table_delete(rows, used, k1, k2)
+                            child = rec[record, HEAD]
+                            while child >= 0:
+                                tok[child, PARENT] = token
+                                tok[child, SLOT] += offset
+                                child = tok[child, MEM_NEXT]
+                            rec[record, OWNER] = token
+                            rec[record, RSLOT] += offset
+                            if tok[token, HASHED]:
+                                k1, k2 = _record_keys(rec, record)
+                                table_put(rows, used, k1, k2, record)
+                            first = tok[token, OWN_HEAD]
+                            rec[record, OPREV] = NONE
+                            rec[record, ONEXT] = first
+                            if first >= 0:
+                                rec[first, OPREV] = record
+                            tok[token, OWN_HEAD] = record
+                            tok[token, OWN_COUNT] += 1
+                            record = following
+                        if not tok[token, HASHED] and tok[token, OWN_COUNT] > CHAIN_RECORDS:
+                            _hash_records(tok, rec, rows, used, token)
+                        tok[dead, OWN_HEAD] = NONE
+                        tok[dead, OWN_COUNT] = 0
+                        tok[dead, ALIVE] = 0
+                if up >= 0:  # token joins up's record of (slot, edge, new kind)
+                    if tok[up, HASHED]:
+                        record = table_find(
+                            rows, up * SHIFT + token_slot, new_kind * 256 + (token_edge & 255)
                         )
-                    elif sibling and child_kind != parent_kind:
-                        record = still(forest, dead_record, up, token_slot, token_edge, child_kind)
                     else:
-                        record = NONE
-                    if record >= 0:
-                        _push_pair(
-                            heads, entries, fill, ranks, record_pair(forest, record), rank, up
-                        )
+                        record = tok[up, OWN_HEAD]
+                        while record >= 0 and not (
+                            rec[record, RKIND] == new_kind
+                            and rec[record, RSLOT] == token_slot
+                            and rec[record, REDGE] == token_edge
+                        ):
+                            record = rec[record, ONEXT]
+                    if record == NONE:  # a new record, first in up's chain
+                        top = meta[0] - 1
+                        meta[0] = top
+                        record = free[top]
+                        rec[record, OWNER] = up
+                        rec[record, RSLOT] = token_slot
+                        rec[record, REDGE] = token_edge
+                        rec[record, RKIND] = new_kind
+                        rec[record, HEAD] = rec[record, TAIL] = NONE
+                        first = tok[up, OWN_HEAD]
+                        rec[record, OPREV] = NONE
+                        rec[record, ONEXT] = first
+                        if first >= 0:
+                            rec[first, OPREV] = record
+                        tok[up, OWN_HEAD] = record
+                        tok[up, OWN_COUNT] += 1
+                        if tok[up, HASHED]:
+                            k1, k2 = _record_keys(rec, record)
+                            table_put(rows, used, k1, k2, record)
+                        elif tok[up, OWN_COUNT] > CHAIN_RECORDS:
+                            _hash_records(tok, rec, rows, used, up)
+                    next_member = NONE
+                    prev_member = rec[record, TAIL]
+                    while prev_member > token:
+                        next_member = prev_member
+                        prev_member = tok[prev_member, MEM_PREV]
+                    tok[token, MEM_PREV] = prev_member
+                    tok[token, MEM_NEXT] = next_member
+                    if prev_member >= 0:
+                        tok[prev_member, MEM_NEXT] = token
+                    else:
+                        rec[record, HEAD] = token
+                    if next_member >= 0:
+                        tok[next_member, MEM_PREV] = token
+                    else:
+                        rec[record, TAIL] = token
+                    tok[token, REC_OF] = record
+            # queue the candidates this merge made (all of a token's, for the fresh forest):
+            # token's records and sibling pair, then the left neighbours' sibling pairs, then
+            # up's records of the new kind and of the old ones
+            more = tok[token, OWN_COUNT] + 6
+            if filled + more > len(entries):
+                grown = np.empty((2 * (filled + more), 2), dtype=np.int64)
+                grown[:filled] = entries[:filled]
+                entries = grown
+            record = tok[token, OWN_HEAD]
+            candidate = 0
+            while True:
+                owner = token
+                if record >= 0:
+                    k1, k2 = record_pair(tok, rec, record)
+                    record = rec[record, ONEXT]
+                else:
+                    candidate += 1
+                    if candidate == 1:
+                        k1, k2 = sibling_pair(tok, token)
+                    elif rank == -1:
+                        break
+                    elif candidate == 2 or candidate == 3:
+                        owner = child_before if candidate == 2 else before
+                        if owner < 0:
+                            continue
+                        k1, k2 = sibling_pair(tok, owner)
+                    elif candidate <= 6 and up >= 0:
+                        owner = up
+                        if candidate == 4:
+                            found = tok[token, REC_OF]
+                        elif candidate == 5:
+                            found = still(
+                                rec, token_record, up, token_slot, token_edge, parent_kind
+                            )
+                        elif sibling and child_kind != parent_kind:
+                            found = still(rec, dead_record, up, token_slot, token_edge, child_kind)
+                        else:
+                            found = NONE
+                        if found < 0:
+                            continue
+                        k1, k2 = record_pair(tok, rec, found)
+                    else:
+                        break
+                if k1 == NONE or heads[merges + (k1 >> 32)] <= rank:
+                    continue
+                later = table_find(rank_rows, k1, k2)
+                if later > rank:
+                    entries[filled, 0] = owner
+                    entries[filled, 1] = heads[later]
+                    heads[later] = filled
+                    filled += 1
 
 
 # --- training ---------------------------------------------------------------------------------
@@ -682,7 +910,7 @@ def _pairs_with_room(pairs: Pairs, more: int) -> Pairs:
     rows = pairs.table.rows
     for i in range(len(rows)):
         if rows[i, 2] != 0:
-            table_put(grown.table, rows[i, 0], rows[i, 1], rows[i, 2] - 1)
+            table_put(grown.table.rows, grown.table.used, rows[i, 0], rows[i, 1], rows[i, 2] - 1)
     grown.data[:used] = pairs.data[:used]
     grown.touched_ids[:used] = pairs.touched_ids[:used]
     grown.score[:used] = pairs.score[:used]
@@ -709,10 +937,10 @@ def _add(
     weight: float,
 ) -> None:
     """Count `occurrence` for the pair with table `keys` (added if new)."""
-    found = table_find(pairs.table, keys[0], keys[1])
+    found = table_find(pairs.table.rows, keys[0], keys[1])
     if found == NONE:
         found = pairs.table.used[0]
-        table_put(pairs.table, keys[0], keys[1], found)
+        table_put(pairs.table.rows, pairs.table.used, keys[0], keys[1], found)
         (
             pairs.data[found, P_PARENT],
             pairs.data[found, P_SLOT],
@@ -755,43 +983,46 @@ def _remove(pairs: Pairs, occurrence: int, weight: float) -> None:
 
 
 @njit(cache=True, inline="always")
-def _add_record(forest: Forest, pairs: Pairs, record: int, weight: np.ndarray) -> None:
-    owner = forest.rec[record, OWNER]
-    pair = (
-        forest.tok[owner, KIND],
-        forest.rec[record, RSLOT],
-        forest.rec[record, REDGE],
-        forest.rec[record, RKIND],
-    )
+def _add_record(
+    tok: np.ndarray, rec: np.ndarray, pairs: Pairs, record: int, weight: np.ndarray
+) -> None:
+    owner = rec[record, OWNER]
+    pair = (tok[owner, KIND], rec[record, RSLOT], rec[record, REDGE], rec[record, RKIND])
     _add(pairs, record, pair_keys(pair[0], pair[1], pair[2], pair[3]), pair, weight[owner])
 
 
 @njit(cache=True, inline="always")
-def _add_sibling(forest: Forest, pairs: Pairs, token: int, weight: np.ndarray) -> None:
-    after = forest.tok[token, NEXT]
-    if after < 0 or forest.tok[after, EDGE] != forest.tok[token, EDGE]:
+def _add_sibling(
+    tok: np.ndarray, rec: np.ndarray, pairs: Pairs, token: int, weight: np.ndarray
+) -> None:
+    after = tok[token, NEXT]
+    if after < 0 or tok[after, EDGE] != tok[token, EDGE]:
         return
-    pair = (forest.tok[token, KIND], SIBLING, forest.tok[token, EDGE], forest.tok[after, KIND])
-    occurrence = len(forest.rec) + token
+    pair = (tok[token, KIND], SIBLING, tok[token, EDGE], tok[after, KIND])
+    occurrence = len(rec) + token
     _add(pairs, occurrence, pair_keys(pair[0], pair[1], pair[2], pair[3]), pair, weight[token])
 
 
 @njit(cache=True)
-def _add_owned(forest: Forest, pairs: Pairs, token: int, weight: np.ndarray) -> None:
-    record = forest.tok[token, OWN_HEAD]
+def _add_owned(
+    tok: np.ndarray, rec: np.ndarray, pairs: Pairs, token: int, weight: np.ndarray
+) -> None:
+    record = tok[token, OWN_HEAD]
     while record >= 0:
-        _add_record(forest, pairs, record, weight)
-        record = forest.rec[record, ONEXT]
-    _add_sibling(forest, pairs, token, weight)
+        _add_record(tok, rec, pairs, record, weight)
+        record = rec[record, ONEXT]
+    _add_sibling(tok, rec, pairs, token, weight)
 
 
 @njit(cache=True)
-def _remove_owned(forest: Forest, pairs: Pairs, token: int, weight: np.ndarray) -> None:
-    record = forest.tok[token, OWN_HEAD]
+def _remove_owned(
+    tok: np.ndarray, rec: np.ndarray, pairs: Pairs, token: int, weight: np.ndarray
+) -> None:
+    record = tok[token, OWN_HEAD]
     while record >= 0:
         _remove(pairs, record, weight[token])
-        record = forest.rec[record, ONEXT]
-    _remove(pairs, len(forest.rec) + token, weight[token])
+        record = rec[record, ONEXT]
+    _remove(pairs, len(rec) + token, weight[token])
 
 
 @njit(cache=True, inline="always")
@@ -858,14 +1089,16 @@ def train_merges(
     (the owner, the left neighbours, the parent's keys, the token absorbed) and puts back
     theirs after, in the order of `tests/tpe/reference_tpe.py`, so float scores match.
     """
-    count = len(forest.tok)
-    records = len(forest.rec)
+    tok, rec, node_next, free, meta, record_table = forest
+    record_rows, record_used = record_table
+    count = len(tok)
+    records = len(rec)
     occurrences = np.full((records + count, OCCURRENCE_COLUMNS), NONE, dtype=np.int64)
     pairs = _new_pairs(max(1024, count // 4), occurrences)
     for token in range(count):
-        if pairs.table.used[0] + forest.tok[token, OWN_COUNT] + 1 > len(pairs.data):
-            pairs = _pairs_with_room(pairs, forest.tok[token, OWN_COUNT] + 1)
-        _add_owned(forest, pairs, token, weight)
+        if pairs.table.used[0] + tok[token, OWN_COUNT] + 1 > len(pairs.data):
+            pairs = _pairs_with_room(pairs, tok[token, OWN_COUNT] + 1)
+        _add_owned(tok, rec, pairs, token, weight)
     used = pairs.table.used[0]
     scores = np.empty(max(16, 2 * used), dtype=np.float64)
     ids = np.empty(max(16, 2 * used), dtype=np.int64)
@@ -918,29 +1151,25 @@ def train_merges(
         owners = np.empty(pairs.data[best, P_COUNT], dtype=np.int64)
         occurrence = pairs.data[best, P_HEAD]
         for i in range(len(owners)):
-            owners[i] = (
-                forest.rec[occurrence, OWNER] if occurrence < records else occurrence - records
-            )
+            owners[i] = rec[occurrence, OWNER] if occurrence < records else occurrence - records
             occurrence = pairs.occurrences[occurrence, O_NEXT]
         owners.sort()
         sibling = slot == SIBLING
         applied = 0
         for token in owners:
-            where = match(forest, token, parent_kind, slot, edge, child_kind)
+            where = match(tok, rec, record_rows, token, parent_kind, slot, edge, child_kind)
             if where == NONE:
                 continue
-            dead = where if sibling else forest.rec[where, HEAD]
-            more = forest.tok[token, OWN_COUNT] + forest.tok[dead, OWN_COUNT] + 8
+            dead = where if sibling else rec[where, HEAD]
+            more = tok[token, OWN_COUNT] + tok[dead, OWN_COUNT] + 8
             if pairs.table.used[0] + more > len(pairs.data):
                 pairs = _pairs_with_room(pairs, more)
-            up, before = forest.tok[token, PARENT], forest.tok[token, PREV]
-            token_slot, token_edge = forest.tok[token, SLOT], forest.tok[token, EDGE]
-            child_before = NONE if sibling else forest.tok[dead, PREV]
-            token_record = forest.tok[token, REC_OF]  # up's records of the old kinds
-            dead_record = (
-                forest.tok[dead, REC_OF] if sibling and child_kind != parent_kind else NONE
-            )
-            _remove_owned(forest, pairs, token, weight)
+            up, before = tok[token, PARENT], tok[token, PREV]
+            token_slot, token_edge = tok[token, SLOT], tok[token, EDGE]
+            child_before = NONE if sibling else tok[dead, PREV]
+            token_record = tok[token, REC_OF]  # up's records of the old kinds
+            dead_record = tok[dead, REC_OF] if sibling and child_kind != parent_kind else NONE
+            _remove_owned(tok, rec, pairs, token, weight)
             if child_before >= 0:
                 _remove(pairs, records + child_before, weight[child_before])
             if before >= 0:
@@ -949,25 +1178,37 @@ def train_merges(
                 _remove(pairs, token_record, weight[up])
                 if dead_record >= 0:
                     _remove(pairs, dead_record, weight[up])
-                record = find_record(forest, up, token_slot, token_edge, new_kind)
+                record = find_record(tok, rec, record_rows, up, token_slot, token_edge, new_kind)
                 if record >= 0:
                     _remove(pairs, record, weight[up])
-            _remove_owned(forest, pairs, dead, weight)
-            apply_merge(forest, token, sibling, where, new_kind)
+            _remove_owned(tok, rec, pairs, dead, weight)
+            apply_merge(
+                tok,
+                rec,
+                node_next,
+                free,
+                meta,
+                record_rows,
+                record_used,
+                token,
+                sibling,
+                where,
+                new_kind,
+            )
             applied += 1
-            _add_owned(forest, pairs, token, weight)
+            _add_owned(tok, rec, pairs, token, weight)
             if child_before >= 0:
-                _add_sibling(forest, pairs, child_before, weight)
+                _add_sibling(tok, rec, pairs, child_before, weight)
             if before >= 0:
-                _add_sibling(forest, pairs, before, weight)
+                _add_sibling(tok, rec, pairs, before, weight)
             if up >= 0:
-                record = still(forest, token_record, up, token_slot, token_edge, parent_kind)
+                record = still(rec, token_record, up, token_slot, token_edge, parent_kind)
                 if record >= 0:
-                    _add_record(forest, pairs, record, weight)
-                record = still(forest, dead_record, up, token_slot, token_edge, child_kind)
+                    _add_record(tok, rec, pairs, record, weight)
+                record = still(rec, dead_record, up, token_slot, token_edge, child_kind)
                 if record >= 0:
-                    _add_record(forest, pairs, record, weight)
-                _add_record(forest, pairs, forest.tok[token, REC_OF], weight)
+                    _add_record(tok, rec, pairs, record, weight)
+                _add_record(tok, rec, pairs, tok[token, REC_OF], weight)
         merges[learned, 0] = parent_kind
         merges[learned, 1] = slot
         merges[learned, 2] = edge
