@@ -193,7 +193,14 @@ def build_forest(
                 record = _new_record(
                     tok, rec, free, meta, rows, used, up, 0, edge[node], kind[node]
                 )
-            _insert_member(tok, rec, record, node)
+            tail = rec[record, TAIL]  # nodes come in order: node goes after every member
+            tok[node, MEM_PREV] = tail
+            if tail >= 0:
+                tok[tail, MEM_NEXT] = node
+            else:
+                rec[record, HEAD] = node
+            rec[record, TAIL] = node
+            tok[node, REC_OF] = record
             before = last_child[up]
             last_child[up] = node
         else:

@@ -419,7 +419,15 @@ def _distinct_kinds(piece: Slice) -> tuple[list[tuple[int, str]], np.ndarray, np
     """A slice's (layer, normalised kind) per distinct (layer, name id), each node's index into
     that list, and how many nodes each has: normalising once per name, not once per node."""
     codes = piece.name.astype(np.int64) * len(LAYERS) + piece.layer
-    unique, inverse, counts = np.unique(codes, return_inverse=True, return_counts=True)
+    size = int(codes.max()) + 1 if len(codes) else 0
+    if size <= 4 * len(codes) + 4096 and (size == 0 or codes.min() >= 0):  # small: count, not sort
+        per_code = np.bincount(codes, minlength=size)
+        unique = np.flatnonzero(per_code)
+        dense = np.zeros(size, dtype=np.int64)
+        dense[unique] = np.arange(len(unique))
+        inverse, counts = dense[codes], per_code[unique]
+    else:
+        unique, inverse, counts = np.unique(codes, return_inverse=True, return_counts=True)
     kinds = [
         (layer, normalize(LAYERS[layer], piece.names[name]))
         for name, layer in zip(
