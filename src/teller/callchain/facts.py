@@ -199,13 +199,17 @@ def step_work(tree: CallTree, waiting: frozenset[int]) -> StepWork:
 @dataclass(frozen=True)
 class Iterations:
     """One row per iteration (the same step on every rank), in iteration order: what a method
-    compares steps by."""
+    compares steps by.
+
+    The duration is the slowest rank's and the batch is that same rank's: the ranks of one
+    engine share a batch, but a run of several engine replicas (data parallelism, or replicas
+    traced together) gives each its own, and a step is only slow against the batch it ran."""
 
     iteration: np.ndarray  # int64
-    kind: np.ndarray  # object: the step kind (prefill, decode, mixed, ...), the first rank's
+    kind: np.ndarray  # object: the step kind (prefill, decode, mixed, ...), of the batch's rank
     dur_ns: np.ndarray  # float: the slowest rank's duration
-    context_tokens: np.ndarray  # float, the first rank's, ≥ 0
-    generation_tokens: np.ndarray  # float, the first rank's, ≥ 0
+    context_tokens: np.ndarray  # float, ≥ 0, the slowest rank's that states a batch
+    generation_tokens: np.ndarray  # float, ≥ 0, that rank's
     ranks: list[list[int]]  # the ranks that ran it, ascending
 
     def __len__(self) -> int:
@@ -219,20 +223,20 @@ def iterations_of(tree: CallTree) -> Iterations:
     for k in range(len(steps)):
         by_iteration.setdefault(int(steps.index[k]), []).append(k)
     ordered = sorted(by_iteration.items())
-    firsts = [members[0] for _, members in ordered]
+    duration = steps.dur_ns.astype(np.int64)
+    known = (steps.context_tokens >= 0) | (steps.generation_tokens >= 0)
+    slowest = [max(members, key=lambda k: duration[k]) for _, members in ordered]
+    # the batch of the slowest rank that states one (ranks without an engine annotation do not)
+    batch = [
+        max([k for k in members if known[k]] or members, key=lambda k: duration[k])
+        for _, members in ordered
+    ]
     return Iterations(
         iteration=np.array([iteration for iteration, _ in ordered], dtype=np.int64),
-        kind=np.array([steps.kind[k] for k in firsts], dtype=object),
-        dur_ns=np.array(
-            [float(max(int(steps.dur_ns[k]) for k in members)) for _, members in ordered],
-            dtype=float,
-        ),
-        context_tokens=np.array(
-            [float(max(steps.context_tokens[k], 0)) for k in firsts], dtype=float
-        ),
-        generation_tokens=np.array(
-            [float(max(steps.generation_tokens[k], 0)) for k in firsts], dtype=float
-        ),
+        kind=np.array([steps.kind[k] for k in batch], dtype=object),
+        dur_ns=np.array([float(duration[k]) for k in slowest], dtype=float),
+        context_tokens=np.array([float(max(steps.context_tokens[k], 0)) for k in batch]),
+        generation_tokens=np.array([float(max(steps.generation_tokens[k], 0)) for k in batch]),
         ranks=[sorted(int(steps.rank[k]) for k in members) for _, members in ordered],
     )
 
