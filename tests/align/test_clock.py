@@ -150,3 +150,31 @@ def test_recovers_a_known_shift_within_50_us_on_a_real_lab_trace():
     corrected = apply_offsets(moved, offsets)
     error = corrected.table.column("ts_ns").to_numpy() - events.table.column("ts_ns").to_numpy()
     assert np.abs(error).max() < LAB_TOLERANCE_NS
+
+
+def _second_replica(events: EventTable) -> EventTable:
+    """The run again as another engine replica: ranks 2 and 3, its own process groups."""
+    table = events.table
+    rank = table.column("rank").to_numpy() + 2
+    group = table.column("group").combine_chunks()
+    names = [f"replica-b:{g}" for g in group.dictionary.to_pylist()] + ["replica-b"]
+    renamed = pa.DictionaryArray.from_arrays(
+        group.indices.fill_null(len(names) - 1), pa.array(names)
+    )
+    table = table.set_column(table.schema.get_field_index("rank"), "rank", pa.array(rank))
+    table = table.set_column(table.schema.get_field_index("group"), "group", renamed)
+    table = table.cast(events.table.schema)
+    return EventTable(table, events.sources)
+
+
+def test_a_second_replica_is_aligned_among_its_own_ranks(gloo_run):
+    replica = shifted(_second_replica(gloo_run), 3, SHIFT_NS)
+    both = EventTable(pa.concat_tables([gloo_run.table, replica.table]).unify_dictionaries(), [])
+    offsets = estimate_rank_offsets(build_tree(both))
+    assert offsets.method == ["reference", "collectives", "group reference", "collectives"]
+    assert abs(offsets.offset_of(3) - SHIFT_NS) < TOLERANCE_NS
+    apart = [w for w in offsets.warnings if "share no collective" in w]
+    assert apart == [
+        "ranks 2–3 share no collective with rank 0 (another engine replica or process group): "
+        "their clocks are aligned among themselves, not to rank 0's"
+    ]

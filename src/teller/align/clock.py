@@ -48,8 +48,9 @@ SUSPECT_RESIDUAL_NS = 1_000_000
 class ClockOffsets:
     """Per-rank clock offsets against a reference rank: subtract `offset_ns` to get its clock.
 
-    `method` says where each offset came from: "reference", "collectives", or "none" (no shared
-    instance; offset 0). `residual_ns` is half the interquartile range of the per-instance
+    `method` says where each offset came from: "reference", "collectives", "group reference" (the
+    lowest rank of a group that shares no collective with the reference: another engine replica,
+    whose ranks are aligned to it), or "none" (no shared instance; offset 0). `residual_ns` is half the interquartile range of the per-instance
     differences after correction; `instances` how many joined instances the estimate used.
     """
 
@@ -91,6 +92,45 @@ def estimate_rank_offsets(tree: CallTree, reference_rank: int | None = None) -> 
     shared = [ends for ends in by_instance.values() if len(ends) > 1]
 
     known: dict[int, tuple[int, int, int, str]] = {reference_rank: (0, 0, 0, "reference")}
+    _propagate(shared, known, warnings)
+    in_collectives = sorted({r for ends in shared for r in ends})
+    apart = [r for r in in_collectives if r not in known]
+    while True:  # another engine replica or process group: its ranks aligned among themselves
+        anchor = min((r for r in in_collectives if r not in known), default=None)
+        if anchor is None:
+            break
+        known[anchor] = (0, 0, 0, "group reference")
+        _propagate(shared, known, warnings)
+    if apart:
+        warnings.append(
+            f"ranks {_listed(apart)} share no collective with rank {reference_rank} (another "
+            "engine replica or process group): their clocks are aligned among themselves, "
+            f"not to rank {reference_rank}'s"
+        )
+    alone = [r for r in ranks if r not in known]
+    for r in alone:
+        known[r] = (0, 0, 0, "none")
+    if alone:
+        warnings.append(f"ranks {_listed(alone)} share no collective with any rank: offset 0")
+    order = sorted(known)
+    return ClockOffsets(
+        reference_rank=reference_rank,
+        rank=np.asarray(order, dtype=np.int32),
+        offset_ns=np.asarray([known[r][0] for r in order], dtype=np.int64),
+        residual_ns=np.asarray([known[r][1] for r in order], dtype=np.int64),
+        instances=np.asarray([known[r][2] for r in order], dtype=np.int64),
+        method=[known[r][3] for r in order],
+        warnings=warnings,
+    )
+
+
+def _propagate(
+    shared: list[dict[int, int]],
+    known: dict[int, tuple[int, int, int, str]],
+    warnings: list[str],
+) -> None:
+    """Extend `known` offsets to every rank that meets a known one at collective instances,
+    nearest first (a rank two hops away is placed through the one between)."""
     while True:
         samples: dict[int, list[int]] = {}
         for ends in shared:
@@ -102,7 +142,7 @@ def estimate_rank_offsets(tree: CallTree, reference_rank: int | None = None) -> 
                 if r not in known:
                     samples.setdefault(r, []).append(end - anchor_end)
         if not samples:
-            break
+            return
         for r, values in samples.items():
             offset, residual = midhinge(np.asarray(values, dtype=np.int64))
             known[r] = (offset, residual, len(values), "collectives")
@@ -113,20 +153,18 @@ def estimate_rank_offsets(tree: CallTree, reference_rank: int | None = None) -> 
                     f"rank {r}: collective end times disagree by ±{residual / 1e6:.1f} ms around "
                     "the offset; instances are probably mis-joined (sampled or partial traces)"
                 )
-    for r in ranks:
-        if r not in known:
-            known[r] = (0, 0, 0, "none")
-            warnings.append(f"rank {r} shares no collective with rank {reference_rank}: offset 0")
-    order = sorted(known)
-    return ClockOffsets(
-        reference_rank=reference_rank,
-        rank=np.asarray(order, dtype=np.int32),
-        offset_ns=np.asarray([known[r][0] for r in order], dtype=np.int64),
-        residual_ns=np.asarray([known[r][1] for r in order], dtype=np.int64),
-        instances=np.asarray([known[r][2] for r in order], dtype=np.int64),
-        method=[known[r][3] for r in order],
-        warnings=warnings,
-    )
+
+
+def _listed(ranks: list[int]) -> str:
+    """Ranks as a person reads them: consecutive ones as a range (0–3, 8, 12–15)."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(f"{start}–{r}" if r > start else f"{r}")
+            start = None
+    return ", ".join(parts)
 
 
 def midhinge(values: np.ndarray) -> tuple[int, int]:

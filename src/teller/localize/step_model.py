@@ -10,6 +10,7 @@ against its own nearest steps.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,12 +218,14 @@ def _temporal(logs: np.ndarray, kinds: np.ndarray, tokens: np.ndarray) -> np.nda
     """Each rank's log measure against its own median in the steps of the same kind and the
     nearest sizes (four on either side by tokens)."""
     temporal = np.zeros_like(logs)
-    for kind in set(kinds.tolist()):
-        rows = np.flatnonzero(kinds == kind)
-        order = rows[np.argsort(tokens[rows])]
-        for pos, row in enumerate(order.tolist()):
-            window = order[max(0, pos - 4) : pos + 5]
-            window = window[window != row]
-            if len(window):
-                temporal[row] = logs[row] - np.nanmedian(logs[window], axis=0)
+    with warnings.catch_warnings():  # a rank that ran none of the window's steps: NaN, scored 0
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for kind in set(kinds.tolist()):
+            rows = np.flatnonzero(kinds == kind)
+            order = rows[np.argsort(tokens[rows])]
+            for pos, row in enumerate(order.tolist()):
+                window = order[max(0, pos - 4) : pos + 5]
+                window = window[window != row]
+                if len(window):
+                    temporal[row] = logs[row] - np.nanmedian(logs[window], axis=0)
     return temporal
