@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numba import njit
 
 from teller.callchain.steps import StepTable, find_steps
 from teller.ingest.comm_names import collective_kind
@@ -189,12 +190,7 @@ def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = No
             "(launched before the profiling window or by an untraced thread)"
         )
 
-    parent_list = parent.tolist()
-    depth_list = [0] * count
-    for i, p in enumerate(parent_list):  # parents precede children
-        if p >= 0:
-            depth_list[i] = depth_list[p] + 1
-    depth = np.asarray(depth_list, dtype=np.int32)
+    depth = _depths(parent)
     call_child = (parent >= 0) & (edge == EDGE_CALL)
     self_ns = dur.copy()
     np.subtract.at(self_ns, parent[call_child], dur[call_child])
@@ -237,40 +233,54 @@ def _nest_cpu(
     edge: np.ndarray,
     num_cpu: int,
 ) -> int:
-    """Nest CPU events per thread with one stack, tolerating rounding overlaps."""
-    overlaps = 0
-    end = (start + dur).tolist()
-    starts = start.tolist()
-    threads = list(
-        zip(rank[:num_cpu].tolist(), pid[:num_cpu].tolist(), tid[:num_cpu].tolist(), strict=True)
+    """Nest CPU events per thread with one stack, tolerating rounding overlaps; returns how many
+    events overlapped a sibling beyond the tolerance. Rows are grouped by thread, in time order,
+    outer before inner (`build_tree`'s sort)."""
+    return int(
+        _nest_cpu_rows(
+            rank, pid, tid, start, dur, parent, edge, num_cpu, NESTING_TOLERANCE_NS, EDGE_CALL
+        )
     )
-    stack: list[int] = []
-    current = None
-    tolerance = NESTING_TOLERANCE_NS
-    parents = parent  # numpy writes are the slow part; collect then assign
-    found: list[tuple[int, int]] = []
+
+
+@njit(cache=True)
+def _nest_cpu_rows(rank, pid, tid, start, dur, parent, edge, num_cpu, tolerance, edge_call):
+    """`_nest_cpu`'s loop, compiled: one pass, one stack per thread (a run has millions of CPU
+    events, and the loop in Python was the tree build's largest cost)."""
+    overlaps = 0
+    stack = np.empty(max(num_cpu, 1), dtype=np.int64)
+    top = 0
     for i in range(num_cpu):
-        if threads[i] != current:
-            current = threads[i]
-            stack = []
-        s, e = starts[i], end[i]
-        while stack:
-            top = stack[-1]
-            if s >= end[top]:
-                stack.pop()
-            elif e > end[top] + tolerance:
+        if i == 0 or rank[i] != rank[i - 1] or pid[i] != pid[i - 1] or tid[i] != tid[i - 1]:
+            top = 0
+        s = start[i]
+        e = s + dur[i]
+        while top > 0:
+            above = stack[top - 1]
+            above_end = start[above] + dur[above]
+            if s >= above_end:
+                top -= 1
+            elif e > above_end + tolerance:
                 overlaps += 1
-                stack.pop()
+                top -= 1
             else:
                 break
-        if stack:
-            found.append((i, stack[-1]))
-        stack.append(i)
-    if found:
-        children, parents_found = zip(*found, strict=True)
-        parents[list(children)] = parents_found
-        edge[list(children)] = EDGE_CALL
+        if top > 0:
+            parent[i] = stack[top - 1]
+            edge[i] = edge_call
+        stack[top] = i
+        top += 1
     return overlaps
+
+
+@njit(cache=True)
+def _depths(parent):
+    """Each node's depth; parents precede their children, so one pass."""
+    depth = np.zeros(len(parent), dtype=np.int32)
+    for i in range(len(parent)):
+        if parent[i] >= 0:
+            depth[i] = depth[parent[i]] + 1
+    return depth
 
 
 def _attach_gpu(

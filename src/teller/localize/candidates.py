@@ -28,7 +28,7 @@ from teller.callchain.tree import CallTree
 from teller.ingest.schema import COMPUTE_CODES
 from teller.localize.collectives import collective_candidates
 from teller.localize.features import credit, significance
-from teller.localize.idle import idle_gaps
+from teller.localize.idle import run_idle_gaps
 from teller.localize.results import OperatorCandidate, StepScore
 
 #: Share of a rank's late arrival that its own compute excess must cover to explain it.
@@ -81,7 +81,7 @@ class RunTables:
             nodes=facts.step_nodes,
             history=SelfTimeHistory.of(facts.step_nodes),
             step_totals=facts.compute_totals,
-            gaps=idle_gaps(facts.tree),
+            gaps=run_idle_gaps(facts),
             arrivals=facts.arrivals,
             substituted=substituted_kernels(facts),
             waiting=facts.waiting,

@@ -27,7 +27,7 @@ from teller.callchain.breakdown import StepBreakdown, breakdown_of
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.localize import OperatorCandidate, StepScore
-from teller.localize.idle import idle_gaps
+from teller.localize.idle import run_idle_gaps
 from teller.rca.plans import collective_word
 
 
@@ -239,7 +239,7 @@ class RunContext:
             )
         }
         self.comm = self.facts.derived("rca.comm_table", lambda: _comm_table(tree))
-        self.idle_of = self.facts.derived("rca.idle_totals", lambda: _idle_totals(tree))
+        self.idle_of = self.facts.derived("rca.idle_totals", lambda: _idle_totals(self.facts))
         self._late_sums = _late_sums(self.comm)
 
     # -- per step ----------------------------------------------------------------------------
@@ -458,9 +458,9 @@ def _late_sums(table: _CommTable | None) -> dict[tuple[int, int], float]:
     return out
 
 
-def _idle_totals(tree: CallTree) -> dict[tuple[int, int], float]:
+def _idle_totals(facts: RunFacts) -> dict[tuple[int, int], float]:
     """(rank, iteration) → GPU idle ns the host caused (`teller.localize.idle.idle_gaps`)."""
-    return {key: float(sum(per_name.values())) for key, per_name in idle_gaps(tree).items()}
+    return {key: float(sum(per_name.values())) for key, per_name in run_idle_gaps(facts).items()}
 
 
 def _first_iteration_of(rank: np.ndarray, iteration: np.ndarray) -> dict[int, int]:
