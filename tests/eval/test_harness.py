@@ -251,3 +251,57 @@ def test_the_localizer_is_scored_on_its_verdicts_explanations(cases: Path) -> No
     overall = next(r for r in result.rows if r.group == "overall")
     assert overall.explained_steps and overall.explained_steps > 0
     assert overall.well_formed == 1.0 and overall.agreement == 1.0 and overall.faithful == 1.0
+
+
+def _straggler_case() -> Path:
+    from tests.rca.conftest import small_case
+
+    return small_case("straggler", rank=1, seed=11, gpus=4)
+
+
+def _scored_and_verdict(case_dir: Path) -> tuple[Localization, list]:
+    """The scoreboard's model method on a case, and the verdict `teller analyze` gives on it."""
+    from teller.analysis import Analysis
+
+    case = next(iter(find_cases([case_dir])))
+    tree = case.tree()
+    scored = RootCauseMethod().fit([]).score(tree, logs=case.logs(tree))
+    return scored, Analysis(case_dir, method="model").diagnose().findings
+
+
+def test_the_model_is_scored_on_the_operator_and_rank_its_verdict_names() -> None:
+    """Every step the verdict flags is scored with the finding's operator and rank first and the
+    finding's fault type and sentence plans, so the scoreboard measures what a user reads. (The
+    numbers may differ in the last digit: `teller analyze` puts the ranks on one clock first.)"""
+    from teller.rca.plans import parse
+
+    scored, findings = _scored_and_verdict(_straggler_case())
+    assert findings and {f.step for f in findings} == {
+        s.iteration for s in scored.anomalous_steps()
+    }
+    for f in findings:
+        top = scored.candidates[f.step][0]
+        assert (top.operator, top.rank) == (f.operator, f.rank)
+        words = scored.explanations[f.step]
+        assert words.fault == f.fault_type
+        assert [s.plan for s in parse(words.text)] == [s.plan for s in parse(f.explanation)]
+
+
+def test_the_one_incident_rule_reaches_the_scoreboard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the verdict's one-incident rule re-points a finding at another candidate, the
+    scoreboard scores that candidate, not the pointer's first pick."""
+    import teller.rca.diagnose as diagnose
+
+    def second_candidate(drafts, context) -> None:
+        for draft in drafts:
+            if len(draft.ranked) > 1:
+                draft.chosen = 1
+
+    monkeypatch.setattr(diagnose, "one_incident_per_cause", second_candidate)
+    scored, findings = _scored_and_verdict(_straggler_case())
+    repointed = [f for f in findings if len(f.candidates) > 1]
+    assert repointed
+    for f in repointed:
+        top = scored.candidates[f.step][0]
+        assert (top.operator, top.rank) == (f.operator, f.rank)
+        assert (top.operator, top.rank) == (f.candidates[0]["operator"], f.candidates[0]["rank"])

@@ -14,6 +14,7 @@ from teller.callchain.tree import CallTree
 from teller.eval.cases import CaseLogs
 from teller.localize import (
     Localization,
+    NumericLocalizer,
     OperatorCandidate,
     StepExplanation,
     StepScore,
@@ -21,8 +22,9 @@ from teller.localize import (
 )
 from teller.rca.context import RunContext
 from teller.rca.dataset import case_records
+from teller.rca.diagnose import model_explanations
 from teller.rca.explain import compose
-from teller.rca.infer import LoadedModel, explain_diagnoses
+from teller.rca.infer import LoadedModel
 
 
 class RootCauseMethod:
@@ -56,20 +58,21 @@ class RootCauseMethod:
         facts = RunFacts.of(tree, facts)
         records = case_records(tree, "", None, alignment, facts)
         diagnoses = self.model_.diagnose_records(records, pool_faults=self.pool_faults)
-        explain_diagnoses(tree, facts, diagnoses, has_logs=alignment is not None)
+        named = model_explanations(
+            tree, NumericLocalizer().score(tree, facts), diagnoses, facts, alignment is not None
+        )
         steps, candidates, explanations = [], {}, {}
         for d in diagnoses:
             steps.append(
                 StepScore(d.iteration, "", d.dur_ns, d.expected_ns, d.probability, d.anomalous)
             )
             if d.anomalous:
-                # the words and the node they were written from, so the scoreboard can check both
-                explanations[d.iteration] = StepExplanation(
-                    d.fault,
-                    d.explanation,
-                    d.facts.operator if d.facts else None,
-                    d.facts.rank if d.facts else None,
-                )
+                # the node the verdict names leads, with the words it was written from, so the
+                # scoreboard checks both
+                chosen, explanations[d.iteration] = named[d.iteration]
+                ranked = d.candidates[chosen : chosen + 1] + [
+                    pair for k, pair in enumerate(d.candidates) if k != chosen
+                ]
                 candidates[d.iteration] = [
                     OperatorCandidate(
                         c.iteration,
@@ -83,7 +86,7 @@ class RootCauseMethod:
                         c.reference,
                         c.kind,
                     )
-                    for c, p in d.candidates
+                    for c, p in ranked
                 ]
         hang = unfinished_step(
             tree, facts

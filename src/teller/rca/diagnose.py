@@ -229,16 +229,48 @@ def localizer_explanations(
     """The localizer's explanation of each flagged step, as its verdict words it (the same
     plans, the same one-incident rule), with the fault type and the node it names: what the
     scoreboard judges the localizer's words by."""
-    drafts = _drafts(tree, localization)
     flagged = {s.iteration for s in localization.anomalous_steps()}
+    named = _named(tree, localization, _drafts(tree, localization), flagged, facts, has_logs)
+    return {step: explanation for step, (_, explanation) in named.items()}
+
+
+def model_explanations(
+    tree: CallTree,
+    localization: Localization,
+    diagnoses: list[StepDiagnosis],
+    facts: RunFacts | None = None,
+    has_logs: bool = False,
+) -> dict[int, tuple[int, StepExplanation]]:
+    """The model's findings as its verdict points and words them: per flagged step, the index
+    into the step's ranked candidates of the one the finding names (the pointer's pick, or the
+    straggler's candidate the one-incident rule re-points a peer's finding at) and its
+    explanation. What the scoreboard scores the model by, so that it scores the verdict a user
+    reads, not the pointer before the verdict's rules."""
+    flagged = {d.iteration for d in diagnoses if d.anomalous}
+    drafts = _model_drafts(localization, diagnoses)
+    return _named(tree, localization, drafts, flagged, facts, has_logs)
+
+
+def _named(
+    tree: CallTree,
+    localization: Localization,
+    drafts: list[_Draft],
+    flagged: set[int],
+    facts: RunFacts | None,
+    has_logs: bool,
+) -> dict[int, tuple[int, StepExplanation]]:
+    """Each draft's named candidate and explanation after the one-incident rule."""
     normal = {s.iteration for s in localization.steps} - flagged
     context = RunContext(tree, facts, normal, has_logs)
     one_incident_per_cause(drafts, context)
     out = {}
     for draft in drafts:
         finding = _finding(tree, context, draft)
-        out[finding.step] = StepExplanation(
-            finding.fault_type or "none", finding.explanation, finding.operator, finding.rank
+        out[finding.step] = (
+            draft.chosen,
+            StepExplanation(
+                finding.fault_type or "none", finding.explanation, finding.operator, finding.rank
+            ),
         )
     return out
 
