@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TRACES ?= $(firstword $(TELLER_TRACES) $(wildcard ../shared/traces) .traces)
 DEMO_OUT ?= demo-out
 
-.PHONY: all venv demo test test-fast lint format traces bench clean system-tools
+.PHONY: all venv demo test test-fast lint format traces bench clean system-tools model
 
 all: test
 
@@ -64,6 +64,17 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format src tests bench scripts
 	$(BIN)/ruff check --fix src tests bench scripts
+
+# Rebuild the default root-cause model from its committed recipes: the training cases (simulated,
+# and real lab runs, which need root), then the three-member ensemble (src/teller/rca/default_model).
+MODEL_DATA ?= /tmp/teller-model-data
+MODEL_RECIPES := sim-train-v1 sim-train-v2 lab-train-v1 sim-train-v3
+
+model: $(STAMP) system-tools
+	for recipe in $(MODEL_RECIPES); do \
+	  $(BIN)/teller -q lab recipe evalsets/$$recipe.json --out $(MODEL_DATA)/$$recipe || exit 1; done
+	$(BIN)/teller train --data $(addprefix $(MODEL_DATA)/,$(MODEL_RECIPES)) \
+	  -o src/teller/rca/default_model/model --jobs 3 --members 3 --epochs 20 --cache $(MODEL_DATA)/cache
 
 traces:
 	@if [ -d ../shared/traces ]; then echo "real traces present in ../shared/traces"; \
