@@ -190,7 +190,7 @@ def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = No
             "(launched before the profiling window or by an untraced thread)"
         )
 
-    depth = _depths(parent)
+    depth = depths_of(parent)
     call_child = (parent >= 0) & (edge == EDGE_CALL)
     self_ns = dur.copy()
     np.subtract.at(self_ns, parent[call_child], dur[call_child])
@@ -274,8 +274,9 @@ def _nest_cpu_rows(rank, pid, tid, start, dur, parent, edge, num_cpu, tolerance,
 
 
 @njit(cache=True)
-def _depths(parent):
-    """Each node's depth; parents precede their children, so one pass."""
+def depths_of(parent):
+    """Each node's depth in a forest whose parents precede their children (a tree, a slice, a
+    token forest): one pass."""
     depth = np.zeros(len(parent), dtype=np.int32)
     for i in range(len(parent)):
         if parent[i] >= 0:

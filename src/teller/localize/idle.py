@@ -50,7 +50,8 @@ def idle_gaps(tree: CallTree, min_gap_ns: int = MIN_GAP_NS) -> IdleGaps:
         launchers = tree.parent[kernels]
         launched = (tree.edge[kernels] == EDGE_LAUNCH) & (launchers >= 0)
         launch_ns = np.where(launched, tree.start[np.maximum(launchers, 0)], 0)
-        late = launched & (launch_ns > idle_from)  # launched in time: a device-side wait
+        # launched after the GPU went idle; one launched in time waited on the device instead
+        late = launched & (launch_ns > idle_from)
         kernels, launchers, gaps = kernels[late], launchers[late], gap[after[late] - 1]
         midpoints = (idle_from[late] + launch_ns[late]) // 2
         culprits = _running_at(

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from teller.atomic import write_text_atomic
+from teller.callchain.tree import depths_of
 from teller.errors import TraceError
 from teller.ingest.schema import LAYERS
 from teller.slices.slice import CommRelations, Slice
@@ -351,7 +352,7 @@ class TPE:
         return Slice(
             parent=parent,
             edge=edge,
-            depth=_depths(parent),
+            depth=depths_of(parent),
             layer=layer,
             name=scatter(tokens.name, np.int32),
             rank=scatter(tokens.rank, np.int32),
@@ -514,12 +515,3 @@ def _node_weights(slices: Sequence[Slice], weighting: str) -> np.ndarray:
     if weighting == "node":
         return np.ones(sum(sizes), dtype=np.float64)
     return np.repeat([1.0 / max(n, 1) for n in sizes], sizes).astype(np.float64)
-
-
-def _depths(parent: np.ndarray) -> np.ndarray:
-    """Depth of every node when parents come before children."""
-    depth = [0] * len(parent)
-    for i, p in enumerate(parent.tolist()):
-        if p >= 0:
-            depth[i] = depth[p] + 1
-    return np.asarray(depth, dtype=np.int32)
