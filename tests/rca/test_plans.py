@@ -205,3 +205,47 @@ def test_random_head_outputs_always_give_explanations_of_plans_that_agree_with_t
         if mechanism != "none":
             assert mechanism in FAULT_MECHANISMS[fault]
         assert 0.0 <= explanation.explained_ns <= explanation.excess_ns + 1e-6
+
+
+def _late_rank(own_ns: float, late_ns: float, transfer: Measured | None) -> StepContext:
+    """Rank 0 of two, last at the step's all-reduces (the lab's throttled-link steps)."""
+    top = OperatorCandidate(
+        iteration=54,
+        rank=0,
+        operator="gloo:all_reduce",
+        score=1.0,
+        observed_ns=157_000_000,
+        normal_ns=17_600_000,
+        z=9.0,
+        node=1,
+        reference="vs normal",
+        kind="transfer",
+    )
+    late = LateArrivals(14, "all-reduce", 8_190.0, 57_300.0, late_ns, 3.53e6, late_ns, own_ns)
+    return StepContext(
+        iteration=54,
+        kind="mixed",
+        step_dur_ns=253_000_000,
+        expected_ns=69_600_000,
+        rank=0,
+        rank_dur_ns=253_000_000,
+        ranks=2,
+        candidate=top,
+        arrivals=late,
+        transfer=transfer,
+    )
+
+
+def test_a_straggler_is_not_said_to_cost_no_transfer_when_its_own_collective_time_dwarfs_it():
+    rose = Measured(190e6, 30e6)
+    throttled = compose(_late_rank(own_ns=190e6, late_ns=69.1e6, transfer=rose), "straggler")
+    assert "cause.straggler_or_link" in throttled.plans, throttled.text
+    assert "not transfer" not in throttled.text
+    assert "its own 190 ms in those collectives is more than its 69.1 ms of late arrival" in (
+        throttled.text
+    )
+    assert parse(throttled.text) is not None
+    # a true straggler: little of its own time inside, or no rise in transfer
+    for own, transfer in ((5e6, rose), (190e6, Measured(31e6, 30e6)), (190e6, None)):
+        plain = compose(_late_rank(own_ns=own, late_ns=69.1e6, transfer=transfer), "straggler")
+        assert "cause.straggler" in plain.plans and "not transfer" in plain.text

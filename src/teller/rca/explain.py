@@ -347,12 +347,28 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
         plan = "cause.peer_wait"
     elif fault in _ALONE and c.one_rank:
         plan += "_alone"
+    elif fault == "straggler" and _transfer_dwarfs_lateness(c):
+        assert c.arrivals is not None
+        return [
+            (f"{plan}_or_link", dict(rank=c.rank, own=c.arrivals.own_ns, late=c.arrivals.late_ns))
+        ]
     if plan not in PLANS:
         return []
     needs_rank = "rank" in PLANS[plan].slots
     if needs_rank and c.rank is None:
         return []
     return [(plan, dict(rank=c.rank) if needs_rank else {})]
+
+
+def _transfer_dwarfs_lateness(c: StepContext) -> bool:
+    """Whether the rank spent longer inside the collectives it reached late than it was late,
+    in a step whose transfer rose: then its peers' time there is not all waiting for it, and a
+    throttled link from it would read the same, so the straggler's sentence must not say "not
+    transfer"."""
+    late = c.arrivals
+    if late is None or c.rank is None or late.own_ns <= late.late_ns:
+        return False
+    return c.transfer is not None and c.transfer.observed_ns > MECHANISM_RISE * c.transfer.normal_ns
 
 
 def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dict], float]:

@@ -452,6 +452,15 @@ _PLANS = (
         fault="straggler",
     ),
     Plan(
+        "cause.straggler_or_link",
+        "This points to rank {rank} as a straggler, though its own {own} in those collectives "
+        "is more than its {late} of late arrival: a slower link from that rank would look "
+        "alike here.",
+        fault="straggler",
+        note="the rank's own time in the collectives it reached late exceeds its lateness, and "
+        "the step's transfer rose",
+    ),
+    Plan(
         "cause.straggler_alone",
         "This points to rank {rank}'s own work running late, as a throttled or descheduled "
         "process's does.",
@@ -855,6 +864,7 @@ EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
     "evidence.frame": {"op": "## forward ##", "observed": 21.8e6, "normal": 256e3},
     "evidence.repeat_peers": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
     "evidence.wait": {"op": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "normal": 1.52e6},
+    "cause.straggler_or_link": {"own": 787e6, "late": 9.15e6},
     **{
         plan: {"host_call": "cudaLaunchKernel", "host_op": "aten::mm"}
         for plan in ("time.idle_launch", "time.idle_launch_call")
