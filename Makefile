@@ -69,12 +69,16 @@ format: $(STAMP)
 # and real lab runs, which need root), then the three-member ensemble (src/teller/rca/default_model).
 MODEL_DATA ?= /tmp/teller-model-data
 MODEL_RECIPES := sim-train-v1 sim-train-v2 lab-train-v1 sim-train-v3
+# The step threshold is chosen on cases neither trained on nor on the scoreboard.
+CALIBRATION_RECIPES := sim-eval-v6 lab-val-v1
 
 model: $(STAMP) system-tools
-	for recipe in $(MODEL_RECIPES); do \
+	for recipe in $(MODEL_RECIPES) $(CALIBRATION_RECIPES); do \
 	  $(BIN)/teller -q lab recipe evalsets/$$recipe.json --out $(MODEL_DATA)/$$recipe || exit 1; done
 	$(BIN)/teller train --data $(addprefix $(MODEL_DATA)/,$(MODEL_RECIPES)) \
 	  -o src/teller/rca/default_model/model --jobs 3 --members 3 --epochs 20 --cache $(MODEL_DATA)/cache
+	$(BIN)/teller -q calibrate --cases $(addprefix $(MODEL_DATA)/,$(CALIBRATION_RECIPES)) \
+	  --model src/teller/rca/default_model/model
 
 traces:
 	@if [ -d ../shared/traces ]; then echo "real traces present in ../shared/traces"; \

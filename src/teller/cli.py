@@ -364,6 +364,47 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from teller.eval.calibrate import calibrate, write_calibration
+    from teller.eval.cases import find_cases
+
+    cases = find_cases([Path(p) for p in args.cases])
+    calibration = calibrate(cases, args.model, progress=not args.quiet)
+    table = Table(
+        "threshold",
+        "joint F1 H",
+        "joint F1 V",
+        "step recall H",
+        "step recall V",
+        "false alarms",
+        title=f"{len(cases)} calibration cases",
+    )
+
+    def cell(values: dict[str, float], view: str) -> str:
+        return f"{values[view]:.3f}" if view in values else "—"
+
+    for score in calibration.scores:
+        chosen = " ←" if score.threshold == calibration.step_threshold else ""
+        table.add_row(
+            f"{score.threshold:.2f}{chosen}",
+            cell(score.joint_f1, "horizontal"),
+            cell(score.joint_f1, "vertical"),
+            cell(score.step_recall, "horizontal"),
+            cell(score.step_recall, "vertical"),
+            f"{score.false_alarm_rate:.2%}",
+        )
+    Console().print(table)
+    if args.dry_run:
+        print(f"step threshold {calibration.step_threshold:.2f} (not written: --dry-run)")
+    else:
+        path = write_calibration(args.model, calibration)
+        print(f"{path}: step threshold {calibration.step_threshold:.2f}")
+    return EXIT_OK
+
+
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from teller.analysis import Analysis
     from teller.report.terminal import render_findings
@@ -587,6 +628,17 @@ def _parser() -> argparse.ArgumentParser:
             help=f"weight of L_{head} in L = λ_step·L_step + λ_op·L_op + λ_explain·L_explain "
             "(default: the model's, 1)",
         )
+
+    calibrate = command(
+        "calibrate",
+        cmd_calibrate,
+        "choose a trained model's step threshold on labelled cases it never trained on",
+    )
+    calibrate.add_argument("--cases", nargs="+", required=True, help="case directories or roots")
+    calibrate.add_argument("--model", help="model directory (default: the shipped model)")
+    calibrate.add_argument(
+        "--dry-run", action="store_true", help="print the figures; leave config.json alone"
+    )
 
     diagnose = command("diagnose", cmd_diagnose, "diagnose a run with the root-cause model")
     diagnose.add_argument("path", help="case directory or directory of rank trace files")

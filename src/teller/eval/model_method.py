@@ -38,9 +38,15 @@ class RootCauseMethod:
 
     uses_logs = True
 
-    def __init__(self, model_dir: str | Path | None = None, pool_faults: bool = True) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        pool_faults: bool = True,
+        threshold: float | None = None,
+    ) -> None:
         self.model_dir = model_dir
         self.pool_faults = pool_faults
+        self.threshold = threshold  # None: the checkpoint's step threshold
 
     def fit(
         self, normal_trees: list[CallTree], normal_logs: Sequence[CaseLogs] = ()
@@ -57,7 +63,9 @@ class RootCauseMethod:
         alignment = logs.aligned if logs is not None else None
         facts = RunFacts.of(tree, facts)
         records = case_records(tree, "", None, alignment, facts)
-        diagnoses = self.model_.diagnose_records(records, pool_faults=self.pool_faults)
+        diagnoses = self.model_.diagnose_records(
+            records, pool_faults=self.pool_faults, threshold=self.threshold
+        )
         named = model_explanations(
             tree, NumericLocalizer().score(tree, facts), diagnoses, facts, alignment is not None
         )
