@@ -17,7 +17,7 @@ from teller.errors import TellerError
 from teller.labels import CaseLabels
 from teller.localize.results import OperatorCandidate, StepScore
 from teller.rca.diagnose import MODEL_UNAVAILABLE, _Draft, by_incident, one_incident_per_cause
-from teller.rca.infer import DEFAULT_MODEL, diagnose_path
+from teller.rca.infer import DEFAULT_MODEL
 from teller.rca.plans import operator_text
 from teller.rca.verdict import Finding
 
@@ -32,19 +32,19 @@ pytestmark = pytest.mark.skipif(
 def test_default_model_names_the_labelled_rank_and_operator(fault):
     case = small_case(fault, rank=1, seed=11, gpus=4)
     labels = CaseLabels.read(case)
-    diagnoses = diagnose_path(case)
-    flagged = [d for d in diagnoses if d.anomalous and d.iteration in labels.steps]
-    named = [d for d in flagged if d.facts is not None]
+    verdict = Analysis(case).diagnose()
+    assert verdict.method == "model:default", verdict.warnings
+    named = [f for f in verdict.findings if f.step in labels.steps and f.operator is not None]
     # at least 4 of the 10 window steps (steps outside the window: not pinned here). The toy
     # straggler's first window steps run 0.3-15% over their batch's time and show only in the
     # late arrival, so a model may well miss a few of them
     assert len(named) >= 4
     # the run's answer: the operator and rank most of its flagged steps name
-    picks = Counter((d.facts.operator, d.facts.rank) for d in named)
+    picks = Counter((f.operator, f.rank) for f in named)
     assert picks.most_common(1)[0][0] == (labels.guilty_operator, labels.guilty_rank)
-    right = [d for d in named if (d.facts.operator, d.facts.rank) == picks.most_common(1)[0][0]]
+    right = [f for f in named if (f.operator, f.rank) == picks.most_common(1)[0][0]]
     shown = operator_text(labels.guilty_operator)  # a long kernel name keeps its head
-    assert all(shown in d.explanation for d in right)  # fault type: see README
+    assert all(shown in f.explanation for f in right)  # fault type: see README
 
 
 def test_diagnose_command_prints_the_verdict(capsys):

@@ -1,13 +1,13 @@
-"""Load a trained root-cause model and diagnose a tree: steps, guilty operator and rank, and
-the explanation.
+"""Load a trained root-cause model and diagnose a tree's steps: which are anomalous, the guilty
+operator and rank the pointer picks among the localizer's candidates, the fault type, and the
+explanation head's scores over the mechanisms (`teller.rca.plans.MECHANISMS`).
 
-The explanation is composed from sentence plans (`teller.rca.explain`): the fault head names the
-fault type, the explanation head scores the mechanisms (`teller.rca.plans.MECHANISMS`) and the
-best one the step's facts allow is stated; every slot is a measured fact of the pointed node and
-its context, so the text can neither be ill-formed nor name an operator or rank the pointer did
-not pick.
+The words are not written here: the verdict (`teller.rca.diagnose`) composes each finding's
+explanation from sentence plans (`teller.rca.explain`) after its rules (one incident per cause,
+the host counters' fault type), so there is one explanation of a step, the one a user reads.
 
-`RootCauseMethod` wraps the model in the scoreboard's estimator shape (`fit`, `score`).
+`RootCauseMethod` (`teller.eval.model_method`) wraps the model in the scoreboard's estimator
+shape (`fit`, `score`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from teller.callchain.facts import RunFacts
-from teller.callchain.render import format_ns
 from teller.callchain.tree import CallTree
 from teller.errors import TraceError
 from teller.faults import FAULT_FREE
 from teller.ingest.files import guard_reader
-from teller.layout import CaseDir
-from teller.localize import OperatorCandidate, StepScore
-from teller.rca.context import RunContext
-from teller.rca.dataset import StepRecord, case_alignment, case_records, encode
-from teller.rca.explain import choose_mechanism, compose
+from teller.localize import OperatorCandidate
+from teller.rca.dataset import StepRecord, case_records, encode
 from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, Batch
 from teller.rca.model import ModelConfig, RootCauseModel
 from teller.rca.plans import MECHANISMS
@@ -69,7 +65,7 @@ def step_threshold(meta: dict, config: ModelConfig) -> float:
 
 @dataclass
 class NodeFacts:
-    """The pointed node's own facts, for `render` and the tests."""
+    """The pointed node's own facts, for a caller reading the diagnoses without a verdict."""
 
     operator: str
     rank: int
@@ -87,7 +83,6 @@ class StepDiagnosis:
     expected_ns: int
     fault: str
     facts: NodeFacts | None
-    explanation: str
     candidates: list[tuple[OperatorCandidate, float]] = field(default_factory=list)
     #: the explanation head's score per `teller.rca.plans.MECHANISMS` (None: the fault's default)
     mechanism_scores: list[float] | None = None
@@ -254,7 +249,6 @@ class LoadedModel:
                     expected_ns=record.expected_ns,
                     fault=fault,
                     facts=facts,
-                    explanation="",  # composed with the run's facts: `explain_diagnoses`
                     candidates=candidates,
                     mechanism_scores=mechanisms[b].tolist() if flagged[b] else None,
                 )
@@ -291,81 +285,13 @@ class LoadedModel:
         case_id: str = "",
         facts: RunFacts | None = None,
     ) -> list[StepDiagnosis]:
-        """Every step of the tree, in step order, the flagged ones explained. `alignment`: the
+        """Every step of the tree, in step order (the verdict words the flagged ones). `alignment`: the
         run's logs and spans on its steps, as the pipeline aligned them (None: traces alone);
         `facts`: the tree's, where the caller has them."""
         facts = RunFacts.of(tree, facts)
-        diagnoses = self.diagnose_records(case_records(tree, case_id, None, alignment, facts))
-        explain_diagnoses(tree, facts, diagnoses, has_logs=alignment is not None)
-        return diagnoses
-
-
-def explain_diagnoses(
-    tree: CallTree, facts: RunFacts | None, diagnoses: list[StepDiagnosis], has_logs: bool
-) -> None:
-    """Each flagged step's explanation, composed from the sentence plans (`teller.rca.explain`)
-    with the fault head's type, the explanation head's mechanism and the pointed node's measured
-    facts."""
-    flagged = {d.iteration for d in diagnoses if d.anomalous}
-    normal = {d.iteration for d in diagnoses} - flagged
-    context = RunContext(tree, facts, normal, has_logs)
-    for d in diagnoses:
-        if not d.anomalous:
-            continue
-        score = StepScore(d.iteration, "", d.dur_ns, d.expected_ns, d.probability, True)
-        ranked = [c for c, _ in d.candidates]
-        step = context.context(score, ranked[0] if ranked else None, ranked)
-        mechanism = choose_mechanism(step, d.fault, d.mechanism_scores)
-        d.explanation = compose(step, d.fault, mechanism).text
+        return self.diagnose_records(case_records(tree, case_id, None, alignment, facts))
 
 
 def variant_dir(name: str) -> Path:
     """A shipped model variant (`model`, `no-logs`, `no-numeric`, `raw-nodes`)."""
     return DEFAULT_MODEL.parent / name
-
-
-def diagnose_path(
-    path: str | Path, log_paths: Sequence[str | Path] = (), model_dir: str | Path | None = None
-) -> list[StepDiagnosis]:
-    """Diagnose a case directory (traces/, logs/ and otlp/ inside) or a directory of rank trace
-    files; `log_paths` stand in for the case's own logs."""
-    from teller.callchain.tree import build_tree
-    from teller.ingest import find_trace_files, read_run
-
-    path = Path(path)
-    if not path.is_dir():
-        raise TraceError(path, "not a directory (a case directory or a folder of rank traces)")
-    case = CaseDir(path)
-    logs = [Path(p) for p in log_paths] or None  # None: the case's own
-    files = find_trace_files([case.trace_root()])
-    if not files:
-        raise TraceError(
-            case.trace_root(), "no trace files found (looked for *.json, *.json.gz, *.sqlite)"
-        )
-    model = LoadedModel.load(model_dir)
-    tree = build_tree(read_run(files))
-    return model.diagnose(tree, case_alignment(tree, case, logs), case_id=path.name)
-
-
-def render(diagnoses: list[StepDiagnosis], top: int = 10) -> str:
-    """Anomalous steps, most certain first: operator, rank, explanation and the evidence."""
-    flagged = sorted((d for d in diagnoses if d.anomalous), key=lambda d: -d.probability)
-    if not flagged:
-        return f"no anomalous step among {len(diagnoses)}"
-    lines = [f"{len(flagged)} anomalous step(s) of {len(diagnoses)}"]
-    for d in flagged[:top]:
-        where = f"{d.facts.operator} on rank {d.facts.rank}" if d.facts else "no single operator"
-        lines.append(
-            f"step {d.iteration}  p={d.probability:.2f}  {format_ns(d.dur_ns)} vs "
-            f"{format_ns(d.expected_ns)} expected  {d.fault}: {where}"
-        )
-        lines.append(f"  {d.explanation}")
-        if d.facts:
-            lines.append(
-                f"  evidence: {format_ns(d.facts.observed_ns)} observed vs "
-                f"{format_ns(d.facts.normal_ns)} normal"
-                + (f"; log: {d.facts.log_line}" if d.facts.log_line else "")
-            )
-    if len(flagged) > top:
-        lines.append(f"… {len(flagged) - top} more")
-    return "\n".join(lines)
