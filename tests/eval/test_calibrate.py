@@ -50,14 +50,23 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_calibration_scores_the_grid_and_the_checkpoint_carries_the_choice(
-    cases: Path, tmp_path: Path
-) -> None:
+def _shipped_copy(tmp_path: Path, calibration: object) -> Path:
+    """The shipped checkpoint copied under `tmp_path` with `calibration` in its config.json
+    (None: none)."""
     model = tmp_path / "model"
     shutil.copytree(DEFAULT_MODEL, model)
     meta = json.loads((model / "config.json").read_text())
     meta.pop("calibration", None)
+    if calibration is not None:
+        meta["calibration"] = calibration
     (model / "config.json").write_text(json.dumps(meta))
+    return model
+
+
+def test_calibration_scores_the_grid_and_the_checkpoint_carries_the_choice(
+    cases: Path, tmp_path: Path
+) -> None:
+    model = _shipped_copy(tmp_path, None)
     plain = LoadedModel.load(model)
     assert plain.threshold == threshold(plain.model.config)
 
@@ -79,10 +88,6 @@ def test_calibration_scores_the_grid_and_the_checkpoint_carries_the_choice(
 def test_a_checkpoint_with_an_unusable_threshold_is_refused_naming_its_config(
     tmp_path: Path, bad: object
 ) -> None:
-    model = tmp_path / "model"
-    shutil.copytree(DEFAULT_MODEL, model)
-    meta = json.loads((model / "config.json").read_text())
-    meta["calibration"] = {"step_threshold": bad}
-    (model / "config.json").write_text(json.dumps(meta))
+    model = _shipped_copy(tmp_path, {"step_threshold": bad})
     with pytest.raises(TraceError, match=r"config\.json.*step_threshold"):
         LoadedModel.load(model)
