@@ -2,7 +2,7 @@
 
 The step head is trained with anomalous steps weighed up, and an ensemble averages its members'
 outputs, so the even-chance rule (`teller.rca.infer.threshold`) is a guess, not a calibrated
-cut: on fresh draws it missed a fifth of the labelled steps while raising no false alarm. Here
+cut: it can miss many labelled steps while raising no false alarm, or the reverse. Here
 every threshold of a grid is scored with the scoreboard's own harness (joint F1 per view, false
 alarms on fault-free cases), and the threshold with the best mean of the two views' joint F1 is
 kept among those whose false-alarm rate stays under `FALSE_ALARM_CAP`; ties go to the higher

@@ -52,8 +52,9 @@ def threshold(config: ModelConfig) -> float:
 def step_threshold(meta: dict, config: ModelConfig) -> float:
     """The checkpoint's step threshold: the one `teller calibrate` chose on cases the model never
     trained on (config.json's `calibration.step_threshold`), else the even-chance rule above.
-    Why calibrate: an ensemble's averaged, class-weighted output is not a probability, and the
-    even-chance rule missed a fifth of the labelled steps on fresh draws with no false alarm."""
+    Why calibrate: an ensemble's averaged, class-weighted output is not a probability, so the
+    even-chance rule can sit far from the cut that trades missed steps against false alarms best
+    (default_model/README.md has the figures of the shipped one)."""
     calibration = meta.get("calibration")
     if calibration is None:
         return threshold(config)
