@@ -8,13 +8,17 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from teller.analysis import Analysis
+from teller.callchain.facts import Arrivals
 from teller.cli import main
 from teller.errors import TellerError
 from teller.labels import CaseLabels
+from teller.localize.collectives import OWN_SHARE_REFERENCE
 from teller.localize.results import OperatorCandidate, StepScore
 from teller.rca.diagnose import MODEL_UNAVAILABLE, _Draft, by_incident, one_incident_per_cause
 from teller.rca.infer import DEFAULT_MODEL
@@ -258,6 +262,54 @@ def test_a_clear_straggler_takes_over_its_waiting_peers_findings() -> None:
     ]
     one_incident_per_cause(drafts, _Lateness(steps))
     assert [(d.top.operator, d.top.rank) for d in drafts] == [("aten::cat", 1)] * 2
+
+
+class _Collectives(_Lateness):
+    """The same, with one all-reduce per rank and step whose own time each rank spent in it."""
+
+    def __init__(self, per_step, own_ns: dict[tuple[int, int], float]):
+        super().__init__(per_step)
+        keys = sorted(own_ns)
+        self.tree = SimpleNamespace(names=["gloo:all_reduce"])
+        self.facts = SimpleNamespace(
+            arrivals=Arrivals(
+                iteration=np.array([it for it, _ in keys]),
+                rank=np.array([r for _, r in keys]),
+                name=np.zeros(len(keys), dtype=np.int64),
+                late_ns=np.zeros(len(keys)),
+                own_ns=np.array([own_ns[k] for k in keys]),
+                node=np.arange(len(keys)),
+                is_last=np.zeros(len(keys), dtype=bool),
+                instance=np.array([it for it, _ in keys]),
+                start_ns=np.zeros(len(keys), dtype=np.int64),
+                end_ns=np.zeros(len(keys), dtype=np.int64),
+            )
+        )
+
+    def normal_like(self, iteration):
+        return [it for it in self.per_step if it != iteration and it >= 10]
+
+
+def test_a_straggler_without_a_candidate_is_named_by_its_own_share_of_the_collective() -> None:
+    """Rank 1 throttled under gloo: in step 2 the transfer waited on its CPU and rank 0 even
+    arrived last, so the pointer named rank 0's all-reduce and rank 1 has no candidate there.
+    The finding goes to rank 1's own time in the all-reduce, against its normal steps."""
+    steps = {1: {0: (0.5e6, 60e6), 1: (60e6, 0.5e6)}, 2: {0: (3e6, 1.5e6), 1: (1.5e6, 3e6)}}
+    steps |= {it: {0: (0.2e6, 0.2e6), 1: (0.2e6, 0.2e6)} for it in (10, 11, 12)}
+    own = {(it, r): 15e6 for it in (10, 11, 12) for r in (0, 1)}
+    own |= {(1, 0): 70e6, (1, 1): 10e6, (2, 0): 88e6, (2, 1): 90e6}
+    drafts = [
+        _draft(1, [("gloo:all_reduce", 1, "arrival")]),
+        _draft(2, [("gloo:all_reduce", 0, "transfer"), ("aten::mm", 0, "compute")]),
+    ]
+    for d in drafts:
+        d.fault = "straggler"
+    one_incident_per_cause(drafts, _Collectives(steps, own))
+    named = drafts[1].top
+    assert (named.rank, named.operator, named.kind) == (1, "gloo:all_reduce", "transfer")
+    assert (named.observed_ns, named.normal_ns) == (90_000_000, 15_000_000)
+    assert named.reference == OWN_SHARE_REFERENCE
+    assert drafts[1].named_first[0][0] is named and len(drafts[1].named_first) == 3
 
 
 def test_a_small_regression_keeps_its_pick_when_noise_makes_the_peer_look_late() -> None:

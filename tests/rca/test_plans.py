@@ -10,6 +10,7 @@ import pytest
 
 from teller.faults import FAULT_FREE
 from teller.localize import NEW_OPERATOR, SUBSTITUTED, OperatorCandidate
+from teller.localize.collectives import OWN_SHARE_REFERENCE
 from teller.rca.context import LateArrivals, Measured, StepContext
 from teller.rca.explain import (
     FAULT_MECHANISMS,
@@ -249,3 +250,39 @@ def test_a_straggler_is_not_said_to_cost_no_transfer_when_its_own_collective_tim
     for own, transfer in ((5e6, rose), (190e6, Measured(31e6, 30e6)), (190e6, None)):
         plain = compose(_late_rank(own_ns=own, late_ns=69.1e6, transfer=transfer), "straggler")
         assert "cause.straggler" in plain.plans and "not transfer" in plain.text
+
+
+def test_host_counters_that_show_the_quota_tell_a_straggler_from_a_slow_link():
+    """The slower-link caveat is for a rank the trace alone cannot tell apart; a CPU quota
+    throttling it in the step says which it is."""
+    late = _late_rank(own_ns=190e6, late_ns=69.1e6, transfer=Measured(190e6, 30e6))
+    late.host_counters = {"throttled_ns": Measured(120e6, 0.0)}
+    said = compose(late, "straggler")
+    assert "cause.straggler" in said.plans and "host.throttled_ns" in said.plans, said.text
+    assert parse(said.text) is not None
+
+
+def test_a_straggler_named_by_its_own_share_of_a_collective_says_so():
+    """A straggler's finding in a step it reached no collective late (its peer's re-pointed at
+    its own time in the all-reduce) states that time and says it was not late there."""
+    c = _late_rank(own_ns=2.86e6, late_ns=1.45e6, transfer=Measured(95e6, 20e6))
+    c.rank = 1
+    c.arrivals = None
+    c.candidate = OperatorCandidate(
+        70,
+        1,
+        "gloo:all_reduce",
+        74.8e6,
+        89_800_000,
+        15_000_000,
+        59.7,
+        3,
+        OWN_SHARE_REFERENCE,
+        "transfer",
+    )
+    c.host_counters = {"throttled_ns": Measured(63.8e6, 0.0)}
+    said = compose(c, "straggler")
+    assert said.plans[1] == "evidence.own_share" and "cause.straggler_share" in said.plans
+    assert "its own time in gloo:all_reduce was 89.8 ms against 15 ms normally" in said.text
+    assert "the last to arrive" not in said.text and "not transfer" not in said.text
+    assert parse(said.text) is not None

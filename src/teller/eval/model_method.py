@@ -77,16 +77,13 @@ class RootCauseMethod:
             if d.anomalous:
                 # the node the verdict names leads, with the words it was written from, so the
                 # scoreboard checks both
-                chosen, explanations[d.iteration] = named[d.iteration]
-                ranked = d.candidates[chosen : chosen + 1] + [
-                    pair for k, pair in enumerate(d.candidates) if k != chosen
-                ]
+                ranked, explanations[d.iteration] = named[d.iteration]
                 candidates[d.iteration] = [
                     OperatorCandidate(
                         c.iteration,
                         c.rank,
                         c.operator,
-                        p,
+                        0.0 if p is None else p,
                         c.observed_ns,
                         c.normal_ns,
                         c.z,

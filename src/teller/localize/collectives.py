@@ -23,6 +23,7 @@ IN_STEP_REFERENCE = "arrival after the other ranks at the same collective, same 
 LATE_Z = 6.0
 MIN_INSTANCES = 4
 TRANSFER_REFERENCE = "last arriver's own collective time vs nearest normal steps"
+OWN_SHARE_REFERENCE = "this rank's own collective time vs its normal steps of this kind"
 
 
 def collective_candidates(
@@ -94,6 +95,49 @@ def collective_candidates(
                     )
                 )
     return out
+
+
+def own_share(
+    tree: CallTree,
+    arrivals: Arrivals | None,
+    iteration: int,
+    rank: int,
+    reference: list[int],
+) -> OperatorCandidate | None:
+    """`rank`'s own time in the step's collective that grew most against the `reference`
+    steps, as a transfer candidate; None where none grew.
+
+    What names a straggler in a step it reached no collective late: where collectives run on
+    the host (gloo), a throttled rank's transfer threads are throttled too, so the step's
+    collectives are slow on every rank and its peer can even arrive last, and the straggler has
+    no arrival or last-arriver candidate there. Its own share of the slow collective is then
+    what the step lost on it."""
+    if arrivals is None:
+        return None
+    here = arrivals.rows_in(iteration)
+    best: OperatorCandidate | None = None
+    for n in np.unique(arrivals.name[here[arrivals.rank[here] == rank]]).tolist():
+        now = arrivals.rows_of(iteration, rank, n)
+        usual = [float(arrivals.own_ns[arrivals.rows_of(it, rank, n)].sum()) for it in reference]
+        if not usual:
+            continue
+        observed = float(arrivals.own_ns[now].sum())
+        normal = float(np.median(usual))
+        if observed <= normal or (best is not None and observed - normal <= best.score):
+            continue
+        best = OperatorCandidate(
+            iteration,
+            rank,
+            tree.names[n],
+            score=observed - normal,
+            observed_ns=int(observed),
+            normal_ns=int(normal),
+            z=ratio_z(observed, normal),
+            node=int(arrivals.node[now][np.argmax(arrivals.own_ns[now])]),
+            reference=OWN_SHARE_REFERENCE,
+            kind="transfer",
+        )
+    return best
 
 
 def _pooled_lateness_scale(arrivals: Arrivals, here: np.ndarray, reference: list[int]) -> float:

@@ -320,6 +320,11 @@ class RunContext:
             out[name] = Measured(observed, float(np.median(usual)) if len(usual) else 0.0)
         return out or None
 
+    def normal_like(self, iteration: int) -> list[int]:
+        """The normal iterations of `iteration`'s kind, itself excepted."""
+        kind = self.kind_of.get(iteration)
+        return sorted(it for it in self.normal if it != iteration and self.kind_of.get(it) == kind)
+
     def _normal_rows(self, rank: int, iteration: int) -> list[int]:
         kind = self.kind_of.get(iteration)
         return [

@@ -32,6 +32,7 @@ from teller.errors import TellerError
 from teller.faults import FAULTS, HOST_SLOWDOWNS, view_of
 from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
+from teller.localize.collectives import own_share
 from teller.rca.context import Measured, RunContext
 from teller.rca.explain import choose_mechanism, compose
 from teller.rca.host import pooled_fault, retyped, stated_reading
@@ -219,6 +220,12 @@ class _Draft:
     def top(self) -> OperatorCandidate | None:
         return self.ranked[self.chosen][0] if self.ranked else None
 
+    @property
+    def named_first(self) -> list[tuple[OperatorCandidate, float | None]]:
+        """`ranked` with the named candidate moved to the front."""
+        ranked, k = self.ranked, self.chosen
+        return [*ranked[k : k + 1], *ranked[:k], *ranked[k + 1 :]]
+
 
 def localizer_explanations(
     tree: CallTree,
@@ -240,12 +247,13 @@ def model_explanations(
     diagnoses: list[StepDiagnosis],
     facts: RunFacts | None = None,
     has_logs: bool = False,
-) -> dict[int, tuple[int, StepExplanation]]:
-    """The model's findings as its verdict points and words them: per flagged step, the index
-    into the step's ranked candidates of the one the finding names (the pointer's pick, or the
-    straggler's candidate the one-incident rule re-points a peer's finding at) and its
-    explanation. What the scoreboard scores the model by, so that it scores the verdict a user
-    reads, not the pointer before the verdict's rules."""
+) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
+    """The model's findings as its verdict points and words them: per flagged step, its
+    candidates with the one the finding names first (the pointer's pick, or the straggler's
+    candidate the one-incident rule re-points a peer's finding at, which may be its own share of
+    a collective the pointer never saw) and its explanation. What the scoreboard scores the
+    model by, so that it scores the verdict a user reads, not the pointer before the verdict's
+    rules."""
     flagged = {d.iteration for d in diagnoses if d.anomalous}
     drafts = _model_drafts(localization, diagnoses)
     return _named(tree, localization, drafts, flagged, facts, has_logs)
@@ -258,8 +266,9 @@ def _named(
     flagged: set[int],
     facts: RunFacts | None,
     has_logs: bool,
-) -> dict[int, tuple[int, StepExplanation]]:
-    """Each draft's named candidate and explanation after the one-incident rule."""
+) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
+    """Each draft's candidates, the named one first, and explanation after the one-incident
+    rule."""
     normal = {s.iteration for s in localization.steps} - flagged
     context = RunContext(tree, facts, normal, has_logs)
     one_incident_per_cause(drafts, context)
@@ -267,7 +276,7 @@ def _named(
     for draft in drafts:
         finding = _finding(tree, context, draft)
         out[finding.step] = (
-            draft.chosen,
+            draft.named_first,
             StepExplanation(
                 finding.fault_type or "none", finding.explanation, finding.operator, finding.rank
             ),
@@ -312,9 +321,7 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
     """The finding of one draft, its explanation composed from the step's measured facts."""
     name_of_step = _step_names(tree)
     top = draft.top
-    ranked = draft.ranked
-    if draft.chosen:  # the named candidate leads the evidence
-        ranked = [ranked[draft.chosen], *ranked[: draft.chosen], *ranked[draft.chosen + 1 :]]
+    ranked = draft.named_first  # the named candidate leads the evidence
     step_context = context.context(draft.score, top, [c for c, _ in ranked])
     mechanism = choose_mechanism(step_context, draft.fault, draft.mechanism_scores)
     explanation = compose(step_context, draft.fault, mechanism, draft.state_cause)
@@ -383,7 +390,8 @@ def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
 def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
     """In a lock-stepped group, one cause is one incident: the drafts of one fault type that
     blame a rank which, in its step, waited for its peers longer than it was late, are re-pointed
-    at the straggler's best candidate in that step.
+    at the straggler's best candidate in that step, or, where it has none, at its own share of
+    the step's collective that grew most (`own_share`).
 
     The straggler is the rank that arrives last and waits least over the fault type's flagged
     steps (lateness minus wait, summed), and only a clear one (`CLEAR_STRAGGLER`) re-points
@@ -417,6 +425,17 @@ def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
             theirs = [i for i, (c, _) in enumerate(draft.ranked) if c.rank == straggler]
             if theirs:
                 draft.chosen = theirs[0]
+                continue
+            share = own_share(
+                context.tree,
+                context.facts.arrivals,
+                draft.score.iteration,
+                straggler,
+                context.normal_like(draft.score.iteration),
+            )
+            if share is not None:
+                draft.ranked.append((share, None))
+                draft.chosen = len(draft.ranked) - 1
 
 
 def _candidate(c: OperatorCandidate, probability: float | None = None) -> dict:

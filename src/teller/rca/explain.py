@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.faults import FAULT_FREE
 from teller.localize import FRESH, NEW_OPERATOR, SUBSTITUTED
+from teller.localize.collectives import OWN_SHARE_REFERENCE
 from teller.rca.context import StepContext
 from teller.rca.host import stated_reading
 from teller.rca.plans import BASIS_BATCH, BASIS_RUN, MECHANISMS, PLANS, Collectives, render
@@ -267,6 +268,8 @@ def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
             return ("evidence.arrival_first", base), excess
         return ("evidence.arrival", with_normal), excess
     if top.kind == "transfer":
+        if top.reference == OWN_SHARE_REFERENCE:
+            return ("evidence.own_share", with_normal), excess
         return ("evidence.transfer", with_normal), excess
     if top.kind == "wait":
         return ("evidence.wait", with_normal), excess
@@ -347,6 +350,8 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
         plan = "cause.peer_wait"
     elif fault in _ALONE and c.one_rank:
         plan += "_alone"
+    elif fault == "straggler" and _named_by_own_share(c):
+        return [("cause.straggler_share", dict(rank=c.rank))]
     elif fault == "straggler" and _transfer_dwarfs_lateness(c):
         assert c.arrivals is not None
         return [
@@ -360,13 +365,21 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
     return [(plan, dict(rank=c.rank) if needs_rank else {})]
 
 
+def _named_by_own_share(c: StepContext) -> bool:
+    """Whether the rank is named by its own share of a collective it did not reach late."""
+    top = c.candidate
+    return top is not None and top.reference == OWN_SHARE_REFERENCE
+
+
 def _transfer_dwarfs_lateness(c: StepContext) -> bool:
     """Whether the rank spent longer inside the collectives it reached late than it was late,
     in a step whose transfer rose: then its peers' time there is not all waiting for it, and a
     throttled link from it would read the same, so the straggler's sentence must not say "not
-    transfer"."""
+    transfer". Host counters that show the rank throttled tell the two apart."""
     late = c.arrivals
     if late is None or c.rank is None or late.own_ns <= late.late_ns:
+        return False
+    if stated_reading(c, "straggler") is not None:
         return False
     return c.transfer is not None and c.transfer.observed_ns > MECHANISM_RISE * c.transfer.normal_ns
 

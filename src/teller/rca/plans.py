@@ -352,6 +352,12 @@ _PLANS = (
         note="a collective's own time on its last arriver (no waiting in it)",
     ),
     Plan(
+        "evidence.own_share",
+        "On rank {rank}, its own time in {op} was {observed} against {normal} normally.",
+        note="a straggler's own time in a collective of a step it did not reach late (a "
+        "host-run collective waits on its throttled threads)",
+    ),
+    Plan(
         "evidence.forward",
         "On rank {rank}, the whole forward ({op}) took {observed} against {normal} expected for "
         "the batch.",
@@ -459,6 +465,13 @@ _PLANS = (
         fault="straggler",
         note="the rank's own time in the collectives it reached late exceeds its lateness, and "
         "the step's transfer rose",
+    ),
+    Plan(
+        "cause.straggler_share",
+        "This points to rank {rank} as the straggler of its incident: it was no later to this "
+        "step's collectives than usual, but their transfer waited on it, and its peers with it.",
+        fault="straggler",
+        note="the straggler named by its own share of a collective (`evidence.own_share`)",
     ),
     Plan(
         "cause.straggler_alone",
