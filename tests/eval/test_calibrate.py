@@ -11,8 +11,16 @@ import pytest
 
 from teller.cli import main
 from teller.errors import TraceError
-from teller.eval.calibrate import FALSE_ALARM_CAP, ThresholdScore, calibrate, choose
-from teller.eval.cases import find_cases
+from teller.eval.calibrate import (
+    FALSE_ALARM_CAP,
+    ThresholdScore,
+    calibrate,
+    choose,
+    score_thresholds,
+)
+from teller.eval.cases import Split, find_cases
+from teller.eval.harness import evaluate
+from teller.eval.model_method import RootCauseMethod
 from teller.lab.sim import FaultSpec, SimConfig, Topology, simulate
 from teller.rca.infer import DEFAULT_MODEL, LoadedModel, threshold
 
@@ -91,3 +99,23 @@ def test_a_checkpoint_with_an_unusable_threshold_is_refused_naming_its_config(
     model = _shipped_copy(tmp_path, {"step_threshold": bad})
     with pytest.raises(TraceError, match=r"config\.json.*step_threshold"):
         LoadedModel.load(model)
+
+
+def test_one_forward_pass_for_the_grid_scores_each_threshold_as_a_run_of_its_own(
+    cases: Path, tmp_path: Path
+) -> None:
+    """The grid shares each case's forward pass (`SharedForward`); a threshold scored that way
+    has the figures it has when scored alone."""
+    found = find_cases([cases])
+    shared = score_thresholds(found, grid=(0.3, 0.6), progress=False)
+    for score in shared:
+        alone = evaluate(
+            {"alone": lambda t=score.threshold: RootCauseMethod(threshold=t)},
+            found,
+            Split(train=[], test=[c.case_id for c in found]),
+            progress=False,
+        )
+        rows = {r.group: r for r in alone.rows}
+        assert score.joint_f1["horizontal"] == rows["horizontal"].joint_f1
+        assert score.step_recall["horizontal"] == rows["horizontal"].step_recall
+        assert score.false_alarm_rate == (rows["overall"].false_alarm_rate or 0.0)

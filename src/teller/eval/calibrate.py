@@ -8,7 +8,8 @@ alarms on fault-free cases), and the threshold with the best mean of the two vie
 kept among those whose false-alarm rate stays under `FALSE_ALARM_CAP`; ties go to the higher
 threshold (fewer flags). The choice is written into the checkpoint's config.json under
 `calibration`, with the cases and figures it came from, so `LoadedModel.load` uses it and a
-reader can see where it came from.
+reader can see where it came from. The model's forward pass runs once per case for the whole
+grid (`SharedForward`).
 
 The calibration cases must be neither trained on nor scored: a threshold chosen on the board's
 own cases would flatter the board.
@@ -25,7 +26,7 @@ from teller.atomic import write_text_atomic
 from teller.errors import TellerError
 from teller.eval.cases import Case, Split
 from teller.eval.harness import EvalResult, Row, evaluate
-from teller.eval.model_method import RootCauseMethod
+from teller.eval.model_method import RootCauseMethod, SharedForward
 from teller.rca.infer import DEFAULT_MODEL
 
 #: Thresholds tried, from permissive to strict.
@@ -74,8 +75,13 @@ def score_thresholds(
     grid: Sequence[float] = GRID,
     progress: bool = True,
 ) -> list[ThresholdScore]:
-    """Every threshold of `grid` scored on `cases` (each case read once for all of them)."""
-    methods = {_label(t): (lambda t=t: RootCauseMethod(model_dir, threshold=t)) for t in grid}
+    """Every threshold of `grid` scored on `cases` (each case read, and the model run on it,
+    once for all of them)."""
+    shared = SharedForward()
+    methods = {
+        _label(t): (lambda t=t: RootCauseMethod(model_dir, threshold=t, shared=shared))
+        for t in grid
+    }
     result: EvalResult = evaluate(
         methods, cases, Split(train=[], test=[c.case_id for c in cases]), progress=progress
     )

@@ -21,10 +21,10 @@ from teller.localize import (
     unfinished_step,
 )
 from teller.rca.context import RunContext
-from teller.rca.dataset import case_records
+from teller.rca.dataset import StepRecord, case_records
 from teller.rca.diagnose import model_explanations
 from teller.rca.explain import compose
-from teller.rca.infer import LoadedModel
+from teller.rca.infer import LoadedModel, ModelOutputs
 
 
 class RootCauseMethod:
@@ -43,15 +43,20 @@ class RootCauseMethod:
         model_dir: str | Path | None = None,
         pool_faults: bool = True,
         threshold: float | None = None,
+        shared: SharedForward | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.pool_faults = pool_faults
         self.threshold = threshold  # None: the checkpoint's step threshold
+        self.shared = shared
 
     def fit(
         self, normal_trees: list[CallTree], normal_logs: Sequence[CaseLogs] = ()
     ) -> RootCauseMethod:
-        self.model_ = LoadedModel.load(self.model_dir)
+        if self.shared is not None:
+            self.model_ = self.shared.model(self.model_dir)
+        else:
+            self.model_ = LoadedModel.load(self.model_dir)
         return self
 
     def score(
@@ -62,13 +67,18 @@ class RootCauseMethod:
         tree's `RunFacts` where the caller has them."""
         alignment = logs.aligned if logs is not None else None
         facts = RunFacts.of(tree, facts)
-        records = case_records(tree, "", None, alignment, facts)
+        if self.shared is not None:
+            records, outputs, localization = self.shared.of(tree, alignment, facts, self.model_)
+        else:
+            records = case_records(tree, "", None, alignment, facts)
+            outputs, localization = None, NumericLocalizer().score(tree, facts)
         diagnoses = self.model_.diagnose_records(
-            records, pool_faults=self.pool_faults, threshold=self.threshold
+            records,
+            pool_faults=self.pool_faults,
+            threshold=self.threshold,
+            outputs=outputs,
         )
-        named = model_explanations(
-            tree, NumericLocalizer().score(tree, facts), diagnoses, facts, alignment is not None
-        )
+        named = model_explanations(tree, localization, diagnoses, facts, alignment is not None)
         steps, candidates, explanations = [], {}, {}
         for d in diagnoses:
             steps.append(
@@ -108,3 +118,32 @@ class RootCauseMethod:
                 rank=candidate.rank,
             )
         return Localization(steps=steps, candidates=candidates, explanations=explanations)
+
+
+class SharedForward:
+    """One model's forward pass and the localizer's candidates over the case being scored,
+    shared by several `RootCauseMethod`s that differ only in their thresholds (a calibration's
+    grid): the harness scores every method on a case before the next, so the last case's is all
+    that is kept."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, LoadedModel] = {}
+        self._tree: CallTree | None = None
+        self._model: LoadedModel | None = None
+        self._kept: tuple[list[StepRecord], ModelOutputs | None, Localization] | None = None
+
+    def model(self, model_dir: str | Path | None) -> LoadedModel:
+        key = str(model_dir)
+        if key not in self._models:
+            self._models[key] = LoadedModel.load(model_dir)
+        return self._models[key]
+
+    def of(
+        self, tree: CallTree, alignment, facts: RunFacts, model: LoadedModel
+    ) -> tuple[list[StepRecord], ModelOutputs | None, Localization]:
+        if self._tree is not tree or self._model is not model or self._kept is None:
+            records = case_records(tree, "", None, alignment, facts)
+            outputs = model.forward(records) if records else None
+            self._tree, self._model = tree, model
+            self._kept = (records, outputs, NumericLocalizer().score(tree, facts))
+        return self._kept

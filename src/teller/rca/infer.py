@@ -64,6 +64,19 @@ def step_threshold(meta: dict, config: ModelConfig) -> float:
     return float(chosen)
 
 
+@dataclass(frozen=True)
+class ModelOutputs:
+    """The members' outputs for a run's steps before any threshold decides which are flagged:
+    the encoded inputs, each member's raw outputs, and their averaged step probability, pointer
+    distribution and fault-type log-probabilities."""
+
+    arrays: Batch[np.ndarray]
+    members: list[dict]
+    probability: np.ndarray
+    pointer: np.ndarray
+    fault_logp: np.ndarray
+
+
 @dataclass
 class NodeFacts:
     """The pointed node's own facts, for a caller reading the diagnoses without a verdict."""
@@ -171,9 +184,11 @@ class LoadedModel:
         records: Sequence[StepRecord],
         pool_faults: bool = True,
         threshold: float | None = None,
+        outputs: ModelOutputs | None = None,
     ) -> list[StepDiagnosis]:
         """One diagnosis per record (the steps of one run); a step is flagged from `threshold`
-        (default: the checkpoint's).
+        (default: the checkpoint's). `outputs`: `forward(records)` where the caller has it (a
+        calibration tries many thresholds on one forward pass).
 
         With `pool_faults`, every flagged step of the run gets the one fault type that the flagged
         steps' explanation outputs favour together (log-probabilities summed, each weighted by
@@ -183,26 +198,10 @@ class LoadedModel:
         the rest. Operators and ranks stay per step."""
         if not records:
             return []
-        arrays = encode(
-            records, self.tpe, raw=self.raw_nodes, log_vocab=self.model.config.log_vocab
-        ).inputs()
-        batch = arrays.map(torch.from_numpy)
-        with torch.no_grad():
-            each = [member(batch)[0] for member in self.members]
-            probability = torch.stack([torch.sigmoid(o["step_logit"]) for o in each]).mean(0)
-            pointer = torch.stack([torch.softmax(o["pointer"], dim=-1) for o in each]).mean(0)
-            if len(each) > 1:  # the fault head reads the node the members chose
-                pointed = pointer.argmax(-1)
-                for member, o in zip(self.members, each, strict=True):
-                    o.update(member.read_pointed(o, pointed))
-            fault_logp = []
-            for o in each:
-                for name in FAULT_FREE:
-                    o["fault_logits"][:, FAULT_NAMES.index(name)] = -torch.inf
-                fault_logp.append(torch.log_softmax(o["fault_logits"], dim=-1))
-            # the log of the members' mean probability
-            fault_logp = torch.logsumexp(torch.stack(fault_logp), 0) - np.log(len(each))
-        probability, pointer, fault_logp = probability.numpy(), pointer.numpy(), fault_logp.numpy()
+        if outputs is None:
+            outputs = self.forward(records)
+        arrays, each = outputs.arrays, outputs.members
+        probability, pointer, fault_logp = outputs.probability, outputs.pointer, outputs.fault_logp
         flagged = probability >= (self.threshold if threshold is None else threshold)
         faults = fault_logp.argmax(-1)
         if pool_faults and flagged.any():
@@ -255,6 +254,29 @@ class LoadedModel:
                 )
             )
         return out
+
+    def forward(self, records: Sequence[StepRecord]) -> ModelOutputs:
+        """The members' forward pass over a run's step records, before any threshold."""
+        arrays = encode(
+            records, self.tpe, raw=self.raw_nodes, log_vocab=self.model.config.log_vocab
+        ).inputs()
+        batch = arrays.map(torch.from_numpy)
+        with torch.no_grad():
+            each = [member(batch)[0] for member in self.members]
+            probability = torch.stack([torch.sigmoid(o["step_logit"]) for o in each]).mean(0)
+            pointer = torch.stack([torch.softmax(o["pointer"], dim=-1) for o in each]).mean(0)
+            if len(each) > 1:  # the fault head reads the node the members chose
+                pointed = pointer.argmax(-1)
+                for member, o in zip(self.members, each, strict=True):
+                    o.update(member.read_pointed(o, pointed))
+            fault_logp = []
+            for o in each:
+                for name in FAULT_FREE:
+                    o["fault_logits"][:, FAULT_NAMES.index(name)] = -torch.inf
+                fault_logp.append(torch.log_softmax(o["fault_logits"], dim=-1))
+            # the log of the members' mean probability
+            fault_logp = torch.logsumexp(torch.stack(fault_logp), 0) - np.log(len(each))
+        return ModelOutputs(arrays, each, probability.numpy(), pointer.numpy(), fault_logp.numpy())
 
     def _given_fault(
         self,
