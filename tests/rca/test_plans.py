@@ -286,3 +286,32 @@ def test_a_straggler_named_by_its_own_share_of_a_collective_says_so():
     assert "its own time in gloo:all_reduce was 89.8 ms against 15 ms normally" in said.text
     assert "the last to arrive" not in said.text and "not transfer" not in said.text
     assert parse(said.text) is not None
+
+
+def test_a_stragglers_late_arrivals_are_a_share_of_what_its_peers_lost():
+    """The straggler's own step (101 ms, 26.4 expected) ends with its last collective; its peers
+    waited 133 ms for it, and their step took 168 ms: the late arrivals are a share of theirs,
+    not "all of" the straggler's 74.6 ms."""
+    late = LateArrivals(6, "all-reduce", 12_300.0, 65_500.0, 133e6, 0.76e6, 133e6, 6.52e6)
+    top = OperatorCandidate(
+        128, 1, "gloo:all_reduce", 66e6, 67_500_000, 952_000, 9.0, 4, "vs normal", "arrival"
+    )
+    c = StepContext(
+        iteration=128,
+        kind="decode",
+        step_dur_ns=168_000_000,
+        expected_ns=26_400_000,
+        rank=1,
+        rank_dur_ns=101_000_000,
+        ranks=2,
+        candidate=top,
+        arrivals=late,
+    )
+    said = compose(c, "straggler", "late_arrival")
+    assert "share.late_peers" in said.plans, said.text
+    assert "are 93% of the step's 142 ms excess on its peers, which waited for it." in said.text
+    assert said.explained_ns <= said.excess_ns == 141_600_000
+    assert parse(said.text) is not None
+    # late arrivals within the straggler's own excess are a share of it, as before
+    c.step_dur_ns = c.rank_dur_ns = 250_000_000
+    assert "share.late" in compose(c, "straggler", "late_arrival").plans

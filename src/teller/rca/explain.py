@@ -240,12 +240,13 @@ def compose(
     if fault is not None and state_cause:
         said += _cause(c, fault)
     explained = 0.0
+    excess = c.excess_ns
     if top is not None and slower and c.excess_ns > 0:
-        share_said, explained = _share(c, named, mechanism)
+        share_said, explained, excess = _share(c, named, mechanism)
         said.append(share_said)
     said += _time(c)
     said += _caveats(c, fault, state_cause)
-    return _explanation(said, explained, c.excess_ns)
+    return _explanation(said, explained, excess)
 
 
 def _explanation(said: list[tuple[str, dict]], explained: float, excess: float) -> Explanation:
@@ -384,12 +385,21 @@ def _transfer_dwarfs_lateness(c: StepContext) -> bool:
     return c.transfer is not None and c.transfer.observed_ns > MECHANISM_RISE * c.transfer.normal_ns
 
 
-def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dict], float]:
-    """How much of the step's excess the evidence accounts for, and where the rest went: the
-    mechanism's rise (late arrivals beyond the rank's usual, its host or GPU time, idle or
-    transfer beyond normal) where it exceeds the pointed node's excess, else the pointed node's;
-    when the pointed node's own excess is under `SMALL_SHARE`, the other candidate that took
-    most."""
+def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dict], float, float]:
+    """How much of the step's excess the evidence accounts for (the sentence, the time it
+    explains and the excess it is a share of), and where the rest went: the mechanism's rise
+    (late arrivals beyond the rank's usual, its host or GPU time, idle or transfer beyond
+    normal) where it exceeds the pointed node's excess, else the pointed node's; when the
+    pointed node's own excess is under `SMALL_SHARE`, the other candidate that took most.
+
+    A straggler's late arrivals cost its peers, who wait for it, more than its own step: its
+    step ends when its last collective does, and it waited at none. Where they exceed its own
+    excess, they are a share of the step's excess on the peers (the slowest rank's time)."""
+    rise, plan = _mechanism_rise(c, mechanism)
+    peers_excess = float(max(c.step_dur_ns - c.expected_ns, 0))
+    if plan == "share.late" and rise > c.excess_ns and peers_excess > c.excess_ns:
+        facts = dict(named=rise, share=rise / peers_excess, excess=peers_excess)
+        return ("share.late_peers", facts), min(rise, peers_excess), peers_excess
     excess = c.excess_ns
     rest = _largest_other(c) if named < SMALL_SHARE * excess else None
     rest_facts = {}
@@ -403,21 +413,21 @@ def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dic
             other_observed=rest.observed_ns,
             other_normal=rest.normal_ns,
         )
-    rise, plan = _mechanism_rise(c, mechanism)
     if rise > named:
         facts = dict(named=rise, share=rise / excess, excess=excess)
         if rest is not None:
-            return (f"{plan}_rest_operator", dict(facts, **rest_facts)), min(rise, excess)
-        return (plan, facts), min(rise, excess)
+            return (f"{plan}_rest_operator", dict(facts, **rest_facts)), min(rise, excess), excess
+        return (plan, facts), min(rise, excess), excess
     share = named / excess
     top = c.candidate
     assert top is not None
     facts = dict(op=top.operator, rank=top.rank, named=named, share=share, excess=excess)
     if share >= SMALL_SHARE:
-        return ("share.excess", facts), min(named, excess)
+        return ("share.excess", facts), min(named, excess), excess
     if rest is not None:
-        return ("share.rest_operator", dict(facts, **rest_facts)), min(named + rest_excess, excess)
-    return ("share.rest_none", dict(facts, rest=excess - named)), named
+        explained = min(named + rest_excess, excess)
+        return ("share.rest_operator", dict(facts, **rest_facts)), explained, excess
+    return ("share.rest_none", dict(facts, rest=excess - named)), named, excess
 
 
 def _mechanism_rise(c: StepContext, mechanism: str) -> tuple[float, str]:

@@ -604,6 +604,14 @@ _PLANS = (
         note="the mechanism's lateness beyond the rank's usual, when it arrived late",
     ),
     Plan(
+        "share.late_peers",
+        "Those late arrivals, {named} beyond its usual, are {share} of the step's {excess} "
+        "excess on its peers, which waited for it.",
+        note="the same, when they exceed the named rank's own excess: the straggler's step ends "
+        "with its last collective, its peers' step with their wait, so the share is of theirs "
+        "(the slowest rank's time)",
+    ),
+    Plan(
         "share.late_rest_operator",
         "Those late arrivals, {named} beyond its usual, are {share} of the step's {excess} "
         "excess; rank {other_rank} lost {other_share} of it in {other_op}, which took "
