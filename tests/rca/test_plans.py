@@ -3,6 +3,7 @@ heads say, every explanation is made of plans whose fault, rank and operator are
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -296,14 +297,12 @@ def test_a_stragglers_late_arrivals_are_a_share_of_what_its_peers_lost():
     top = OperatorCandidate(
         128, 1, "gloo:all_reduce", 66e6, 67_500_000, 952_000, 9.0, 4, "vs normal", "arrival"
     )
-    c = StepContext(
-        iteration=128,
-        kind="decode",
+    c = replace(
+        _late_rank(own_ns=6.52e6, late_ns=133e6, transfer=None),
         step_dur_ns=168_000_000,
         expected_ns=26_400_000,
         rank=1,
         rank_dur_ns=101_000_000,
-        ranks=2,
         candidate=top,
         arrivals=late,
     )
