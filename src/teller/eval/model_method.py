@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
@@ -25,6 +26,9 @@ from teller.rca.dataset import StepRecord, case_records
 from teller.rca.diagnose import model_explanations
 from teller.rca.explain import compose
 from teller.rca.infer import LoadedModel, ModelOutputs
+
+if TYPE_CHECKING:
+    from teller.align.align import AlignResult
 
 
 class RootCauseMethod:
@@ -139,8 +143,10 @@ class SharedForward:
         return self._models[key]
 
     def of(
-        self, tree: CallTree, alignment, facts: RunFacts, model: LoadedModel
+        self, tree: CallTree, alignment: AlignResult | None, facts: RunFacts, model: LoadedModel
     ) -> tuple[list[StepRecord], ModelOutputs | None, Localization]:
+        """The case's step records, the model's outputs on them and the localizer's candidates,
+        computed on the first call for `tree` and `model`."""
         if self._tree is not tree or self._model is not model or self._kept is None:
             records = case_records(tree, "", None, alignment, facts)
             outputs = model.forward(records) if records else None

@@ -320,17 +320,25 @@ class RunContext:
             out[name] = Measured(observed, float(np.median(usual)) if len(usual) else 0.0)
         return out or None
 
+    @cached_property
+    def _normal_by_kind(self) -> dict[str | None, list[int]]:
+        """Step kind → the normal iterations of that kind, ascending."""
+        out: dict[str | None, list[int]] = {}
+        for it in sorted(self.normal):
+            out.setdefault(self.kind_of.get(it), []).append(it)
+        return out
+
     def normal_like(self, iteration: int) -> list[int]:
-        """The normal iterations of `iteration`'s kind, itself excepted."""
-        kind = self.kind_of.get(iteration)
-        return sorted(it for it in self.normal if it != iteration and self.kind_of.get(it) == kind)
+        """The normal iterations of `iteration`'s kind, itself excepted: what every measure of
+        a step is compared with."""
+        same_kind = self._normal_by_kind.get(self.kind_of.get(iteration), [])
+        return [it for it in same_kind if it != iteration]
 
     def _normal_rows(self, rank: int, iteration: int) -> list[int]:
-        kind = self.kind_of.get(iteration)
         return [
             self.row_of[(rank, it)]
-            for it in self.normal
-            if it != iteration and self.kind_of.get(it) == kind and (rank, it) in self.row_of
+            for it in self.normal_like(iteration)
+            if (rank, it) in self.row_of
         ]
 
     def _measured(self, rank: int, iteration: int, value) -> Measured | None:
@@ -379,11 +387,10 @@ class RunContext:
         sizes = table.size_bytes[mine]
         known = sizes[~np.isnan(sizes)]
         kind = Counter(table.kind[mine].tolist()).most_common(1)[0][0]
-        kind_now = self.kind_of.get(iteration)
         usual = [
             self._late_sums.get((rank, it), 0.0)
-            for it in self.normal
-            if it != iteration and self.kind_of.get(it) == kind_now and (rank, it) in self.row_of
+            for it in self.normal_like(iteration)
+            if (rank, it) in self.row_of
         ]
         return LateArrivals(
             count=len(mine),
@@ -414,31 +421,32 @@ class RunContext:
     def _transfer(self, iteration: int) -> Measured | None:
         """The step's last arrivers' own collective time (transfer alone) against the normal
         steps of its kind."""
-        table = self.comm
-        if table is None:
+        if self.comm is None:
             return None
-        kind = self.kind_of.get(iteration)
-        last = table.last
-
-        def total(it: int) -> float:
-            return float(table.own_ns[last & (table.iteration == it)].sum())
-
-        normal = [
-            total(it) for it in self.normal if it != iteration and self.kind_of.get(it) == kind
-        ]
-        observed = total(iteration)
+        totals = self._transfer_sums
+        normal = [totals.get(it, 0.0) for it in self.normal_like(iteration)]
+        observed = totals.get(iteration, 0.0)
         if not normal or observed <= 0:
             return None
         return Measured(observed, float(np.median(normal)))
 
+    @cached_property
+    def _transfer_sums(self) -> dict[int, float]:
+        """Iteration → its last arrivers' own collective time, summed (once for the run: a
+        mask over the whole table per normal step would make each finding scan the run once
+        per step)."""
+        table = self.comm
+        assert table is not None
+        last = table.last
+        seen, row = np.unique(table.iteration[last], return_inverse=True)
+        sums = np.bincount(row, weights=table.own_ns[last], minlength=len(seen))
+        return dict(zip(seen.tolist(), sums.tolist(), strict=True))
+
     def _tokens(self, iteration: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
         if not self.tokens_of or max(self.tokens_of.values()) <= 0:
             return None, None
-        kind = self.kind_of.get(iteration)
         normal = [
-            self.context_of[it]
-            for it in self.normal
-            if it != iteration and self.kind_of.get(it) == kind and it in self.context_of
+            self.context_of[it] for it in self.normal_like(iteration) if it in self.context_of
         ]
         context = (
             (int(self.context_of.get(iteration, 0)), int(np.median(normal))) if normal else None
