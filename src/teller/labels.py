@@ -3,19 +3,29 @@
 The real lab and the simulator write the same schema, so training, evaluation and the reports
 treat their cases alike (DESIGN.md §4). Steps are the rank-local step ordinals that
 `teller.callchain.build_tree` finds; with tensor parallelism every rank runs every step, so one
-ordinal names the same iteration on all ranks.
+ordinal names the same iteration on all ranks. Where a run holds several engines (data-parallel
+replicas), they count the guilty rank's engine's iterations, and `keyed_to` turns them into the
+tree's step ids.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from teller.atomic import write_text_atomic
 from teller.errors import TraceError
 from teller.faults import FAULTS
 from teller.layout import CaseDir
+
+
+class StepIds(Protocol):
+    """What `CaseLabels.keyed_to` needs of a step table (`teller.callchain.steps.StepTable`)."""
+
+    def step_ids(self, rank: int | None, iterations: list[int]) -> list[int]: ...
+
 
 SCHEMA = "teller.labels/1"
 
@@ -51,6 +61,12 @@ class CaseLabels:
     @property
     def is_fault(self) -> bool:
         return self.view != "-"
+
+    def keyed_to(self, steps: StepIds) -> CaseLabels:
+        """These labels with their steps as ids of `steps`, whose engines after the first are
+        numbered apart (`teller.callchain.engines`): the guilty rank's engine's iterations."""
+        ids = steps.step_ids(self.guilty_rank, self.steps)
+        return self if ids == list(self.steps) else replace(self, steps=ids)
 
     def write(self, case_dir: str | Path) -> Path:
         """Write `labels.json` atomically into the case directory."""

@@ -31,11 +31,18 @@ iteration's first top-level operation, and its window runs to the next iteration
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
 
+from teller.callchain.engines import (
+    ENGINE_STEP_BASE,
+    describe_engines,
+    group_ranks,
+    step_base,
+)
 from teller.callchain.periods import RankIterations, iterations_on_rank
 from teller.callchain.ranges import (
     RepeatedRange,
@@ -85,9 +92,22 @@ class StepTable:
     generation_requests: np.ndarray
     generation_tokens: np.ndarray
     found_by: list[str]  # FOUND_BY_* or found_by_range(name): which rule found the step
+    engine: np.ndarray  # which engine's iteration the step is (`engines.py`); 0 in most runs
+    #: engine e's steps are numbered from e × engine_base (`engines.step_base`)
+    engine_base: int = ENGINE_STEP_BASE
 
     def __len__(self) -> int:
         return len(self.rank)
+
+    def step_ids(self, rank: int | None, iterations: Iterable[int]) -> list[int]:
+        """The ids of `rank`'s engine's `iterations` (as its logs and labels count them, from 0);
+        engine 0's where `rank` is None or has no step."""
+        engine = 0
+        if rank is not None:
+            hits = np.flatnonzero(self.rank == rank)
+            if len(hits):
+                engine = int(self.engine[hits[0]])
+        return [engine * self.engine_base + int(i) for i in iterations]
 
     @classmethod
     def empty(cls) -> StepTable:
@@ -105,10 +125,13 @@ class StepTable:
             generation_requests=none,
             generation_tokens=none,
             found_by=[],
+            engine=none,
         )
 
     def to_arrow(self) -> pa.Table:
-        return pa.table({f.name: getattr(self, f.name) for f in fields(self)})
+        return pa.table(
+            {f.name: getattr(self, f.name) for f in fields(self) if f.name != "engine_base"}
+        )
 
 
 @dataclass
@@ -214,7 +237,7 @@ def find_steps(
         custom,
     )
     if len(table) or not len(tree):
-        return table, step, []
+        return table, step, _number_engines(table)
     work = node_work(
         tree.names, tree.name, tree.layer, tree.rank, tree.stream, tree.dur, tree.parent, tree.depth
     )
@@ -258,7 +281,19 @@ def find_steps(
         ]
         found = [_capture_step(tree, r) for r in np.unique(tree.rank).tolist()]
     table, step = _assemble(tree, found)
-    return table, step, notes
+    return table, step, notes + _number_engines(table)
+
+
+def _number_engines(table: StepTable) -> list[str]:
+    """Give each step its engine and offset the steps of every engine but the first
+    (`engines.py`); the note a user gets when there is more than one."""
+    engine_of = group_ranks(table.rank, table.name)
+    if len(set(engine_of.values())) <= 1:
+        return []
+    table.engine = np.asarray([engine_of[int(r)] for r in table.rank.tolist()], dtype=np.int64)
+    table.engine_base = step_base(int(table.index.max()) + 1)
+    table.index = table.index + table.engine * table.engine_base
+    return [describe_engines(engine_of, table.engine_base)]
 
 
 @dataclass
@@ -364,6 +399,7 @@ def _assemble(tree: Forest, found: list[_FoundSteps]) -> tuple[StepTable, np.nda
         generation_requests=unknown.copy(),
         generation_tokens=unknown.copy(),
         found_by=[found_by[k] for k in order.tolist()],
+        engine=np.zeros(len(node), dtype=np.int64),
     )
     return table, step
 
@@ -433,6 +469,7 @@ def _annotated_steps(
         ),
         generation_tokens=np.asarray([f.generation_tokens for f in facts_sorted], dtype=np.int64),
         found_by=[_found_by(names[name_ids[n]], custom) for n in node.tolist()],
+        engine=np.zeros(len(node), dtype=np.int64),
     )
     return table, step
 

@@ -357,7 +357,8 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
     A collective's root is its outermost comm node (the annotation, c10d op or record_param_comms
     on the host, or a bare comm kernel). Its kind, group and sequence number come from any node
     inside it that carries them (record_param_comms); without a sequence number, the n-th
-    collective of a (group, kind) on each rank is the same instance.
+    collective of a (group, kind) on each rank is the same instance. Only ranks of one engine
+    (`engines.py`) share an instance.
     """
     comm_code = LAYER_CODE["comm"]
     count = len(tree)
@@ -413,6 +414,8 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
             if facts[fact] < 0:
                 facts[fact] = host.get(fact, -1)
     roots = sorted(info, key=lambda r: (tree.rank[r], tree.start[r]))
+    # engines' process groups reuse names and sequence numbers: a collective joins its own engine's
+    engine_of = dict(zip(tree.steps.rank.tolist(), tree.steps.engine.tolist(), strict=True))
     ordinal: dict[tuple, int] = {}
     instance_of_key: dict[tuple, int] = {}
     out: dict[str, list] = {k: [] for k in CommInstances.__dataclass_fields__}
@@ -421,16 +424,17 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
         kind = facts["kind"] or collective_kind(tree.names[tree.name[root]])
         group = facts["group"] or ""
         r = int(tree.rank[root])
+        engine = engine_of.get(r, 0)
         # host-side roots of one collective can be several (gloo: the c10d op on the caller's
         # thread and the gloo:* range on a worker thread); each family is joined on its own
         family = "gpu" if tree.stream[root] >= 0 else tree.names[tree.name[root]]
         if facts["seq"] >= 0:
-            key = (group, family, "seq", facts["seq"])
+            key = (engine, group, family, "seq", facts["seq"])
         else:
             counter_key = (r, group, kind, family)
             n = ordinal.get(counter_key, 0)
             ordinal[counter_key] = n + 1
-            key = (group, kind, family, n)
+            key = (engine, group, kind, family, n)
         instance = instance_of_key.setdefault(key, len(instance_of_key))
         out["instance"].append(instance)
         out["rank"].append(r)

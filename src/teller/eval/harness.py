@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from teller.callchain.facts import RunFacts
+from teller.callchain.steps import StepTable
 from teller.callchain.tree import CallTree
 from teller.eval.cases import Case, CaseLogs, Split, iterate
 from teller.eval.metrics import (
@@ -149,8 +150,9 @@ class EvalResult:
         }
 
 
-def outcome(case: Case, localization: Localization) -> CaseOutcome:
-    labels = case.labels
+def outcome(case: Case, localization: Localization, steps: StepTable) -> CaseOutcome:
+    """How `localization` of `case` scores, its labels keyed to the tree's `steps`."""
+    labels = case.labels.keyed_to(steps)
     flagged = [s.iteration for s in localization.steps if s.anomalous]
     truth = set(labels.steps) if labels.is_fault else set()
     top: dict[int, tuple[str | None, int | None]] = {}
@@ -346,7 +348,9 @@ def evaluate(
         facts = RunFacts(tree)
         logs = case.logs(tree) if with_logs else None
         for name, method in fitted.items():
-            result.outcomes[name].append(outcome(case, _score(method, tree, logs, facts)))
+            result.outcomes[name].append(
+                outcome(case, _score(method, tree, logs, facts), tree.steps)
+            )
     for name, outcomes in result.outcomes.items():
         groups: list[tuple[str, list[CaseOutcome]]] = [("overall", outcomes)]
         for view, label in (("H", "horizontal"), ("V", "vertical")):

@@ -97,6 +97,7 @@ class SelfTimeHistory:
 
     key_of: np.ndarray  # per position in `nodes`: its key's row
     self_ns: np.ndarray  # (keys, iterations) float64
+    iterations: np.ndarray  # the iteration of each column, ascending (ids skip between engines)
     # (instance: name, ordinal, on GPU) × rank → that rank's key row, -1 where it has none
     key_on_rank: np.ndarray
     instance_of: np.ndarray  # per key row: its instance
@@ -107,26 +108,39 @@ class SelfTimeHistory:
         count = len(nodes.node)
         if not count:
             empty = np.zeros(0, dtype=np.int64)
-            return cls(empty, np.zeros((0, 0)), np.zeros((0, 0), dtype=np.int64), empty, empty)
+            zeros = np.zeros((0, 0))
+            return cls(empty, zeros, empty, zeros.astype(np.int64), empty, empty)
         keys = packed_keys(nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu)
         _, first, key_of = np.unique(keys, return_index=True, return_inverse=True)
         key_of = key_of.reshape(-1)
-        table = np.full((len(first), int(nodes.iteration.max()) + 1), np.nan)
-        table[key_of, nodes.iteration] = nodes.self_ns
+        iterations, column = np.unique(nodes.iteration, return_inverse=True)
+        table = np.full((len(first), len(iterations)), np.nan)
+        table[key_of, column.reshape(-1)] = nodes.self_ns
         instances = packed_keys(nodes.name[first], nodes.ordinal[first], nodes.on_gpu[first])
         _, instance_of = np.unique(instances, return_inverse=True)
         instance_of = instance_of.reshape(-1)
         rank_of = nodes.rank[first].astype(np.int64)
         key_on_rank = np.full((int(instance_of.max()) + 1, int(rank_of.max()) + 1), -1)
         key_on_rank[instance_of, rank_of] = np.arange(len(first))
-        return cls(key_of, table, key_on_rank, instance_of, rank_of)
+        return cls(key_of, table, iterations, key_on_rank, instance_of, rank_of)
+
+    def _columns(self, iterations: list[int]) -> np.ndarray:
+        """The columns of `iterations` that ran any instance (the others hold only NaN)."""
+        wanted = np.asarray(iterations, dtype=np.int64)
+        position = np.searchsorted(self.iterations, wanted)
+        inside = position < len(self.iterations)
+        hit = inside & (self.iterations[np.minimum(position, len(self.iterations) - 1)] == wanted)
+        return position[hit]
 
     def medians(self, rows: np.ndarray, reference: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """For the nodes at `rows`: the median self time of their instance over the `reference`
         iterations that ran it, and how many did."""
         if not reference or not len(rows):
             return np.full(len(rows), np.nan), np.zeros(len(rows), dtype=np.int64)
-        values = self.self_ns[self.key_of[rows]][:, reference]
+        columns = self._columns(reference)
+        if not len(columns):
+            return np.full(len(rows), np.nan), np.zeros(len(rows), dtype=np.int64)
+        values = self.self_ns[self.key_of[rows]][:, columns]
         counts = (~np.isnan(values)).sum(axis=1)
         medians = np.full(len(rows), np.nan)
         some = counts > 0
@@ -138,13 +152,14 @@ class SelfTimeHistory:
         """For the nodes at `rows`: the median self time of the same instance on the other
         ranks in `iteration`, NaN where no peer ran it."""
         out = np.full(len(rows), np.nan)
-        if not len(rows):
+        column = self._columns([iteration])
+        if not len(rows) or not len(column):
             return out
         keys = self.key_of[rows]
         peers = self.key_on_rank[self.instance_of[keys]]  # (rows, ranks)
         own = np.arange(peers.shape[1])[None, :] == self.rank_of[keys][:, None]
         values = np.where(
-            (peers >= 0) & ~own, self.self_ns[np.maximum(peers, 0), iteration], np.nan
+            (peers >= 0) & ~own, self.self_ns[np.maximum(peers, 0), column[0]], np.nan
         )
         some = (~np.isnan(values)).any(axis=1)
         if some.any():
@@ -169,10 +184,17 @@ def propose(
         )
         for k in range(len(tree.steps))
     }
-    normal_iterations = [s.iteration for s in steps if not s.anomalous]
+    # a step's references are its own engine's steps (`callchain.engines`): only those ran on
+    # its ranks
+    engine_of = dict(zip(tree.steps.index.tolist(), tree.steps.engine.tolist(), strict=True))
+    normal_of_engine: dict[int, list[int]] = {}
+    for s in steps:
+        if not s.anomalous:
+            normal_of_engine.setdefault(engine_of.get(s.iteration, 0), []).append(s.iteration)
     tables = facts.derived("candidate_tables", lambda: RunTables.of(facts))
     out: dict[int, list[OperatorCandidate]] = {}
     for iteration in sorted(proposed):
+        normal_iterations = normal_of_engine.get(engine_of.get(iteration, 0), [])
         reference = _nearest(iteration, normal_iterations, kind_of, tokens_of, NEAREST_STEPS)
         out[iteration] = step_candidates(tables, iteration, reference, top_k, noise_floor_ns)
     return out

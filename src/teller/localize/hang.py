@@ -43,7 +43,9 @@ def unfinished_step(
     longest = int(members[np.argmax(waited[members])])
     wait_ns = int(waited[longest])
     usual_ns = int(np.median(tree.steps.dur_ns))
-    iteration = int(tree.steps.index.max()) + 1
+    # the step after the last one its engine finished (a run may hold several engines)
+    of_engine = np.isin(tree.steps.rank, present)
+    iteration = int(tree.steps.index[of_engine if of_engine.any() else slice(None)].max()) + 1
     step = StepScore(
         iteration=iteration,
         kind="unfinished",

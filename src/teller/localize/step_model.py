@@ -17,7 +17,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from teller.callchain.facts import Iterations, RunFacts, Setup
-from teller.localize.features import median_mad, robust_z
+from teller.localize.features import MAD_TO_SIGMA, median_mad
 from teller.localize.results import StepScore
 
 #: Smallest log-ratio scale for step scores: 3% run-to-run noise is normal even on a quiet machine.
@@ -186,6 +186,10 @@ def component_scores(facts: RunFacts) -> tuple[np.ndarray, np.ndarray]:
         rows = tree.step[arrivals.node[last]]
         measures.append((np.bincount(rows, weights=arrivals.own_ns[last], minlength=count), False))
     position = {it: i for i, it in enumerate(iterations)}
+    # a rank's own steps are compared within its engine (`callchain.engines`): the others' are NaN
+    engine = np.zeros(len(iterations), dtype=np.int64)
+    for k in range(count):
+        engine[position[int(steps.index[k])]] = steps.engine[k]
     ranks = np.unique(steps.rank)
     rank_pos = {int(r): j for j, r in enumerate(ranks.tolist())}
     best_z = np.zeros(len(iterations))
@@ -202,26 +206,40 @@ def component_scores(facts: RunFacts) -> tuple[np.ndarray, np.ndarray]:
         scores = []
         if across_ranks and len(ranks) > 1:  # imbalance: against the median rank, same step
             scores.append(logs - np.nanmedian(logs, axis=1, keepdims=True))
-        scores.append(_temporal(logs, kinds, tokens))
+        scores.append(_temporal(logs, kinds, tokens, engine))
         for score in scores:
-            finite = np.where(np.isfinite(score), score, 0.0)
-            z = robust_z(finite, finite, floor=MIN_COMPONENT_SCALE, axis=0)
-            centre = np.median(finite, axis=0, keepdims=True)
+            z, above = _column_z(score)
             worst = z.max(axis=1)
             better = worst > best_z
             best_z = np.where(better, worst, best_z)
-            best_ratio = np.where(better, np.exp((finite - centre).max(axis=1)), best_ratio)
+            best_ratio = np.where(better, np.exp(above.max(axis=1)), best_ratio)
     return best_z, best_ratio
 
 
-def _temporal(logs: np.ndarray, kinds: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """Each rank's log measure against its own median in the steps of the same kind and the
-    nearest sizes (four on either side by tokens)."""
-    temporal = np.zeros_like(logs)
-    with warnings.catch_warnings():  # a rank that ran none of the window's steps: NaN, scored 0
+def _column_z(score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Robust z of each entry against its column (a rank's iterations), and its excess over the
+    column's median; over the entries the rank has (NaN: an iteration of another engine, or one
+    it did not run), which score 0."""
+    with warnings.catch_warnings():  # a column with no entry at all
         warnings.simplefilter("ignore", RuntimeWarning)
-        for kind in set(kinds.tolist()):
-            rows = np.flatnonzero(kinds == kind)
+        centre = np.nanmedian(score, axis=0, keepdims=True)
+        spread = MAD_TO_SIGMA * np.nanmedian(np.abs(score - centre), axis=0, keepdims=True)
+    centre = np.where(np.isfinite(centre), centre, 0.0)
+    spread = np.where(np.isfinite(spread), spread, 0.0)
+    above = np.where(np.isfinite(score), score - centre, 0.0)
+    return above / np.maximum(spread, MIN_COMPONENT_SCALE), above
+
+
+def _temporal(
+    logs: np.ndarray, kinds: np.ndarray, tokens: np.ndarray, engine: np.ndarray
+) -> np.ndarray:
+    """Each rank's log measure against its own median in the steps of its engine and kind and
+    the nearest sizes (four on either side by tokens)."""
+    temporal = np.where(np.isnan(logs), np.nan, 0.0)  # a step alone of its kind: 0
+    with warnings.catch_warnings():  # a rank that ran none of the window's steps: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for group in set(zip(engine.tolist(), kinds.tolist(), strict=True)):
+            rows = np.flatnonzero((engine == group[0]) & (kinds == group[1]))
             order = rows[np.argsort(tokens[rows])]
             for pos, row in enumerate(order.tolist()):
                 window = order[max(0, pos - 4) : pos + 5]

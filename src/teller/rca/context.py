@@ -221,6 +221,7 @@ class RunContext:
         steps = tree.steps
         self.ranks = sorted(set(steps.rank.tolist()))
         self.row_of = {(int(steps.rank[k]), int(steps.index[k])): k for k in range(len(steps))}
+        self.engine_of = dict(zip(steps.index.tolist(), steps.engine.tolist(), strict=True))
         self.first_of = _first_iteration_of(steps.rank, steps.index)
         iterations = self.facts.iterations
         self.kind_of = dict(
@@ -321,17 +322,18 @@ class RunContext:
         return out or None
 
     @cached_property
-    def _normal_by_kind(self) -> dict[str | None, list[int]]:
-        """Step kind → the normal iterations of that kind, ascending."""
-        out: dict[str | None, list[int]] = {}
+    def _normal_by_kind(self) -> dict[tuple[int, str | None], list[int]]:
+        """(engine, step kind) → the normal iterations of that kind, ascending."""
+        out: dict[tuple[int, str | None], list[int]] = {}
         for it in sorted(self.normal):
-            out.setdefault(self.kind_of.get(it), []).append(it)
+            out.setdefault((self.engine_of.get(it, 0), self.kind_of.get(it)), []).append(it)
         return out
 
     def normal_like(self, iteration: int) -> list[int]:
-        """The normal iterations of `iteration`'s kind, itself excepted: what every measure of
-        a step is compared with."""
-        same_kind = self._normal_by_kind.get(self.kind_of.get(iteration), [])
+        """The normal iterations of `iteration`'s engine and kind, itself excepted: what every
+        measure of a step is compared with."""
+        key = (self.engine_of.get(iteration, 0), self.kind_of.get(iteration))
+        same_kind = self._normal_by_kind.get(key, [])
         return [it for it in same_kind if it != iteration]
 
     def _normal_rows(self, rank: int, iteration: int) -> list[int]:

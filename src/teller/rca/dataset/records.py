@@ -130,6 +130,7 @@ def case_records(
             )
         )
     if labels is not None:
+        labels = labels.keyed_to(tree.steps)
         normal = (
             [r.iteration for r in records]
             if not labels.is_fault
