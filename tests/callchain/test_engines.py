@@ -88,3 +88,26 @@ def test_a_fault_in_the_second_engine_is_found_there(two_replicas: Path) -> None
     assert not flagged & set(range(12, 18))  # engine 0's steps of the same numbers ran normally
     named = [f for f in findings if f.step in labels.steps and f.rank == 3]
     assert len(named) >= 4 and all(f.operator.startswith("sm90_xmma_gemm") for f in named)
+
+
+def test_each_engines_iteration_lines_land_on_its_own_steps(two_replicas: Path) -> None:
+    """`Engine 00k: Iteration(n)` stats lines anchor to engine k's step n, on its ranks."""
+    import re
+
+    run = Analysis(two_replicas, method="localizer")
+    placed = run.alignment.alignment
+    raws = run.alignment.logs.table.column("raw").to_pylist()
+    seen = {0: 0, 1: 0}
+    for i, raw in enumerate(raws):
+        found = re.search(r"Engine 00(\d): Iteration\((\d+)\)", raw or "")
+        if not found:
+            continue
+        engine, iteration = int(found.group(1)), int(found.group(2))
+        if iteration >= 30:  # past the traced steps
+            continue
+        assert placed.method[i] == "iteration"
+        assert placed.step[i] == engine * 1000 + iteration
+        assert placed.rank[i] in ((0, 1) if engine == 0 else (2, 3))
+        seen[engine] += 1
+    assert seen[0] >= 25 and seen[1] >= 25
+    assert not any("doubtful" in w for w in run.alignment.warnings)

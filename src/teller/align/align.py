@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from teller.align.clock import AnchorOffsets, ClockOffsets, estimate_rank_offsets, shift_tree
-from teller.align.logtime import LogTimes, place_log_times
+from teller.align.logtime import LogTimes, engine_reference, place_log_times
 from teller.align.requests import RequestTrees, build_request_trees
 from teller.callchain.tree import CallTree, build_tree
 from teller.ingest.logs.table import LogTable
@@ -139,6 +139,12 @@ def align_logs(
         times = place_log_times(tree, logs, reference_rank)
     timeline = {r: _Timeline(tree, r) for r in ranks}
     reference = timeline.get(reference_rank, timeline[ranks[0]])
+    # a line that names its engine (runs of several) is placed on that engine's lowest rank
+    engine = times.engine if times.engine is not None else np.full(count, -1, dtype=np.int64)
+    engine_line = {e: timeline[engine_reference(tree, e)] for e in set(engine.tolist()) - {-1}}
+    anchor_position = {int(o): (reference, p) for p, o in enumerate(reference.index.tolist())}
+    for line in engine_line.values():
+        anchor_position.update({int(o): (line, p) for p, o in enumerate(line.index.tolist())})
 
     table = logs.table
     keys = table.column("request_key").to_pylist()
@@ -146,7 +152,6 @@ def align_logs(
     elapsed_ns = table.column("iteration_elapsed_ns").to_pylist()
     membership = _membership(requests, reference)
     queued = frozenset(requests.queued) if requests is not None else frozenset()
-    reference_position = {int(o): p for p, o in enumerate(reference.index.tolist())}
 
     def place(i: int, line: _Timeline, pos: int, how: str, sure: float) -> None:
         step[i], rank_out[i] = line.index[pos], line.rank
@@ -174,15 +179,16 @@ def align_logs(
         if method[i] == "collective":
             continue
         if how == "anchor":
-            pos = reference_position.get(int(times.anchor_step[i]))
-            if pos is not None:
-                sure = _iteration_confidence(elapsed_ns[i], int(reference.dur[pos]))
-                place(i, reference, pos, "iteration", sure)
+            anchored = anchor_position.get(int(times.anchor_step[i]))
+            if anchored is not None:
+                line, pos = anchored
+                sure = _iteration_confidence(elapsed_ns[i], int(line.dur[pos]))
+                place(i, line, pos, "iteration", sure)
                 continue
         rank = int(record_rank[i])
         if rank < 0 and (match := _RANK_PROCESS.search(processes[i] or "")):
             rank = int(match.group(1))
-        line = timeline.get(rank, reference)
+        line = timeline.get(rank, engine_line.get(int(engine[i]), reference))
         assumed = rank not in timeline
         if how in ("exact", "order"):
             pos, inside = line.containing((lo + hi) // 2)

@@ -20,15 +20,23 @@ offset the anchors imply. `how` says which.
 Each host keeps its own clock, so the log offset is measured per host (the line's `host`: Ray's
 `ip=`, the caller's, or the `teller collect` manifest's), and per file where no host is known; a
 file without anchors of its own takes the offset of all anchors together.
+
+A run of several engines (`teller.callchain.engines`) has several step sequences: a line that
+names its engine (vLLM's `EngineCore_1` or `EngineCore_DP1` process, `Engine 001:` stats) is
+anchored to that engine's steps, its counter shift found among its engine's lines alone. Engines
+are matched by position: the log's engine k is the k-th engine by lowest rank, which is how vLLM
+lays out data-parallel ranks.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from teller.align.clock import AnchorOffsets, estimate_anchor_offsets
+from teller.callchain.steps import StepTable
 from teller.callchain.tree import CallTree
 from teller.ingest.logs.table import LogTable
 
@@ -37,6 +45,9 @@ NS_PER_S = 1_000_000_000
 ANCHOR_GAP_NS = 50_000_000
 #: Fewer elapsed-time matches than this and the counter shift is not trusted.
 MIN_MATCHES = 5
+#: A log line's engine: its process tag, else the engine its stats line names.
+ENGINE_PROCESS = re.compile(r"EngineCore_(?:DP)?(\d+)")
+ENGINE_STATS = re.compile(r"\bEngine (\d{3}):")
 #: A log offset smaller than this is the engine's printing delay, not a clock difference: exact
 #: times are then used as they are.
 SAME_CLOCK_NS = 10_000_000
@@ -53,6 +64,8 @@ class LogTimes:
     anchor_step: np.ndarray  # step ordinal an iteration line reports, -1 otherwise
     log_offset: AnchorOffsets | None
     warnings: list[str] = field(default_factory=list)
+    #: the engine a line names, in a run of several (`record_engines`); -1: none or one engine
+    engine: np.ndarray | None = None
 
     @property
     def mid_ns(self) -> np.ndarray:
@@ -76,31 +89,16 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
     warnings: list[str] = []
     if reference_rank is None:
         reference_rank = int(steps.rank.min()) if len(steps) else 0
-    rows = np.flatnonzero(steps.rank == reference_rank)
-    ordinal_end = dict(
-        zip(steps.index[rows].tolist(), (steps.start_ns + steps.dur_ns)[rows].tolist(), strict=True)
-    )
-    ordinal_dur = dict(zip(steps.index[rows].tolist(), steps.dur_ns[rows].tolist(), strict=True))
-
+    engine = record_engines(logs, tree)
     anchor_step = np.full(count, -1, dtype=np.int64)
     iteration = [i for i in range(count) if events[i] == "iteration" and ts[i] >= 0]
-    shift = _counter_shift(
-        [counters[i] for i in iteration], [elapsed_ns[i] for i in iteration], ordinal_dur, warnings
-    )
-    if shift is not None:
-        for i in iteration:
-            counter = counters[i]
-            if counter is not None and counter + shift in ordinal_end:
-                anchor_step[i] = counter + shift
-    # exact lines the counters did not place: the step that ended just before (one clock assumed)
-    ends_sorted = np.sort(np.asarray(list(ordinal_end.values()), dtype=np.int64))
-    end_to_ordinal = {e: o for o, e in ordinal_end.items()}
-    for i in iteration:
-        if anchor_step[i] >= 0 or not exact[i]:
-            continue
-        k = int(np.searchsorted(ends_sorted, ts[i], side="right")) - 1
-        if k >= 0 and ts[i] - ends_sorted[k] <= ANCHOR_GAP_NS:
-            anchor_step[i] = end_to_ordinal[int(ends_sorted[k])]
+    ordinal_end: dict[int, int] = {}
+    for group, group_reference in _anchor_groups(engine, tree, reference_rank):
+        lines = [i for i in iteration if engine[i] == group]
+        ends = _anchor_steps(
+            steps, group_reference, lines, counters, elapsed_ns, ts, exact, anchor_step, warnings
+        )
+        ordinal_end.update(ends)
 
     log_offset = _log_offsets(ts, exact, anchor_step, ordinal_end, clocks)
     bounds = _offset_bounds(log_offset, ts, exact, anchor_step, ordinal_end)
@@ -126,7 +124,76 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
         if how[i] == "none" and ts[i] >= 0:
             lo[i], hi[i] = second_lo[i], second_hi[i]
             how[i] = "second"
-    return LogTimes(lo, hi, how, anchor_step, log_offset, warnings)
+    return LogTimes(lo, hi, how, anchor_step, log_offset, warnings, engine)
+
+
+def record_engines(logs: LogTable, tree: CallTree) -> np.ndarray:
+    """Per record, the engine of the tree its line names (see the module docstring); -1 where it
+    names none, or the run has one engine."""
+    engine = np.full(len(logs), -1, dtype=np.int64)
+    engines = set(tree.steps.engine.tolist())
+    if len(engines) <= 1:
+        return engine
+    processes = logs.table.column("process").to_pylist()
+    raws = logs.table.column("raw").to_pylist()
+    for i, (process, raw) in enumerate(zip(processes, raws, strict=True)):
+        found = ENGINE_PROCESS.search(process or "") or ENGINE_STATS.search(raw or "")
+        if found and int(found.group(1)) in engines:
+            engine[i] = int(found.group(1))
+    return engine
+
+
+def engine_reference(tree: CallTree, engine: int) -> int:
+    """The lowest rank of `engine`: the rank its lines are placed on."""
+    steps = tree.steps
+    return int(steps.rank[steps.engine == engine].min())
+
+
+def _anchor_groups(
+    engine: np.ndarray, tree: CallTree, reference_rank: int
+) -> list[tuple[int, int]]:
+    """(engine, its reference rank) per group of lines anchored together: -1 (lines that name no
+    engine) on `reference_rank`, then each engine the lines name on its lowest rank."""
+    named = sorted(set(engine.tolist()) - {-1})
+    return [(-1, reference_rank)] + [(e, engine_reference(tree, e)) for e in named]
+
+
+def _anchor_steps(
+    steps: StepTable,
+    reference_rank: int,
+    lines: list[int],
+    counters: list[int | None],
+    elapsed_ns: list[int | None],
+    ts: np.ndarray,
+    exact: np.ndarray,
+    anchor_step: np.ndarray,
+    warnings: list[str],
+) -> dict[int, int]:
+    """Anchor the iteration `lines` on `reference_rank`'s steps (filling `anchor_step`); returns
+    that rank's step ends by step id."""
+    rows = np.flatnonzero(steps.rank == reference_rank)
+    ordinal_end = dict(
+        zip(steps.index[rows].tolist(), (steps.start_ns + steps.dur_ns)[rows].tolist(), strict=True)
+    )
+    ordinal_dur = dict(zip(steps.index[rows].tolist(), steps.dur_ns[rows].tolist(), strict=True))
+    shift = _counter_shift(
+        [counters[i] for i in lines], [elapsed_ns[i] for i in lines], ordinal_dur, warnings
+    )
+    if shift is not None:
+        for i in lines:
+            counter = counters[i]
+            if counter is not None and counter + shift in ordinal_end:
+                anchor_step[i] = counter + shift
+    # exact lines the counters did not place: the step that ended just before (one clock assumed)
+    ends_sorted = np.sort(np.asarray(list(ordinal_end.values()), dtype=np.int64))
+    end_to_ordinal = {e: o for o, e in ordinal_end.items()}
+    for i in lines:
+        if anchor_step[i] >= 0 or not exact[i]:
+            continue
+        k = int(np.searchsorted(ends_sorted, ts[i], side="right")) - 1
+        if k >= 0 and ts[i] - ends_sorted[k] <= ANCHOR_GAP_NS:
+            anchor_step[i] = end_to_ordinal[int(ends_sorted[k])]
+    return ordinal_end
 
 
 def _bracket_by_file_order(
