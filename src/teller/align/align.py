@@ -20,9 +20,10 @@ or to the second), then placed by the strongest evidence each has:
 
 A line about a request that no traced step admitted (still queued when the trace ended) stays at
 step -1 as `queued`. Anything else is kept with step -1 (`unmatched`), so nothing disappears.
-`align_run` reads a run, puts every rank on rank 0's clock from collectives, and aligns. The steps
-are one engine's: with several data-parallel engines in one trace folder, align each engine's
-ranks and logs separately.
+`align_run` reads a run, puts every rank on rank 0's clock from collectives, and aligns. With
+several data-parallel engines in one trace folder (`teller.callchain.engines`), a line that names
+its engine is placed on that engine's steps (`logtime`); request lines still follow the reference
+rank's steps.
 """
 
 from __future__ import annotations
