@@ -111,3 +111,18 @@ def test_each_engines_iteration_lines_land_on_its_own_steps(two_replicas: Path) 
         seen[engine] += 1
     assert seen[0] >= 25 and seen[1] >= 25
     assert not any("doubtful" in w for w in run.alignment.warnings)
+
+
+def test_the_step_chart_gives_each_engines_ranks_their_own_axis() -> None:
+    from teller.report.charts import StepPoint, steps_spec
+
+    def points(rank: int, first: int) -> list[StepPoint]:
+        return [StepPoint(rank, first + s, "decode", 1.0, 1.0, False) for s in range(5)]
+
+    one = steps_spec(points(0, 0) + points(1, 0) + points(10, 1))  # rank 10 cut a step short
+    assert one["resolve"]["scale"] == {"y": "independent"}
+    assert one["spec"]["layer"][0]["encoding"]["x"]["scale"]["domain"] == [-0.5, 5.5]
+    two = steps_spec(points(0, 0) + points(1, 0) + points(2, 1000) + points(3, 1000))
+    assert two["resolve"]["scale"] == {"y": "independent", "x": "independent"}
+    assert "domain" not in two["spec"]["layer"][0]["encoding"]["x"]["scale"]
+    assert two["facet"]["row"]["sort"] == {"field": "rank_number", "op": "min"}

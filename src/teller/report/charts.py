@@ -38,6 +38,7 @@ def steps_spec(points: list[StepPoint]) -> dict:
     values = [
         {
             "rank": f"rank {p.rank}",
+            "rank_number": p.rank,
             "step": p.step,
             "kind": p.kind,
             "observed (ms)": round(p.observed_ms, 4),
@@ -48,18 +49,39 @@ def steps_spec(points: list[StepPoint]) -> dict:
     ]
     ranks = len({p.rank for p in points})
     first, last = min(p.step for p in points), max(p.step for p in points)
+    spans: dict[int, tuple[int, int]] = {}
+    for p in points:
+        low, high = spans.get(p.rank, (p.step, p.step))
+        spans[p.rank] = (min(low, p.step), max(high, p.step))
+    # several engines (`callchain.engines`) number their steps apart, in ranges no other engine's
+    # rank shares: each rank gets its own axis
+    ordered = sorted(spans.values())
+    reach = [high for _, high in ordered]
+    apart = any(low > max(reach[:k]) for k, (low, _) in enumerate(ordered) if k)
     x = {
         "field": "step",
         "type": "quantitative",
         "title": "step",
         "axis": {"tickMinStep": 1, "format": "d"}
-        | ({"values": list(range(first, last + 1))} if last - first < AXIS_EVERY_STEP else {}),
-        "scale": {"domain": [first - 0.5, last + 0.5], "nice": False, "zero": False},
+        | (
+            {"values": list(range(first, last + 1))}
+            if last - first < AXIS_EVERY_STEP and not apart
+            else {}
+        ),
+        "scale": ({} if apart else {"domain": [first - 0.5, last + 0.5]})
+        | {"nice": False, "zero": False},
     }
     return {
         "$schema": VEGA_LITE_SCHEMA,
         "data": {"values": values},
-        "facet": {"row": {"field": "rank", "type": "nominal", "title": None}},
+        "facet": {
+            "row": {
+                "field": "rank",
+                "type": "nominal",
+                "title": None,
+                "sort": {"field": "rank_number", "op": "min"},  # rank 2 before rank 10
+            }
+        },
         "spec": {
             "width": CHART_WIDTH,
             "height": max(60, min(140, 420 // max(ranks, 1))),
@@ -101,7 +123,7 @@ def steps_spec(points: list[StepPoint]) -> dict:
                 },
             ],
         },
-        "resolve": {"scale": {"y": "independent"}},
+        "resolve": {"scale": {"y": "independent"} | ({"x": "independent"} if apart else {})},
     }
 
 
