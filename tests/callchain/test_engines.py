@@ -126,3 +126,23 @@ def test_the_step_chart_gives_each_engines_ranks_their_own_axis() -> None:
     assert two["resolve"]["scale"] == {"y": "independent", "x": "independent"}
     assert "domain" not in two["spec"]["layer"][0]["encoding"]["x"]["scale"]
     assert two["facet"]["row"]["sort"] == {"field": "rank_number", "op": "min"}
+
+
+def test_each_engines_requests_ride_its_own_steps(two_replicas: Path) -> None:
+    """A replica's console (its API server's request lines beside its engine's) puts its
+    requests on its engine's steps."""
+    run = Analysis(two_replicas, method="localizer")
+    requests = run.alignment.requests
+    table = run.alignment.logs.table
+    files = table.column("file").to_pylist()
+    keys = table.column("request_key").to_pylist()
+    engine_of = {}
+    for file, key in zip(files, keys, strict=True):
+        if key is not None:
+            engine_of[key] = 0 if file.endswith("server0.log") else 1
+    attached = {0: 0, 1: 0}
+    for key, engine in engine_of.items():
+        steps = requests.steps_of(key)
+        assert all((s >= 1000) == (engine == 1) for s in steps), key
+        attached[engine] += bool(steps)
+    assert attached[0] >= 10 and attached[1] >= 10

@@ -151,7 +151,7 @@ def align_logs(
     keys = table.column("request_key").to_pylist()
     processes = table.column("process").to_pylist()
     elapsed_ns = table.column("iteration_elapsed_ns").to_pylist()
-    membership = _membership(requests, reference)
+    membership = _membership(requests, anchor_position)
     queued = frozenset(requests.queued) if requests is not None else frozenset()
 
     def place(i: int, line: _Timeline, pos: int, how: str, sure: float) -> None:
@@ -169,13 +169,13 @@ def align_logs(
         if key is not None and key in membership:
             positions = membership[key]
             if event in _ADMISSION_EVENTS:
-                pos, sure = positions[0]
+                line, pos, sure = positions[0]
             elif event in _LAST_STEP_EVENTS:
-                pos, sure = positions[-1]
+                line, pos, sure = positions[-1]
             else:  # preempted, resumed, …: the request's step nearest the line
                 middle = (lo + hi) // 2
-                pos, sure = min(positions, key=lambda p: abs(int(reference.start[p[0]]) - middle))
-            place(i, reference, pos, "request", sure)
+                line, pos, sure = min(positions, key=lambda p: abs(int(p[0].start[p[1]]) - middle))
+            place(i, line, pos, "request", sure)
             continue
         if method[i] == "collective":
             continue
@@ -496,18 +496,18 @@ def _step_at(tree: CallTree, node: int) -> int:
 
 
 def _membership(
-    requests: RequestTrees | None, reference: _Timeline
-) -> dict[str, list[tuple[int, float]]]:
-    """request key → [(position on the reference timeline, confidence)], in step order."""
+    requests: RequestTrees | None, position: dict[int, tuple[_Timeline, int]]
+) -> dict[str, list[tuple[_Timeline, int, float]]]:
+    """request key → [(timeline, position on it, confidence)], in step order: the reference
+    rank's steps, or its engine's lowest rank's in a run of several engines (`position`)."""
     if requests is None or len(requests) == 0:
         return {}
-    position = {int(o): p for p, o in enumerate(reference.index.tolist())}
-    out: dict[str, list[tuple[int, float]]] = {}
+    out: dict[str, list[tuple[_Timeline, int, float]]] = {}
     for k in np.argsort(requests.step, kind="stable").tolist():
-        pos = position.get(int(requests.step[k]))
-        if pos is not None:
+        placed = position.get(int(requests.step[k]))
+        if placed is not None:
             key = requests.requests.key[int(requests.request[k])]
-            out.setdefault(key, []).append((pos, float(requests.confidence[k])))
+            out.setdefault(key, []).append((*placed, float(requests.confidence[k])))
     return out
 
 

@@ -23,7 +23,8 @@ file without anchors of its own takes the offset of all anchors together.
 
 A run of several engines (`teller.callchain.engines`) has several step sequences: a line that
 names its engine (vLLM's `EngineCore_1` or `EngineCore_DP1` process, `Engine 001:` stats) is
-anchored to that engine's steps, its counter shift found among its engine's lines alone. Engines
+anchored to that engine's steps, its counter shift found among its engine's lines alone; so is
+every line of a file whose engine lines all name one engine (one engine's console). Engines
 are matched by position: the log's engine k is the k-th engine by lowest rank, which is how vLLM
 lays out data-parallel ranks.
 """
@@ -140,6 +141,14 @@ def record_engines(logs: LogTable, tree: CallTree) -> np.ndarray:
         found = ENGINE_PROCESS.search(process or "") or ENGINE_STATS.search(raw or "")
         if found and int(found.group(1)) in engines:
             engine[i] = int(found.group(1))
+    # a console whose engine lines all name one engine is that engine's: its API server's
+    # request lines are that engine's requests
+    files = np.asarray(logs.table.column("file").to_pylist(), dtype=object)
+    for name in set(files.tolist()):
+        here = files == name
+        named = set(engine[here].tolist()) - {-1}
+        if len(named) == 1:
+            engine[here & (engine < 0)] = named.pop()
     return engine
 
 

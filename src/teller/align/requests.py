@@ -28,7 +28,8 @@ the trace covers the run from its first step: requests admitted before it would 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -236,7 +237,8 @@ def build_request_trees(
     `tree` and `spans` must be on one clock (see `teller.align.clock`); log times are taken as
     printed unless `times` (`teller.align.logtime.place_log_times`) puts them on the trace clock;
     `times` also ties iteration lines to their steps, whose printed request counts stand in for
-    an annotation that states none.
+    an annotation that states none. In a run of several engines, a request whose lines name its
+    engine (`times.engine`) is attached to that engine's steps, on its lowest rank.
     """
     requests = collect_requests(logs, spans, times)
     steps = tree.steps
@@ -244,24 +246,90 @@ def build_request_trees(
     ranks = sorted(set(steps.rank.tolist()))
     if reference_rank is None:
         reference_rank = ranks[0] if ranks else 0
-    rows = np.flatnonzero(steps.rank == reference_rank)
-    rows = rows[np.argsort(steps.start_ns[rows], kind="stable")]
-    starts, ends = steps.start_ns[rows], steps.start_ns[rows] + steps.dur_ns[rows]
-    context, generation = _stated_counts(steps, rows, logs, times)
-    stated = np.where((context < 0) | (generation < 0), -1, context + generation)
     begins = np.where(requests.scheduled_ns >= 0, requests.scheduled_ns, requests.arrival_ns)
     # arrived but never finished in the records: still in flight when the trace ended
     in_flight = (begins >= 0) & (requests.finish_ns < 0)
     finishes = np.where(in_flight, np.iinfo(np.int64).max // 2, requests.finish_ns)
     complete = (begins >= 0) & (finishes >= 0)
     incomplete = int(np.count_nonzero(~complete))
+    request_engine, record_engine = _request_engines(requests, logs, times)
+    queued = np.zeros(len(requests), dtype=bool)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]] = []
+    for engine, rank in _engine_groups(tree, request_engine, reference_rank):
+        rows = np.flatnonzero(steps.rank == rank)
+        rows = rows[np.argsort(steps.start_ns[rows], kind="stable")]
+        mine = request_engine == engine
+        group_logs = (
+            logs if logs is None or engine < 0 else _records_of(logs, record_engine, engine)
+        )
+        group_times = times if group_logs is logs else _times_of(times, record_engine, engine)
+        part = _attach(
+            steps,
+            rows,
+            requests,
+            mine,
+            begins,
+            finishes,
+            complete,
+            in_flight,
+            group_logs,
+            group_times,
+        )
+        queued |= part[-1]
+        parts.append((rows, *part[:-1]))
+        if len(rows) == 0:
+            warnings.append(f"rank {rank} has no steps: requests keep only their lifetimes")
+    if incomplete:
+        warnings.append(f"{incomplete} requests have no arrival time: no steps attached")
+    if (in_flight & ~queued).any():
+        warnings.append(
+            f"{int((in_flight & ~queued).sum())} requests never finish in the records: attached "
+            "up to the last traced step (still in flight)"
+        )
+    if queued.any():
+        warnings.append(
+            f"{int(queued.sum())} requests were never admitted in the traced steps (still queued)"
+        )
+    empty = np.zeros(0, dtype=np.int64)
+    request = np.concatenate([part[1] for part in parts] or [empty])
+    step_row = np.concatenate([part[0][part[2]] for part in parts] or [empty])
+    return RequestTrees(
+        requests=requests,
+        request=request,
+        step=steps.index[step_row] if len(step_row) else empty,
+        step_row=step_row,
+        phase=[phase for part in parts for phase in part[4]],
+        confidence=np.concatenate([part[3] for part in parts] or [np.zeros(0)]),
+        reference_rank=reference_rank,
+        queued=[requests.key[i] for i in np.flatnonzero(queued).tolist()],
+        warnings=warnings,
+    )
+
+
+def _attach(
+    steps: StepTable,
+    rows: np.ndarray,
+    requests: Requests,
+    mine: np.ndarray,
+    begins: np.ndarray,
+    finishes: np.ndarray,
+    complete: np.ndarray,
+    in_flight: np.ndarray,
+    logs: LogTable | None,
+    times: LogTimes | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """The requests `mine` on the steps `rows` (one rank's, in time order): per membership the
+    request, its position in `rows`, confidence and phase; and which of them stayed queued."""
+    starts, ends = steps.start_ns[rows], steps.start_ns[rows] + steps.dur_ns[rows]
+    context, generation = _stated_counts(steps, rows, logs, times)
+    stated = np.where((context < 0) | (generation < 0), -1, context + generation)
     slots = _admission_slots(steps, rows, ends, context, logs, times)
-    admitted = _admit_first_come_first_served(requests, begins, complete, starts, slots)
+    admitted = _admit_first_come_first_served(requests, begins, complete & mine, starts, slots)
     # replayed and never admitted, and no record of it finishing: still queued at the trace's end
-    queued = (admitted == NEVER_ADMITTED) & in_flight
+    queued = (admitted == NEVER_ADMITTED) & in_flight & mine
     member_request: list[int] = []
     member_pos: list[int] = []
-    for i in np.flatnonzero(complete & ~queued).tolist():
+    for i in np.flatnonzero(complete & ~queued & mine).tolist():
         begin, finish = int(begins[i]), int(finishes[i])
         if requests.exact[i]:
             # a step already running when the request arrived cannot include it, and the step
@@ -279,19 +347,6 @@ def build_request_trees(
         for pos in range(first, last):
             member_request.append(i)
             member_pos.append(pos)
-    if incomplete:
-        warnings.append(f"{incomplete} requests have no arrival time: no steps attached")
-    if (in_flight & ~queued).any():
-        warnings.append(
-            f"{int((in_flight & ~queued).sum())} requests never finish in the records: attached "
-            "up to the last traced step (still in flight)"
-        )
-    if queued.any():
-        warnings.append(
-            f"{int(queued.sum())} requests were never admitted in the traced steps (still queued)"
-        )
-    if len(rows) == 0:
-        warnings.append(f"rank {reference_rank} has no steps: requests keep only their lifetimes")
     request = np.asarray(member_request, dtype=np.int64)
     pos = np.asarray(member_pos, dtype=np.int64)
     candidates = np.bincount(pos, minlength=len(rows)) if len(pos) else np.zeros(len(rows), int)
@@ -301,16 +356,56 @@ def build_request_trees(
         ratio = stated[pos] / np.maximum(candidates[pos], 1)
         confidence = np.where(has_count, np.minimum(ratio, 1.0), 0.5)
     phase = _phases(request, pos, requests, starts, ends)
-    return RequestTrees(
-        requests=requests,
-        request=request,
-        step=steps.index[rows][pos] if len(pos) else np.zeros(0, dtype=np.int64),
-        step_row=rows[pos] if len(pos) else np.zeros(0, dtype=np.int64),
-        phase=phase,
-        confidence=confidence,
-        reference_rank=reference_rank,
-        queued=[requests.key[i] for i in np.flatnonzero(queued).tolist()],
-        warnings=warnings,
+    return request, pos, confidence, phase, queued
+
+
+def _request_engines(
+    requests: Requests, logs: LogTable | None, times: LogTimes | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per request the engine its log lines name most (-1: none, or a run of one engine), and
+    per log record its own (`times.engine`)."""
+    request_engine = np.full(len(requests), -1, dtype=np.int64)
+    if logs is None or times is None or times.engine is None or not (times.engine >= 0).any():
+        return request_engine, np.full(len(logs) if logs is not None else 0, -1, dtype=np.int64)
+    votes: dict[str, Counter[int]] = {}
+    for key, engine in zip(
+        logs.table.column("request_key").to_pylist(), times.engine.tolist(), strict=True
+    ):
+        if key is not None and engine >= 0:
+            votes.setdefault(key, Counter())[engine] += 1
+    for i, key in enumerate(requests.key):
+        if key in votes:
+            request_engine[i] = votes[key].most_common(1)[0][0]
+    return request_engine, times.engine
+
+
+def _engine_groups(
+    tree: CallTree, request_engine: np.ndarray, reference_rank: int
+) -> list[tuple[int, int]]:
+    """(engine, the rank its requests are attached on): -1 (requests that name none) on the
+    reference rank, then each engine named on its lowest rank."""
+    steps = tree.steps
+    named = sorted(set(request_engine.tolist()) - {-1})
+    groups = [(-1, reference_rank)] if (request_engine < 0).any() or not named else []
+    return groups + [(e, int(steps.rank[steps.engine == e].min())) for e in named]
+
+
+def _records_of(logs: LogTable, record_engine: np.ndarray, engine: int) -> LogTable:
+    """The log records of one engine (its iteration lines state its steps' batches)."""
+    return replace(logs, table=logs.table.filter(pa.array(record_engine == engine)))
+
+
+def _times_of(times: LogTimes | None, record_engine: np.ndarray, engine: int) -> LogTimes | None:
+    if times is None:
+        return None
+    keep = record_engine == engine
+    return replace(
+        times,
+        lo_ns=times.lo_ns[keep],
+        hi_ns=times.hi_ns[keep],
+        how=[h for h, k in zip(times.how, keep.tolist(), strict=True) if k],
+        anchor_step=times.anchor_step[keep],
+        engine=times.engine[keep] if times.engine is not None else None,
     )
 
 
