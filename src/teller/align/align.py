@@ -22,8 +22,7 @@ A line about a request that no traced step admitted (still queued when the trace
 step -1 as `queued`. Anything else is kept with step -1 (`unmatched`), so nothing disappears.
 `align_run` reads a run, puts every rank on rank 0's clock from collectives, and aligns. With
 several data-parallel engines in one trace folder (`teller.callchain.engines`), a line that names
-its engine is placed on that engine's steps (`logtime`); request lines still follow the reference
-rank's steps.
+its engine is placed on that engine's steps (`logtime`), and so are its requests (`requests`).
 """
 
 from __future__ import annotations
