@@ -21,6 +21,7 @@ class _Steps:
     context_tokens: np.ndarray
     generation_tokens: np.ndarray
     dur_ns: np.ndarray
+    engine: np.ndarray
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -36,6 +37,7 @@ def _tree(rows: list[tuple[int, int, str, int, int, int]]) -> SimpleNamespace:
         context_tokens=np.array(columns[3]),
         generation_tokens=np.array(columns[4]),
         dur_ns=np.array(columns[5]),
+        engine=np.zeros(len(rows), dtype=np.int64),  # one engine
     )
     return SimpleNamespace(steps=steps)
 

@@ -94,7 +94,7 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
     anchor_step = np.full(count, -1, dtype=np.int64)
     iteration = [i for i in range(count) if events[i] == "iteration" and ts[i] >= 0]
     ordinal_end: dict[int, int] = {}
-    for group, group_reference in _anchor_groups(engine, tree, reference_rank):
+    for group, group_reference in engine_groups(engine, tree, reference_rank):
         lines = [i for i in iteration if engine[i] == group]
         ends = _anchor_steps(
             steps, group_reference, lines, counters, elapsed_ns, ts, exact, anchor_step, warnings
@@ -158,11 +158,10 @@ def engine_reference(tree: CallTree, engine: int) -> int:
     return int(steps.rank[steps.engine == engine].min())
 
 
-def _anchor_groups(
-    engine: np.ndarray, tree: CallTree, reference_rank: int
-) -> list[tuple[int, int]]:
-    """(engine, its reference rank) per group of lines anchored together: -1 (lines that name no
-    engine) on `reference_rank`, then each engine the lines name on its lowest rank."""
+def engine_groups(engine: np.ndarray, tree: CallTree, reference_rank: int) -> list[tuple[int, int]]:
+    """(engine, the rank it is placed on) per group of lines, or of requests, placed together:
+    -1 (those that name no engine) on `reference_rank`, then each engine named on its lowest
+    rank."""
     named = sorted(set(engine.tolist()) - {-1})
     return [(-1, reference_rank)] + [(e, engine_reference(tree, e)) for e in named]
 

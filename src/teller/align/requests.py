@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from teller.align.logtime import LogTimes
+from teller.align.logtime import LogTimes, engine_groups
 from teller.callchain.steps import StepTable
 from teller.callchain.tree import CallTree
 from teller.ingest.logs.table import LogTable, request_key
@@ -255,7 +255,7 @@ def build_request_trees(
     request_engine, record_engine = _request_engines(requests, logs, times)
     queued = np.zeros(len(requests), dtype=bool)
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]] = []
-    for engine, rank in _engine_groups(tree, request_engine, reference_rank):
+    for engine, rank in engine_groups(request_engine, tree, reference_rank):
         rows = np.flatnonzero(steps.rank == rank)
         rows = rows[np.argsort(steps.start_ns[rows], kind="stable")]
         mine = request_engine == engine
@@ -377,17 +377,6 @@ def _request_engines(
         if key in votes:
             request_engine[i] = votes[key].most_common(1)[0][0]
     return request_engine, times.engine
-
-
-def _engine_groups(
-    tree: CallTree, request_engine: np.ndarray, reference_rank: int
-) -> list[tuple[int, int]]:
-    """(engine, the rank its requests are attached on): -1 (requests that name none) on the
-    reference rank, then each engine named on its lowest rank."""
-    steps = tree.steps
-    named = sorted(set(request_engine.tolist()) - {-1})
-    groups = [(-1, reference_rank)] if (request_engine < 0).any() or not named else []
-    return groups + [(e, int(steps.rank[steps.engine == e].min())) for e in named]
 
 
 def _records_of(logs: LogTable, record_engine: np.ndarray, engine: int) -> LogTable:

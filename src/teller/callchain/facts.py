@@ -211,6 +211,7 @@ class Iterations:
     context_tokens: np.ndarray  # float, ≥ 0, the slowest rank's that states a batch
     generation_tokens: np.ndarray  # float, ≥ 0, that rank's
     ranks: list[list[int]]  # the ranks that ran it, ascending
+    engine: np.ndarray  # int64: the engine whose iteration it is (`engines.py`); 0 in most runs
 
     def __len__(self) -> int:
         return len(self.iteration)
@@ -238,6 +239,7 @@ def iterations_of(tree: CallTree) -> Iterations:
         context_tokens=np.array([float(max(steps.context_tokens[k], 0)) for k in batch]),
         generation_tokens=np.array([float(max(steps.generation_tokens[k], 0)) for k in batch]),
         ranks=[sorted(int(steps.rank[k]) for k in members) for _, members in ordered],
+        engine=np.array([int(steps.engine[members[0]]) for _, members in ordered], dtype=np.int64),
     )
 
 

@@ -186,7 +186,8 @@ def propose(
     }
     # a step's references are its own engine's steps (`callchain.engines`): only those ran on
     # its ranks
-    engine_of = dict(zip(tree.steps.index.tolist(), tree.steps.engine.tolist(), strict=True))
+    iterations = facts.iterations
+    engine_of = dict(zip(iterations.iteration.tolist(), iterations.engine.tolist(), strict=True))
     normal_of_engine: dict[int, list[int]] = {}
     for s in steps:
         if not s.anomalous:

@@ -39,12 +39,16 @@ MAD_TO_SIGMA = 1.4826
 FULL_CREDIT_Z = 5.0
 
 
-def median_mad(reference: np.ndarray, axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def median_mad(
+    reference: np.ndarray, axis: int | None = None, skip_nan: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """The median of `reference` and its spread (MAD_TO_SIGMA · MAD), along `axis` (kept as a
-    dimension of length one) or over all values."""
+    dimension of length one) or over all values; with `skip_nan`, over the values that are not
+    NaN (NaN where none is)."""
     keep = axis is not None
-    median = np.median(reference, axis=axis, keepdims=keep)
-    spread = MAD_TO_SIGMA * np.median(np.abs(reference - median), axis=axis, keepdims=keep)
+    median_of = np.nanmedian if skip_nan else np.median
+    median = median_of(reference, axis=axis, keepdims=keep)
+    spread = MAD_TO_SIGMA * median_of(np.abs(reference - median), axis=axis, keepdims=keep)
     return median, spread
 
 

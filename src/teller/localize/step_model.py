@@ -17,7 +17,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from teller.callchain.facts import Iterations, RunFacts, Setup
-from teller.localize.features import MAD_TO_SIGMA, median_mad
+from teller.localize.features import median_mad
 from teller.localize.results import StepScore
 
 #: Smallest log-ratio scale for step scores: 3% run-to-run noise is normal even on a quiet machine.
@@ -187,9 +187,7 @@ def component_scores(facts: RunFacts) -> tuple[np.ndarray, np.ndarray]:
         measures.append((np.bincount(rows, weights=arrivals.own_ns[last], minlength=count), False))
     position = {it: i for i, it in enumerate(iterations)}
     # a rank's own steps are compared within its engine (`callchain.engines`): the others' are NaN
-    engine = np.zeros(len(iterations), dtype=np.int64)
-    for k in range(count):
-        engine[position[int(steps.index[k])]] = steps.engine[k]
+    engine = facts.iterations.engine
     ranks = np.unique(steps.rank)
     rank_pos = {int(r): j for j, r in enumerate(ranks.tolist())}
     best_z = np.zeros(len(iterations))
@@ -222,12 +220,9 @@ def _column_z(score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     it did not run), which score 0."""
     with warnings.catch_warnings():  # a column with no entry at all
         warnings.simplefilter("ignore", RuntimeWarning)
-        centre = np.nanmedian(score, axis=0, keepdims=True)
-        spread = MAD_TO_SIGMA * np.nanmedian(np.abs(score - centre), axis=0, keepdims=True)
-    centre = np.where(np.isfinite(centre), centre, 0.0)
-    spread = np.where(np.isfinite(spread), spread, 0.0)
+        centre, spread = median_mad(score, axis=0, skip_nan=True)
     above = np.where(np.isfinite(score), score - centre, 0.0)
-    return above / np.maximum(spread, MIN_COMPONENT_SCALE), above
+    return above / np.maximum(np.nan_to_num(spread), MIN_COMPONENT_SCALE), above
 
 
 def _temporal(

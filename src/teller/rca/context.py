@@ -221,11 +221,13 @@ class RunContext:
         steps = tree.steps
         self.ranks = sorted(set(steps.rank.tolist()))
         self.row_of = {(int(steps.rank[k]), int(steps.index[k])): k for k in range(len(steps))}
-        self.engine_of = dict(zip(steps.index.tolist(), steps.engine.tolist(), strict=True))
         self.first_of = _first_iteration_of(steps.rank, steps.index)
         iterations = self.facts.iterations
         self.kind_of = dict(
             zip(iterations.iteration.tolist(), iterations.kind.tolist(), strict=True)
+        )
+        self.engine_of = dict(
+            zip(iterations.iteration.tolist(), iterations.engine.tolist(), strict=True)
         )
         self.context_of = dict(
             zip(iterations.iteration.tolist(), iterations.context_tokens.tolist(), strict=True)

@@ -9,6 +9,7 @@ one-line note, so a report is still written.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 
@@ -56,8 +57,8 @@ def steps_spec(points: list[StepPoint]) -> dict:
     # several engines (`callchain.engines`) number their steps apart, in ranges no other engine's
     # rank shares: each rank gets its own axis
     ordered = sorted(spans.values())
-    reach = [high for _, high in ordered]
-    apart = any(low > max(reach[:k]) for k, (low, _) in enumerate(ordered) if k)
+    reach = itertools.accumulate((high for _, high in ordered), max)  # furthest step so far
+    apart = any(low > high for (low, _), high in zip(ordered[1:], reach, strict=False))
     x = {
         "field": "step",
         "type": "quantitative",
