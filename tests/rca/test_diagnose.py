@@ -234,6 +234,7 @@ class _Lateness:
 
     def __init__(self, per_step: dict[int, dict[int, tuple[float, float]]]):
         self.per_step = per_step
+        self.engine_of: dict[int, int] = {}
 
     def lateness_and_wait(self, iterations):
         totals: dict[int, tuple[float, float]] = {}
@@ -262,6 +263,35 @@ def test_a_clear_straggler_takes_over_its_waiting_peers_findings() -> None:
     ]
     one_incident_per_cause(drafts, _Lateness(steps))
     assert [(d.top.operator, d.top.rank) for d in drafts] == [("aten::cat", 1)] * 2
+
+
+def test_the_peers_findings_are_re_pointed_whatever_type_the_head_gave_them() -> None:
+    """The type head called rank 1's throttled steps a straggler and one step of rank 0's wait
+    CPU contention: rank 0's lone finding of that type is the same incident, not a second one."""
+    steps = {s: {0: (0.5e6, 10e6), 1: (10e6, 0.5e6)} for s in (1, 2, 3)}
+    drafts = [
+        _draft(1, [("aten::cat", 1, "compute")]),
+        _draft(2, [("aten::mm", 0, "compute"), ("aten::cat", 1, "compute")]),
+        _draft(3, [("aten::cat", 1, "compute")]),
+    ]
+    drafts[0].fault = drafts[2].fault = "straggler"
+    drafts[1].fault = "cpu_contention"
+    one_incident_per_cause(drafts, _Lateness(steps))
+    assert [(d.top.operator, d.top.rank) for d in drafts] == [("aten::cat", 1)] * 3
+
+
+def test_engines_are_separate_incidents() -> None:
+    """Two engines, each with its own late rank: rank 0 of engine 1 is its straggler, not a
+    peer of engine 0's rank 1, so its finding stands."""
+    steps = {1: {0: (0.5e6, 10e6), 1: (10e6, 0.5e6)}, 1001: {0: (10e6, 0.5e6), 1: (0.0, 0.0)}}
+    drafts = [
+        _draft(1, [("aten::cat", 1, "compute")]),
+        _draft(1001, [("aten::mm", 0, "compute"), ("aten::cat", 1, "compute")]),
+    ]
+    context = _Lateness(steps)
+    context.engine_of = {1: 0, 1001: 1}
+    one_incident_per_cause(drafts, context)
+    assert [(d.top.operator, d.top.rank) for d in drafts] == [("aten::cat", 1), ("aten::mm", 0)]
 
 
 class _Collectives(_Lateness):

@@ -388,12 +388,15 @@ def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
 
 
 def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
-    """In a lock-stepped group, one cause is one incident: the drafts of one fault type that
-    blame a rank which, in its step, waited for its peers longer than it was late, are re-pointed
-    at the straggler's best candidate in that step, or, where it has none, at its own share of
-    the step's collective that grew most (`own_share`).
+    """In a lock-stepped group, one cause is one incident: the drafts of an engine's
+    lock-stepped fault types (`LOCKSTEP_FAULTS`) that blame a rank which, in its step, waited
+    for its peers longer than it was late, are re-pointed at the straggler's best candidate in
+    that step, or, where it has none, at its own share of the step's collective that grew most
+    (`own_share`). The fault types are pooled because the type head may call one throttled
+    rank's steps a straggler in one step and CPU contention in the next, while the waiting peer
+    is the same symptom in both.
 
-    The straggler is the rank that arrives last and waits least over the fault type's flagged
+    The straggler is the rank that arrives last and waits least over the engine's flagged
     steps (lateness minus wait, summed), and only a clear one (`CLEAR_STRAGGLER`) re-points
     anything: a small regression's own lateness is not told apart from noise, and the pointer's
     pick on the regressed rank stands. A rank that was itself late in a step keeps its finding
@@ -401,12 +404,17 @@ def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
     peer's collective is long because it waits, and under a CPU-run collective (gloo) its own
     share of the transfer waits on the straggler too, so a pointer can name the peer's
     all-reduce; it is the same cause, not a second incident."""
-    by_fault: dict[str, list[_Draft]] = {}
+    by_engine: dict[int, list[_Draft]] = {}
     for draft in drafts:
-        if draft.top is not None and draft.score.kind != "unfinished" and draft.fault:
-            by_fault.setdefault(draft.fault, []).append(draft)
-    for fault, group in by_fault.items():
-        if fault not in LOCKSTEP_FAULTS or len({d.top.rank for d in group}) < 2:
+        if (
+            draft.top is not None
+            and draft.score.kind != "unfinished"
+            and draft.fault in LOCKSTEP_FAULTS
+        ):
+            engine = context.engine_of.get(draft.score.iteration, 0)
+            by_engine.setdefault(engine, []).append(draft)
+    for group in by_engine.values():
+        if len({d.top.rank for d in group}) < 2:
             continue
         totals = context.lateness_and_wait([d.score.iteration for d in group])
         if not totals:
