@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from teller.labels import CaseLabels, equivalent_operators, equivalent_ranks
+from teller.labels import (
+    CaseLabels,
+    equivalent_operators,
+    equivalent_ranks,
+    rank_scored,
+    scored_operator,
+)
 
 
 def labels(fault: str, view: str, rank: int, **params) -> CaseLabels:
@@ -63,3 +69,23 @@ def test_a_busy_hosts_launches_go_by_either_launch_call() -> None:
     none = labels("scheduler_misconfig", "V", 1)
     none.guilty_operator = None
     assert equivalent_operators(none) == frozenset()
+
+
+def test_a_lab_cpu_fault_is_scored_by_its_rank_not_an_operator() -> None:
+    """A CPU quota or a busy core stalls whichever operator runs when the CPU is taken: the
+    lab's straggler and CPU contention are right with the rank, the simulator's keep their
+    operator (it slows one), and an engine-wide fault asks for neither."""
+    for fault, view in (("straggler", "H"), ("cpu_contention", "V")):
+        lab = labels(fault, view, 1)
+        lab.source = "lab"
+        assert scored_operator(lab) is None and rank_scored(lab)
+    simulated = labels("straggler", "H", 1)
+    assert scored_operator(simulated) == "op" and rank_scored(simulated)
+    assert scored_operator(labels("gpu_throttle", "V", 1)) == "op"
+    assert not rank_scored(labels("gpu_throttle", "V", 1))
+    stall = labels("host_stall", "V", 1)
+    stall.guilty_operator = None
+    assert rank_scored(stall)
+    misconfigured = labels("scheduler_misconfig", "V", 0)
+    misconfigured.guilty_operator = None
+    assert not rank_scored(misconfigured)

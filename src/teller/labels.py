@@ -133,6 +133,34 @@ def equivalent_ranks(labels: CaseLabels) -> frozenset[int]:
     return frozenset({rank})
 
 
+#: Lab faults that take CPU time from the whole rank (a CPU quota, busy processes on its core):
+#: the stall lands on whichever operator runs when the CPU is taken away, so the label's operator
+#: is the likeliest place (the one that runs most), not the fault's. Scoring asks for the rank.
+RANK_WIDE_LAB_FAULTS = frozenset({"cpu_contention", "straggler"})
+
+#: Faults that act on the whole engine (its batches, its load), where no rank is to blame.
+ENGINE_WIDE_FAULTS = frozenset({"none", "scheduler_misconfig", "workload_shift"})
+
+
+def scored_operator(labels: CaseLabels) -> str | None:
+    """The operator a finding must name to be right: the label's, except where the fault slows
+    no operator in particular (`RANK_WIDE_LAB_FAULTS`)."""
+    if labels.source == "lab" and labels.fault in RANK_WIDE_LAB_FAULTS:
+        return None
+    return labels.guilty_operator
+
+
+def rank_scored(labels: CaseLabels) -> bool:
+    """Whether a finding must name the guilty rank to be right: for horizontal faults (the
+    method's job is to tell the rank from its waiting peers), and for faults of one rank whose
+    operator is not scored (else a finding on any rank would do)."""
+    if labels.guilty_rank is None:
+        return False
+    if labels.view == "H":
+        return True
+    return scored_operator(labels) is None and labels.fault not in ENGINE_WIDE_FAULTS
+
+
 #: The host calls that launch GPU work: eagerly, kernel by kernel, or a captured CUDA graph at once.
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaGraphLaunch")
 

@@ -29,7 +29,7 @@ def make_case(root: Path, name: str, fault: str, **faults) -> Path:
     rank = next(iter({**faults.get("slow_mm", {}), **faults.get("late", {})}), (None,))[0]
     CaseLabels(
         case_id=name,
-        source="lab",
+        source="sim",
         fault=fault,
         view=view,
         guilty_rank=rank,
@@ -162,7 +162,7 @@ def test_explanation_figures_only_for_the_method_that_explains(cases: Path) -> N
 def labels(operator: str | None = "aten::mm", rank: int | None = 1) -> CaseLabels:
     return CaseLabels(
         case_id="c",
-        source="lab",
+        source="sim",
         fault="cpu_contention",
         view="V",
         guilty_rank=rank,

@@ -179,6 +179,20 @@ def test_an_operator_name_as_right_as_the_labelled_one_counts() -> None:
     assert accuracy_at_k([ranked], [launches], 2) == 1.0
 
 
+def test_a_fault_scored_by_its_rank_needs_the_rank_and_no_operator() -> None:
+    truths = [
+        StepTruth("s1", True, None, 1, rank_scored=True),
+        StepTruth("s2", True, None, 1, rank_scored=True),
+        StepTruth("s3", True, None, 1),
+    ]
+    verdicts = [
+        StepVerdict("s1", True, None, 1),
+        StepVerdict("s2", True, None, 0),
+        StepVerdict("s3", True, None, 0),
+    ]
+    assert joint_prf(truths, verdicts).true_positives == 2
+
+
 def test_agreement_reads_the_plans_fault_rank_and_operator() -> None:
     from teller.rca.plans import BASIS_BATCH, example, render
 

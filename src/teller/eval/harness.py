@@ -46,7 +46,13 @@ from teller.eval.metrics import (
     step_prf,
 )
 from teller.faults import FAULT_FREE
-from teller.labels import CaseLabels, equivalent_operators, equivalent_ranks
+from teller.labels import (
+    CaseLabels,
+    equivalent_operators,
+    equivalent_ranks,
+    rank_scored,
+    scored_operator,
+)
 from teller.localize import Localization, StepExplanation
 
 
@@ -70,10 +76,12 @@ def judge_explanation(
     method that goes silent on a real fault must not score better than one that speaks."""
     if explanation is None:
         return ExplanationVerdict(False, False, False, 0.0)
-    grounded = labels.guilty_operator is None or (
-        explanation.operator in equivalent_operators(labels)
-        and (labels.guilty_rank is None or explanation.rank in equivalent_ranks(labels))
-    )
+    if scored_operator(labels) is None:
+        grounded = not rank_scored(labels) or explanation.rank in equivalent_ranks(labels)
+    else:
+        grounded = explanation.operator in equivalent_operators(labels) and (
+            labels.guilty_rank is None or explanation.rank in equivalent_ranks(labels)
+        )
     said = agreement(explanation.text, explanation.fault, explanation.operator, explanation.rank)
     return ExplanationVerdict(
         fault_right=explanation.fault == labels.fault,
@@ -104,6 +112,7 @@ class CaseOutcome:
     guilty_rank: int | None
     guilty_ranks: frozenset[int] = frozenset()  # with the ranks its trace cannot tell from it
     guilty_operators: frozenset[str] = frozenset()  # with the names it goes by in other steps
+    rank_scored: bool = False  # a finding must name the guilty rank (`teller.labels.rank_scored`)
     explains: bool = False  # the method explained its flagged steps in this case
     explained: list[ExplanationVerdict] = field(default_factory=list)  # its true-positive steps
 
@@ -118,9 +127,9 @@ class Row:
     step_precision: float | None  # None where the group has no anomalous step
     step_recall: float | None
     step_f1: float | None
-    ac1: float
-    ac3: float
-    avg5: float
+    ac1: float | None  # None: no case of the group has an operator to find
+    ac3: float | None
+    avg5: float | None
     rank_ac1: float | None
     joint_precision: float | None
     joint_recall: float | None
@@ -187,10 +196,11 @@ def outcome(case: Case, localization: Localization, steps: StepTable) -> CaseOut
         top=top,
         ranked=ranked,
         truth_steps=sorted(truth),
-        guilty_operator=labels.guilty_operator,
+        guilty_operator=scored_operator(labels),
         guilty_rank=labels.guilty_rank,
         guilty_ranks=equivalent_ranks(labels),
-        guilty_operators=equivalent_operators(labels),
+        guilty_operators=equivalent_operators(labels) if scored_operator(labels) else frozenset(),
+        rank_scored=rank_scored(labels),
         explains=explains,
         explained=explained,
     )
@@ -221,6 +231,7 @@ def score_group(
                     o.guilty_operator,
                     o.guilty_rank,
                     horizontal=o.view == "H",
+                    rank_scored=o.rank_scored,
                     equivalent_ranks=o.guilty_ranks,
                     equivalent_operators=o.guilty_operators,
                 )
@@ -245,9 +256,9 @@ def score_group(
         step_precision=shown(steps.precision),
         step_recall=shown(steps.recall),
         step_f1=shown(steps.f1),
-        ac1=round(accuracy_at_k(ranked, guilty, 1), 4),
-        ac3=round(accuracy_at_k(ranked, guilty, 3), 4),
-        avg5=round(average_at_k(ranked, guilty, 5), 4),
+        ac1=round(accuracy_at_k(ranked, guilty, 1), 4) if located else None,
+        ac3=round(accuracy_at_k(ranked, guilty, 3), 4) if located else None,
+        avg5=round(average_at_k(ranked, guilty, 5), 4) if located else None,
         rank_ac1=round(
             rank_accuracy_at_1(
                 [[Candidate(op, score, rank) for op, rank, score in o.ranked] for o in horizontal],

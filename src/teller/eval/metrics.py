@@ -152,6 +152,9 @@ class StepTruth:
     operator: str | None = None
     rank: int | None = None
     horizontal: bool = False
+    #: the rank must be right: a horizontal fault, or one rank's fault with no operator scored
+    #: (`teller.labels.rank_scored`); by default, for horizontal faults only
+    rank_scored: bool | None = None
     #: ranks as right as `rank`: a fault on a link or node they share (teller/labels.py)
     equivalent_ranks: frozenset[int] = frozenset()
     #: operator names as right as `operator` (teller/labels.py: `equivalent_operators`)
@@ -159,7 +162,8 @@ class StepTruth:
 
 
 def joint_prf(truths: Sequence[StepTruth], verdicts: Sequence[StepVerdict]) -> PRF:
-    """Joint F1: flagged and right about the operator (and the rank for horizontal faults)."""
+    """Joint F1: flagged and right about the operator, where one is scored, and about the rank
+    where it is (horizontal faults; `StepTruth.rank_scored`)."""
     said = {v.key: v for v in verdicts}
     flagged = sum(1 for v in verdicts if v.flagged)
     positives = sum(1 for t in truths if t.anomalous)
@@ -174,7 +178,8 @@ def joint_prf(truths: Sequence[StepTruth], verdicts: Sequence[StepVerdict]) -> P
         ):
             continue
         right_ranks = {truth.rank} | truth.equivalent_ranks
-        if truth.horizontal and verdict.rank not in right_ranks:
+        must_rank = truth.horizontal if truth.rank_scored is None else truth.rank_scored
+        if must_rank and verdict.rank not in right_ranks:
             continue
         hits += 1
     return PRF.from_counts(hits, flagged, positives)

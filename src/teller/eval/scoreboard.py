@@ -22,11 +22,19 @@ def _cell(value: float | None) -> str:
 EXPLANATIONS_NOTE = (
     "Explanations are judged on the true-positive steps of fault cases: fault type right; "
     "faithful (the text names exactly the operator and rank the method's pointer picked, and no "
-    "other rank); grounded right (the pick is the labelled operator and rank, or the label names "
-    "no operator); ROUGE-L F against the label's reference sentence; well-formed (the text "
+    "other rank); grounded right (the pick is the labelled operator and rank; where the label "
+    "scores no operator, the labelled rank for a fault of one rank, else any pick); ROUGE-L F against the label's reference sentence; well-formed (the text "
     "parses under the sentence-plan grammar, docs/explanations.md); agreement (its fault type, "
     "rank and operator are the method's heads'); excess explained (the share of the step's "
     "excess the named evidence accounts for, over the explanations that state one)."
+)
+
+
+JOINT_NOTE = (
+    "A joint hit is a labelled step flagged with the labelled operator named (where the label "
+    "scores one) and the labelled rank (for horizontal faults, and for a fault of one rank "
+    "whose operator is not scored: the lab's CPU quota and CPU contention, which stall whichever "
+    "operator runs when the CPU is taken; `teller.labels.scored_operator`, `rank_scored`)."
 )
 
 
@@ -64,6 +72,8 @@ def render_markdown(result: EvalResult, command: str, cases_note: str) -> str:
             else ""
         )
         + ". Paper (TELLER) joint F1: horizontal 0.85, vertical 0.82.",
+        "",
+        JOINT_NOTE,
         "",
     ]
     if any(r.explained_steps is not None for r in result.rows):
