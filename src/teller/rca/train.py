@@ -147,11 +147,11 @@ def train(config: TrainConfig) -> TrainResult:
     if config.members > 1 and config.jobs > 1:
         context = multiprocessing.get_context("spawn")  # no forked torch state
         with ProcessPoolExecutor(min(config.jobs, config.members), mp_context=context) as pool:
-            results = pool.map(_fit_member, [(config, arrays, s) for s in seeds])
+            results = pool.map(_fit_member_weights, [(config, arrays, s) for s in seeds])
             bar = tqdm(
                 results, total=len(seeds), desc="training members", disable=not config.progress
             )
-            fitted = list(bar)
+            fitted = [(_from_weights(config, weights), losses) for weights, losses in bar]
     else:
         fitted = [_fit_member((config, arrays, s)) for s in seeds]
     models = [model for model, _ in fitted]
@@ -165,6 +165,23 @@ def train(config: TrainConfig) -> TrainResult:
         seconds=time.perf_counter() - started,
         params=sum(m.num_params() for m in models),
     )
+
+
+def _fit_member_weights(
+    job: tuple[TrainConfig, Batch[np.ndarray], int],
+) -> tuple[dict[str, np.ndarray], list[float]]:
+    """`_fit_member` in a worker process, its weights as NumPy arrays: a torch tensor sent back
+    through a process pool travels as shared memory whose handles outlive the pool and fail to
+    close at interpreter exit."""
+    model, losses = _fit_member(job)
+    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}, losses
+
+
+def _from_weights(config: TrainConfig, weights: dict[str, np.ndarray]) -> RootCauseModel:
+    model = RootCauseModel(config.model)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    model.eval()
+    return model
 
 
 def _fit_member(
