@@ -248,6 +248,19 @@ def test_a_verdict_on_the_first_captured_step_says_set_up_may_explain_it() -> No
     assert [s.slots for s in said if s.plan == "caveat.first_step"] == [{"step": "0"}]
 
 
+def test_a_one_step_captures_first_layer_outlier_says_set_up_may_explain_it() -> None:
+    """HTA's CUPTI-counter capture holds one step of a convolutional net: its first
+    cudnn_convolution took 451 ms against 474 µs in the later layers, cuDNN choosing its
+    algorithms on the first call. There is no earlier step to compare, so the verdict says
+    what a first call pays for."""
+    analysis = Analysis(real_trace("hta/cupti_profiler_counters.json.gz"))
+    findings = analysis.verdict.findings
+    assert findings and "in layer 1 of" in findings[0].explanation
+    said = parse(findings[0].explanation)
+    assert said is not None
+    assert [s.plan for s in said if s.plan.startswith("caveat.first")] == ["caveat.first_call"]
+
+
 def test_a_planted_fault_in_a_later_step_gets_no_first_step_caveat(tmp_path: Path) -> None:
     analysis, truth = planted_analysis(QUEUE_LEN, "host_gap:host_gap:0.25", tmp_path)
     found = [f for f in analysis.verdict.findings if f.step_name == truth.step_name]

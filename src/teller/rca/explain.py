@@ -512,12 +512,23 @@ def _waited(c: StepContext) -> bool:
     return c.candidate is not None and c.candidate.kind == "wait"
 
 
+def _first_call(c: StepContext) -> bool:
+    """Whether a one-step capture's finding is an operator's first layer against its later
+    ones: in the only step there is no earlier step to have paid for the first calls' set-up."""
+    if not c.only_step or c.candidate is None:
+        return False
+    layer = _LAYER_OF.search(c.candidate.reference)
+    return layer is not None and layer.group(1) == "1"
+
+
 def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple[str, dict]]:
     if _waited(c):
         return [("caveat.peer_wait", {})]
     out = []
     if c.first_step and fault is not None:
         out.append(("caveat.first_step", {"step": c.iteration}))
+    elif _first_call(c):
+        out.append(("caveat.first_call", {}))
     # "no host metrics" is false where the counters were sampled
     measured = c.host_counters is not None and CAVEATS.get(fault) in _HOST_CAVEATS
     if fault in CAVEATS and state_cause and not measured:

@@ -760,6 +760,13 @@ _PLANS = (
         note="any verdict on the first step a rank's capture holds",
     ),
     Plan(
+        "caveat.first_call",
+        "Layer 1 holds each operator's first call in the capture, where one-time set-up "
+        "lands (kernel autotuning such as cuDNN's benchmark mode, lazy module loading); "
+        "a capture of a few steps tells it apart from a fault.",
+        note="a one-step capture's verdict naming an operator's first layer against its others",
+    ),
+    Plan(
         "caveat.one_rank",
         "One rank in the trace: its effect on peer ranks cannot be seen.",
         note="any rank-specific fault on a one-rank trace",
