@@ -20,7 +20,13 @@ from teller.errors import TellerError
 from teller.labels import CaseLabels
 from teller.localize.collectives import OWN_SHARE_REFERENCE
 from teller.localize.results import OperatorCandidate, StepScore
-from teller.rca.diagnose import MODEL_UNAVAILABLE, _Draft, by_incident, one_incident_per_cause
+from teller.rca.diagnose import (
+    MODEL_UNAVAILABLE,
+    _Draft,
+    _evidence_candidates,
+    by_incident,
+    one_incident_per_cause,
+)
 from teller.rca.infer import DEFAULT_MODEL
 from teller.rca.plans import operator_text
 from teller.rca.verdict import Finding
@@ -292,6 +298,22 @@ def test_engines_are_separate_incidents() -> None:
     context.engine_of = {1: 0, 1001: 1}
     one_incident_per_cause(drafts, context)
     assert [(d.top.operator, d.top.rank) for d in drafts] == [("aten::cat", 1), ("aten::mm", 0)]
+
+
+def test_a_lockstep_findings_evidence_is_its_named_ranks_own() -> None:
+    """A straggler's peer waited and its matmul stretched with it: the finding names rank 1, and
+    its evidence lines are rank 1's, not the peer's longer aten::mm; a link fault's keep both
+    ends."""
+    picks = [("aten::cat", 1, "compute"), ("aten::mm", 0, "compute"), ("aten::add", 1, "compute")]
+    straggler = _draft(1, picks)
+    straggler.fault = "straggler"
+    assert [(c.operator, c.rank) for c in _evidence_candidates(straggler)] == [
+        ("aten::cat", 1),
+        ("aten::add", 1),
+    ]
+    link = _draft(1, picks)
+    link.fault, link.view = "net_throttle", "H"
+    assert len(_evidence_candidates(link)) == 3
 
 
 class _Collectives(_Lateness):

@@ -317,6 +317,22 @@ def _model_drafts(localization: Localization, diagnoses: list[StepDiagnosis]) ->
     return drafts
 
 
+#: Candidates a finding lists as evidence, the named one first.
+EVIDENCE_SHOWN = 3
+
+
+def _evidence_candidates(draft: _Draft) -> list[OperatorCandidate]:
+    """The candidates a finding's evidence lines show: the named one first. A lock-stepped
+    fault (`LOCKSTEP_FAULTS`) is one rank's, and its peers' longer operators in the step are
+    what it cost them, so only the named rank's candidates are shown; the rest stay in the
+    finding's candidate list."""
+    ranked = [c for c, _ in draft.named_first]
+    top = draft.top
+    if top is not None and draft.fault in LOCKSTEP_FAULTS:
+        ranked = [c for c in ranked if c.rank == top.rank]
+    return ranked[:EVIDENCE_SHOWN]
+
+
 def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
     """The finding of one draft, its explanation composed from the step's measured facts."""
     name_of_step = _step_names(tree)
@@ -325,7 +341,7 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
     step_context = context.context(draft.score, top, [c for c, _ in ranked])
     mechanism = choose_mechanism(step_context, draft.fault, draft.mechanism_scores)
     explanation = compose(step_context, draft.fault, mechanism, draft.state_cause)
-    evidence = [_evidence(c) for c, _ in ranked[:3]]
+    evidence = [_evidence(c) for c in _evidence_candidates(draft)]
     stated = stated_reading(step_context, draft.fault)
     if stated is not None and stated[0] != "major_faults" and top is not None:
         evidence.append(_host_evidence(top.rank, *stated))
