@@ -614,7 +614,7 @@ _PLANS = (
     Plan(
         "share.late_rest_operator",
         "Those late arrivals, {named} beyond its usual, are {share} of the step's {excess} "
-        "excess; rank {other_rank} lost {other_share} of it in {other_op}, which took "
+        "excess; rank {other_rank} also lost {other_share} of it in {other_op}, which took "
         "{other_observed} against {other_normal} normally.",
         note="the same, when the pointed operator's own excess is under a third of the step's: "
         "the rank's other candidate with the largest excess",
@@ -626,15 +626,15 @@ _PLANS = (
     ),
     Plan(
         "share.rise_rest_operator",
-        "That rise of {named} is {share} of the step's {excess} excess; rank {other_rank} lost "
-        "{other_share} of it in {other_op}, which took {other_observed} against {other_normal} "
+        "That rise of {named} is {share} of the step's {excess} excess; rank {other_rank} also "
+        "lost {other_share} of it in {other_op}, which took {other_observed} against {other_normal} "
         "normally.",
         note="the same, when the pointed operator's own excess is under a third of the step's",
     ),
     Plan(
         "share.rest_operator",
         "The excess of {op} on rank {rank}, {named}, is only {share} of the step's {excess} "
-        "excess; rank {other_rank} lost {other_share} of it in {other_op}, which took "
+        "excess; rank {other_rank} also lost {other_share} of it in {other_op}, which took "
         "{other_observed} against {other_normal} normally.",
         note="under a third explained: the step's other candidate with the largest excess",
     ),
