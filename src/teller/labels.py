@@ -17,7 +17,7 @@ from typing import Protocol
 
 from teller.atomic import write_text_atomic
 from teller.errors import TraceError
-from teller.faults import FAULTS
+from teller.faults import FAULT_FREE, FAULTS
 from teller.layout import CaseDir
 
 
@@ -139,7 +139,7 @@ def equivalent_ranks(labels: CaseLabels) -> frozenset[int]:
 RANK_WIDE_LAB_FAULTS = frozenset({"cpu_contention", "straggler"})
 
 #: Faults that act on the whole engine (its batches, its load), where no rank is to blame.
-ENGINE_WIDE_FAULTS = frozenset({"none", "scheduler_misconfig", "workload_shift"})
+ENGINE_WIDE_FAULTS = frozenset({*FAULT_FREE, "scheduler_misconfig"})
 
 
 def scored_operator(labels: CaseLabels) -> str | None:

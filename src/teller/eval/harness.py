@@ -162,6 +162,7 @@ class EvalResult:
 def outcome(case: Case, localization: Localization, steps: StepTable) -> CaseOutcome:
     """How `localization` of `case` scores, its labels keyed to the tree's `steps`."""
     labels = case.labels.keyed_to(steps)
+    operator = scored_operator(labels)  # the rank-wide lab faults score none
     flagged = [s.iteration for s in localization.steps if s.anomalous]
     truth = set(labels.steps) if labels.is_fault else set()
     top: dict[int, tuple[str | None, int | None]] = {}
@@ -196,10 +197,10 @@ def outcome(case: Case, localization: Localization, steps: StepTable) -> CaseOut
         top=top,
         ranked=ranked,
         truth_steps=sorted(truth),
-        guilty_operator=scored_operator(labels),
+        guilty_operator=operator,
         guilty_rank=labels.guilty_rank,
         guilty_ranks=equivalent_ranks(labels),
-        guilty_operators=equivalent_operators(labels) if scored_operator(labels) else frozenset(),
+        guilty_operators=equivalent_operators(labels) if operator else frozenset(),
         rank_scored=rank_scored(labels),
         explains=explains,
         explained=explained,

@@ -23,10 +23,11 @@ EXPLANATIONS_NOTE = (
     "Explanations are judged on the true-positive steps of fault cases: fault type right; "
     "faithful (the text names exactly the operator and rank the method's pointer picked, and no "
     "other rank); grounded right (the pick is the labelled operator and rank; where the label "
-    "scores no operator, the labelled rank for a fault of one rank, else any pick); ROUGE-L F against the label's reference sentence; well-formed (the text "
-    "parses under the sentence-plan grammar, docs/explanations.md); agreement (its fault type, "
-    "rank and operator are the method's heads'); excess explained (the share of the step's "
-    "excess the named evidence accounts for, over the explanations that state one)."
+    "scores no operator, the labelled rank for a fault of one rank, else any pick); ROUGE-L F "
+    "against the label's reference sentence; well-formed (the text parses under the "
+    "sentence-plan grammar, docs/explanations.md); agreement (its fault type, rank and operator "
+    "are the method's heads'); excess explained (the share of the step's excess the named "
+    "evidence accounts for, over the explanations that state one)."
 )
 
 

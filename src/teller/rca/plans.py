@@ -627,8 +627,8 @@ _PLANS = (
     Plan(
         "share.rise_rest_operator",
         "That rise of {named} is {share} of the step's {excess} excess; rank {other_rank} also "
-        "lost {other_share} of it in {other_op}, which took {other_observed} against {other_normal} "
-        "normally.",
+        "lost {other_share} of it in {other_op}, which took {other_observed} against "
+        "{other_normal} normally.",
         note="the same, when the pointed operator's own excess is under a third of the step's",
     ),
     Plan(

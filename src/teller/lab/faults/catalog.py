@@ -4,12 +4,12 @@
 inflates on the guilty rank, chosen from recorded cases (see tests/lab): memory_pressure slows the
 tensor-parallel matmuls (`aten::mm`: the weight pages are faulted back in there); cpu_contention and
 straggler take the rank's CPU, and the stall lands on whichever operator runs when it is taken,
-most often `aten::mm` (most of a step's compute; in the 2026-12-05 recordings it had the largest
-excess on the throttled rank in about a quarter of the flagged steps), so scoring asks for their
-rank, not this operator (`teller.labels.scored_operator`); net_throttle slows the transfer inside
-the gloo all-reduce (`gloo:all_reduce`); slow_operator's math-fallback attention keeps the node
-`aten::scaled_dot_product_attention` and makes it slower. host_stall and scheduler_misconfig slow no operator (gaps
-between ops; smaller batches) and workload_shift is the negative control, so they name none.
+likeliest `aten::mm` (most of a step's compute) but often another, so scoring asks for their rank,
+not this operator (`teller.labels.scored_operator`); net_throttle slows the transfer inside the
+gloo all-reduce (`gloo:all_reduce`); slow_operator's math-fallback attention keeps the node
+`aten::scaled_dot_product_attention` and makes it slower. host_stall and scheduler_misconfig slow
+no operator (gaps between ops; smaller batches) and workload_shift is the negative control, so
+they name none.
 """
 
 from __future__ import annotations
