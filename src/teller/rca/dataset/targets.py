@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from teller.labels import CaseLabels, equivalent_operators
+from teller.labels import CaseLabels, equivalent_operators, scored_operator
 from teller.localize import OperatorCandidate, StepScore
 from teller.rca.context import RunContext
 from teller.rca.explain import default_mechanism
@@ -46,9 +46,15 @@ def step_labels(
 
 def guilty_candidate(candidates: Sequence[OperatorCandidate], labels: CaseLabels) -> int:
     """The candidate the labels blame: same operator and rank, else same operator, else (for
-    faults without an operator) the first candidate on the guilty rank; -1 for none."""
-    op, rank = labels.guilty_operator, labels.guilty_rank
-    names = equivalent_operators(labels)  # a launch delayed by a busy host: either launch call
+    faults whose operator is not scored) the first, i.e. highest-ranked, candidate on the guilty
+    rank; -1 for none.
+
+    The operator is the one scoring asks for (`scored_operator`): a CPU quota or a co-tenant on the
+    lab's host slows whichever operator runs, so teaching the pointer the label's `aten::mm` taught
+    it to lead with a matmul that barely slowed, or with the peer's matmul where the guilty rank's
+    was not a candidate."""
+    op, rank = scored_operator(labels), labels.guilty_rank
+    names = equivalent_operators(labels) if op else frozenset()  # a busy host: either launch call
     rules = []
     if op is not None:
         rules += [lambda c: c.operator in names and c.rank == rank, lambda c: c.operator in names]
