@@ -24,8 +24,10 @@ from teller.rca.diagnose import (
     MODEL_UNAVAILABLE,
     _Draft,
     _evidence_candidates,
+    _pattern,
     by_incident,
     one_incident_per_cause,
+    pool_host_faults,
 )
 from teller.rca.infer import DEFAULT_MODEL
 from teller.rca.plans import operator_text
@@ -395,3 +397,28 @@ def test_a_clean_verdict_counts_steps_per_rank(tmp_path: Path) -> None:
     tree = Analysis(case, method="localizer").tree
     said = _nothing_found(tree, total=12)
     assert said.startswith("No anomalous step among 12 steps: every step took what its batch")
+
+
+def test_a_finding_retyped_by_its_host_counters_states_that_cause(monkeypatch) -> None:
+    """The localizer's layer guess does not state its cause; once the rank's host counters name
+    the fault (a CPU quota: straggler), the type rests on them, and the sentences say it as the
+    summary does."""
+    import teller.rca.diagnose as diagnose
+
+    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, own_cpu: "straggler")
+    tree = SimpleNamespace(comm=[], stream=np.array([], dtype=np.int64))
+    context = SimpleNamespace(tree=tree, context=lambda score, top, candidates: None)
+    drafts = [_draft(s, [("aten::cat", 1, "compute")]) for s in (1, 2)]
+    for draft in drafts:
+        draft.fault, draft.state_cause = "cpu_contention", False
+    pool_host_faults(drafts, context)
+    assert [(d.fault, d.view, d.state_cause) for d in drafts] == [("straggler", "H", True)] * 2
+
+
+def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it() -> None:
+    assert _pattern(Counter({"straggler": 3}), 3) == ", straggler"
+    assert _pattern(Counter({"straggler": 2, "cpu_contention": 1}), 3) == ", mostly straggler"
+    assert _pattern(Counter({"host_stall": 1, "net_throttle": 1}), 2) == (
+        ", host_stall or net_throttle"
+    )
+    assert _pattern(Counter(), 2) == ""

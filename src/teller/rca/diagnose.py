@@ -387,7 +387,8 @@ CLEAR_STRAGGLER = 3.0
 def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
     """The drafts of one host slowdown (or, with host-run collectives, one link fault) on one
     rank take the fault their steps' host counters name together (`teller.rca.host`), where
-    they name one."""
+    they name one. The type then rests on measured counters, not on the layer a slower operator
+    ran on, so the explanation states its cause (`state_cause`) as the summary states the type."""
     comm = context.tree.comm
     host_run = bool(len(comm)) and not (context.tree.stream[comm.node] >= 0).any()
     groups: dict[tuple[str, int], list[_Draft]] = {}
@@ -401,6 +402,7 @@ def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
             continue
         for draft in group:
             draft.fault, draft.view = fault, view_of(fault)
+            draft.state_cause = True
 
 
 def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
@@ -670,9 +672,7 @@ def _summary(tree: CallTree, localization: Localization, findings: list[Finding]
         who = f"rank {worst.rank}" if worst.rank is not None else "no single rank"
         kinds = Counter(f.fault_type for f in group if f.fault_type)
         operators = Counter(f.operator for f in group if f.operator)
-        pattern = (
-            f", {'mostly ' if len(group) > 1 else ''}{kinds.most_common(1)[0][0]}" if kinds else ""
-        )
+        pattern = _pattern(kinds, len(group))
         ops = ", ".join(short_name(op, 50) for op, _ in operators.most_common(2))
         where = f" in {len(group)} of them" if len(findings) > 1 else ""
         lines.append(
@@ -681,6 +681,19 @@ def _summary(tree: CallTree, localization: Localization, findings: list[Finding]
             + f" Worst: {worst.explanation}"
         )
     return "\n".join(lines)
+
+
+def _pattern(kinds: Counter, findings: int) -> str:
+    """The fault types of an incident as its summary line names them: "mostly" only for a type
+    that more than half its findings carry, else the two most common."""
+    if not kinds:
+        return ""
+    top, count = kinds.most_common(1)[0]
+    if count == findings:
+        return f", {top}"
+    if 2 * count > findings:
+        return f", mostly {top}"
+    return ", " + " or ".join(kind for kind, _ in kinds.most_common(2))
 
 
 #: Flagged steps of one rank at most this many steps apart belong to one incident.
