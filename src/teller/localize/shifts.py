@@ -23,6 +23,7 @@ step models, fitted on normal runs, still see it when it slows the steps).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,7 +101,8 @@ def operator_shifts(
     flagged: dict[int, list[OperatorShift]] = {}
     for j in range(len(ranks)):
         others = [k for k in range(len(ranks)) if k != j]
-        with np.errstate(all="ignore"):
+        with warnings.catch_warnings():  # a step no peer ran is NaN, by design, not a warning
+            warnings.simplefilter("ignore", RuntimeWarning)
             peers = np.nanmedian(totals[:, others, :], axis=1)  # (iterations, names)
         own = totals[:, j, :]
         valid = np.isfinite(own) & np.isfinite(peers)
