@@ -301,8 +301,20 @@ def _excess_explained(said: list[Said]) -> float | None:
     share = shares[0]
     total = _share_value(share.slots["share"])
     if share.plan in _ADDS_THE_REST:  # else the rest's operator is where the rise went
-        total += _share_value(share.slots["other_share"])
+        rise = _duration_ns(share.slots["other_observed"]) - _duration_ns(
+            share.slots["other_normal"]
+        )
+        total += max(rise, 0.0) / max(_duration_ns(share.slots["excess"]), 1.0)
     return min(total, 1.0)
+
+
+_UNIT_NS = {"ns": 1.0, "µs": 1e3, "ms": 1e6, "s": 1e9}
+
+
+def _duration_ns(text: str) -> float:
+    """A duration as the plans print it ("20.9 ms") in ns."""
+    value, unit = text.split(" ")
+    return float(value) * _UNIT_NS[unit]
 
 
 #: Share plans whose other operator explains excess beyond the pointed node's.

@@ -407,7 +407,6 @@ def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dic
     if rest is not None:
         rest_excess = float(max(rest.observed_ns - rest.normal_ns, 0))
         rest_facts = dict(
-            other_share=rest_excess / excess,
             other_op=rest.operator,
             other_rank=rest.rank,
             other_observed=rest.observed_ns,

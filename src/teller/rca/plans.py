@@ -163,7 +163,6 @@ SLOT_TYPES: dict[str, SlotType] = {
     "host_call": SlotType(r".+?", operator_text),
     "host_op": SlotType(r".+?", operator_text),
     "share": SlotType(r"all|under 1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
-    "other_share": SlotType(r"all|under 1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
     **{
         name: _NS
         for name in (
@@ -614,8 +613,8 @@ _PLANS = (
     Plan(
         "share.late_rest_operator",
         "Those late arrivals, {named} beyond its usual, are {share} of the step's {excess} "
-        "excess; rank {other_rank} also lost {other_share} of it in {other_op}, which took "
-        "{other_observed} against {other_normal} normally.",
+        "excess; {other_op} on rank {other_rank} also rose, to {other_observed} against "
+        "{other_normal} normally.",
         note="the same, when the pointed operator's own excess is under a third of the step's: "
         "the rank's other candidate with the largest excess",
     ),
@@ -626,17 +625,18 @@ _PLANS = (
     ),
     Plan(
         "share.rise_rest_operator",
-        "That rise of {named} is {share} of the step's {excess} excess; rank {other_rank} also "
-        "lost {other_share} of it in {other_op}, which took {other_observed} against "
-        "{other_normal} normally.",
+        "That rise of {named} is {share} of the step's {excess} excess; {other_op} on rank "
+        "{other_rank} also rose, to {other_observed} against {other_normal} normally.",
         note="the same, when the pointed operator's own excess is under a third of the step's",
     ),
     Plan(
         "share.rest_operator",
         "The excess of {op} on rank {rank}, {named}, is only {share} of the step's {excess} "
-        "excess; rank {other_rank} also lost {other_share} of it in {other_op}, which took "
-        "{other_observed} against {other_normal} normally.",
-        note="under a third explained: the step's other candidate with the largest excess",
+        "excess; {other_op} on rank {other_rank} also rose, to {other_observed} against "
+        "{other_normal} normally.",
+        note="under a third explained: the step's other candidate with the largest excess, on "
+        "the named rank where it has one (its rise is not a share: a peer's wait can exceed the "
+        "step's excess)",
     ),
     Plan(
         "share.rest_none",
@@ -863,7 +863,6 @@ EXAMPLE_FACTS: dict[str, object] = {
     "collectives": str(Collectives(24, "all-reduce", 142_848)),
     "basis": BASIS_BATCH,
     "share": 0.81,
-    "other_share": 0.79,
     "idle_share": 0.38,
     "cause_share": 0.71,
     "host_call": "cudaStreamSynchronize",
