@@ -11,11 +11,10 @@ the same file.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from teller.atomic import write_text_atomic
 from teller.eval.draw_lab import draw_lab_cases
+from teller.eval.recipes import write_recipe
 
 
 def main() -> int:
@@ -35,9 +34,7 @@ def main() -> int:
         f"intensity and guilty rank drawn per case (teller.eval.draw_lab), written by "
         f"`{command}`; recorded by `teller lab recipe {args.out} --out DIR`."
     )
-    recipe = {"name": args.name, "description": description, "cases": cases}
-    write_text_atomic(args.out, json.dumps(recipe, indent=1) + "\n")
-    print(f"{args.out}: {len(cases)} cases")
+    write_recipe(args.out, args.name, description, cases)
     return 0
 
 

@@ -12,11 +12,10 @@ What is drawn, and from which ranges: `teller.eval.draw`. The recipe builds with
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from teller.atomic import write_text_atomic
 from teller.eval.draw import DEFAULT_BUDGET, SHAPES, DrawRules, draw_cases
+from teller.eval.recipes import write_recipe
 from teller.lab.sim.faults import SIM_FAULTS
 
 
@@ -48,9 +47,7 @@ def main() -> int:
         f"(teller.eval.draw), written by `{command}`; built by "
         f"`teller lab recipe {args.out} --out DIR`."
     )
-    recipe = {"name": args.name, "description": description, "cases": cases}
-    write_text_atomic(args.out, json.dumps(recipe, indent=1) + "\n")
-    print(f"{args.out}: {len(cases)} cases")
+    write_recipe(args.out, args.name, description, cases)
     return 0
 
 
