@@ -1,6 +1,6 @@
 """Write a lab recipe whose every case draws its parameters at random (real recordings).
 
-    .venv/bin/python scripts/draw_lab_recipe.py --name lab-train-v2 --cases 27 --seed 300 \\
+    .venv/bin/python scripts/draw_lab_recipe.py --name lab-train-v2 --cases 18 --seed 300 \\
         -o evalsets/lab-train-v2.json
 
 What is drawn, and from which ranges: `teller.eval.draw_lab`. The recipe records with

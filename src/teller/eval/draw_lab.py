@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from teller.lab.faults.catalog import LAB_FAULTS
+from teller.labels import ENGINE_WIDE_FAULTS
 
 TP_SIZES = (2, 3)
 RATE_RANGE = (4.0, 8.0)  # requests per second, uniform
@@ -34,8 +35,6 @@ INTENSITY_RANGE: dict[str, tuple[float, float]] = {
     "memory_pressure": (0.7, 0.95),  # share of the rank's file pages taken away
     "workload_shift": (0.2, 0.6),  # burst rate and prompt length
 }
-#: Faults whose guilty party is not one rank: the recipe still names rank 0.
-RUN_WIDE_FAULTS = frozenset({"none", "scheduler_misconfig", "workload_shift"})
 
 
 def lab_faults() -> tuple[str, ...]:
@@ -73,5 +72,5 @@ def _draw_case(rng: np.random.Generator, stem: str, seed: int, fault: str) -> di
         args["window"] = f"{start:.1f}:{start + length:.1f}"
         low, high = INTENSITY_RANGE[fault]
         args["intensity"] = round(float(rng.uniform(low, high)), 2)
-        args["rank"] = 0 if fault in RUN_WIDE_FAULTS else int(rng.integers(tp))
+        args["rank"] = 0 if fault in ENGINE_WIDE_FAULTS else int(rng.integers(tp))  # no guilty rank
     return {"id": f"{stem}-tp{tp}-{fault}", "kind": "lab", "args": args}
