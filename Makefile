@@ -68,7 +68,7 @@ format: $(STAMP)
 # Rebuild the default root-cause model from its committed recipes: the training cases (simulated,
 # and real lab runs, which need root), then the three-member ensemble (src/teller/rca/default_model).
 MODEL_DATA ?= /tmp/teller-model-data
-MODEL_RECIPES := sim-train-v1 sim-train-v2 lab-train-v1 sim-train-v3
+MODEL_RECIPES := sim-train-v1 sim-train-v2 lab-train-v1 lab-train-v2 sim-train-v3
 # The step threshold is chosen on cases neither trained on nor on the scoreboard.
 CALIBRATION_RECIPES := sim-eval-v6 lab-val-v1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -12,7 +13,7 @@ from teller.analysis import Analysis
 from teller.errors import TraceError
 from teller.labels import CaseLabels
 from teller.rca.dataset import read_case_records
-from teller.rca.infer import LoadedModel
+from teller.rca.infer import UNMISSABLE_RATIO, UNMISSABLE_Z, LoadedModel
 from teller.rca.inputs import NEIGHBOUR_FEATURES, QUEUE, STEP
 from teller.rca.model import ModelConfig
 from teller.rca.train import TrainConfig, train
@@ -459,3 +460,20 @@ def test_pointer_kinds_are_what_training_showed_and_condition_the_pointer(traine
     assert np.allclose(given[0], [2 / 3, 0.0, 1 / 3])  # link: the compute candidate is out
     assert np.allclose(given[1], pointer[1])  # no table entry for gpu_throttle here
     assert np.allclose(given[2], pointer[2])  # nothing allowed: left as it was
+
+
+def test_a_step_far_slower_than_its_batch_predicts_is_flagged_whatever_the_step_head_says(
+    trained, two_cases
+):
+    _, _, root = trained
+    model = LoadedModel.load(root / "a")
+    records = read_case_records(two_cases[0])  # the toy straggler: two steps near 5x expected
+    z = np.array([r.step_float[STEP["z"]] * 10.0 for r in records])
+    ratio = np.array([r.dur_ns / max(r.expected_ns, 1) for r in records])
+    blatant = (ratio >= UNMISSABLE_RATIO) & (z >= UNMISSABLE_Z)
+    assert blatant.any() and not blatant.all()
+    # a threshold no output reaches: the floor flags those steps and no other (a step merely
+    # slow is left to the head), and they are diagnosed (a pick, a fault type) like any other
+    diagnoses = model.diagnose_records(records, threshold=1.01)
+    assert [d.anomalous for d in diagnoses] == blatant.tolist()
+    assert all(d.facts is not None and d.fault for d in diagnoses if d.anomalous)

@@ -30,7 +30,7 @@ from teller.faults import FAULT_FREE
 from teller.ingest.files import guard_reader
 from teller.localize import OperatorCandidate
 from teller.rca.dataset import StepRecord, case_records, encode
-from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, Batch
+from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, STEP, Batch
 from teller.rca.model import ModelConfig, RootCauseModel
 from teller.rca.plans import MECHANISMS
 from teller.rca.train import FORMAT
@@ -47,6 +47,25 @@ DEFAULT_MODEL = Path(__file__).parent / "default_model" / "model"
 #: learned odds by w: an even chance is w / (1 + w).
 def threshold(config: ModelConfig) -> float:
     return config.pos_weight / (1.0 + config.pos_weight)
+
+
+#: A step at least `UNMISSABLE_RATIO` times what its batch predicts, at a robust z of at least
+#: `UNMISSABLE_Z` among the run's steps, is flagged whatever the step head says (`unmissable`).
+UNMISSABLE_RATIO = 3.0
+UNMISSABLE_Z = 4.0
+
+
+def unmissable(records: Sequence[StepRecord]) -> np.ndarray:
+    """The steps no reading of the trace can call normal: those that took three times what their
+    batch predicts and stand out among the run's steps (the localizer's measurement, not a
+    learned one). Why: the step head is a learned score, and on a run unlike its training ones
+    it can leave such a step under its threshold while the verdict's own step table shows it
+    taking five times its expected time; flagged, the step still gets the model's pick, fault
+    type and explanation. On the calibration cases the floor changes almost nothing (a step that
+    slow is already above the threshold there); docs/scoreboard.md has the figures."""
+    z = np.array([r.step_float[STEP["z"]] * 10.0 for r in records])
+    slow = np.array([0 < UNMISSABLE_RATIO * r.expected_ns <= r.dur_ns for r in records])
+    return slow & (z >= UNMISSABLE_Z)
 
 
 def step_threshold(meta: dict, config: ModelConfig) -> float:
@@ -203,6 +222,7 @@ class LoadedModel:
         arrays, each = outputs.arrays, outputs.members
         probability, pointer, fault_logp = outputs.probability, outputs.pointer, outputs.fault_logp
         flagged = probability >= (self.threshold if threshold is None else threshold)
+        flagged |= unmissable(records)
         faults = fault_logp.argmax(-1)
         if pool_faults and flagged.any():
             weights = probability[flagged, None]
