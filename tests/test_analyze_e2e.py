@@ -172,6 +172,34 @@ def test_the_host_counters_name_the_quota_or_the_stop_and_set_the_fault_type(
     assert not any("No host metrics" in f["explanation"] for f in findings)
 
 
+@pytest.mark.parametrize("method", ["model", "localizer"])
+def test_the_scoreboard_judges_the_fault_type_the_verdict_states(case: Path, method: str):
+    """The scoreboard scores the verdict a user reads: with the host counters beside the traces,
+    each flagged step's fault type as `teller eval` judges it is the one `teller analyze` printed
+    (typed by the counters, not the fault head or the operator's layer alone)."""
+    if method == "model" and not (DEFAULT_MODEL / "model.safetensors").is_file():
+        pytest.skip("no model")
+    from teller.eval.cases import Case
+    from teller.eval.harness import takes_host
+    from teller.eval.localizer_method import ExplainedLocalizer
+    from teller.eval.model_method import RootCauseMethod
+
+    scored_case = Case(case, CaseLabels.read(case))
+    tree = scored_case.tree()
+    if method == "model":
+        scorer = RootCauseMethod().fit([])
+        localization = scorer.score(tree, scored_case.logs(tree), host=scored_case.host(tree))
+    else:
+        scorer = ExplainedLocalizer()
+        localization = scorer.score(tree, host=scored_case.host(tree))
+    assert takes_host(scorer)
+    scored = {step: e.fault for step, e in localization.explanations.items()}
+    printed = {f["step"]: f["fault_type"] for f in _verdict(case, method)["findings"]}
+    both = scored.keys() & printed.keys()
+    assert both and "straggler" in {printed[step] for step in both}
+    assert {step: scored[step] for step in both} == {step: printed[step] for step in both}
+
+
 @pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").is_file(), reason="no model")
 def test_model_names_the_regressed_operator_and_rank(slow_operator_case: Path):
     _names_the_fault(slow_operator_case, "model")

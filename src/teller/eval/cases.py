@@ -24,6 +24,7 @@ from teller.layout import CaseDir, labelled_case_dirs
 
 if TYPE_CHECKING:
     from teller.align.align import AlignResult
+    from teller.align.host import HostSteps
 
 
 @dataclass
@@ -44,6 +45,18 @@ class Case:
     def logs(self, tree: CallTree) -> CaseLogs:
         """The case's logs and spans aligned to `tree` (the tree `tree()` returned for it)."""
         return align_case_logs(tree, self.log_files(), CaseDir(self.path).otlp_files())
+
+    def host(self, tree: CallTree) -> HostSteps | None:
+        """The host counters `teller collect` sampled beside the traces, over `tree`'s steps, as
+        `teller analyze` reads them; None where the case has none (a simulated one)."""
+        files = CaseDir(self.path).host_files()
+        if not files:
+            return None
+        from teller.align.host import host_steps
+        from teller.ingest.host import read_host_files
+
+        series, _ = read_host_files(files)
+        return host_steps(tree, series) if series else None
 
 
 @dataclass

@@ -24,6 +24,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -54,6 +55,9 @@ from teller.labels import (
     scored_operator,
 )
 from teller.localize import Localization, StepExplanation
+
+if TYPE_CHECKING:
+    from teller.align.host import HostSteps
 
 
 @dataclass
@@ -323,10 +327,25 @@ def takes_facts(method: object) -> bool:
     return score is not None and "facts" in inspect.signature(score).parameters
 
 
-def _score(method: object, tree: CallTree, logs: CaseLogs | None, facts: RunFacts) -> Localization:
+def takes_host(method: object) -> bool:
+    """Whether a method's `score` takes the case's host counters (a `host` parameter): the
+    explaining methods, whose verdict types a host slowdown by them as `teller analyze` does."""
+    score = getattr(method, "score", None)
+    return score is not None and "host" in inspect.signature(score).parameters
+
+
+def _score(
+    method: object,
+    tree: CallTree,
+    logs: CaseLogs | None,
+    facts: RunFacts,
+    host: HostSteps | None = None,
+) -> Localization:
     shared: dict[str, object] = {"facts": facts} if takes_facts(method) else {}
     if uses_logs(method):
         shared["logs"] = logs
+    if takes_host(method):
+        shared["host"] = host
     return method.score(tree, **shared)  # type: ignore[attr-defined]
 
 
@@ -339,10 +358,11 @@ def evaluate(
     """Fit every method on the training side's fault-free cases, score the test side.
 
     Each case's tree is read and its `RunFacts` computed once for all methods; its logs are
-    aligned once, and only when some method reads logs.
+    aligned, and its host counters read, once and only when some method reads them.
     """
     estimators = {name: make() for name, make in methods.items()}
     with_logs = any(uses_logs(m) for m in estimators.values())
+    with_host = any(takes_host(m) for m in estimators.values())
     normal_train = [c for c in iterate(cases, split.train) if c.labels.fault == "none"]
     trees, normal_logs = [], []
     for case in tqdm(
@@ -359,9 +379,10 @@ def evaluate(
         tree = case.tree()
         facts = RunFacts(tree)
         logs = case.logs(tree) if with_logs else None
+        host = case.host(tree) if with_host else None
         for name, method in fitted.items():
             result.outcomes[name].append(
-                outcome(case, _score(method, tree, logs, facts), tree.steps)
+                outcome(case, _score(method, tree, logs, facts, host), tree.steps)
             )
     for name, outcomes in result.outcomes.items():
         groups: list[tuple[str, list[CaseOutcome]]] = [("overall", outcomes)]

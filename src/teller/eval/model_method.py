@@ -29,6 +29,7 @@ from teller.rca.infer import LoadedModel, ModelOutputs
 
 if TYPE_CHECKING:
     from teller.align.align import AlignResult
+    from teller.align.host import HostSteps
 
 
 class RootCauseMethod:
@@ -64,11 +65,16 @@ class RootCauseMethod:
         return self
 
     def score(
-        self, tree: CallTree, logs: CaseLogs | None = None, facts: RunFacts | None = None
+        self,
+        tree: CallTree,
+        logs: CaseLogs | None = None,
+        facts: RunFacts | None = None,
+        host: HostSteps | None = None,
     ) -> Localization:
         """Every step's probability and, for flagged steps, the pointer's ranked candidates and
         the explanation with the node it names (`Localization.explanations`); `facts`: the
-        tree's `RunFacts` where the caller has them."""
+        tree's `RunFacts` where the caller has them; `host`: the case's host counters, which
+        type a host slowdown in the verdict."""
         alignment = logs.aligned if logs is not None else None
         facts = RunFacts.of(tree, facts)
         if self.shared is not None:
@@ -82,7 +88,9 @@ class RootCauseMethod:
             threshold=self.threshold,
             outputs=outputs,
         )
-        named = model_explanations(tree, localization, diagnoses, facts, alignment is not None)
+        named = model_explanations(
+            tree, localization, diagnoses, facts, alignment is not None, host
+        )
         steps, candidates, explanations = [], {}, {}
         for d in diagnoses:
             steps.append(

@@ -232,12 +232,15 @@ def localizer_explanations(
     localization: Localization,
     facts: RunFacts | None = None,
     has_logs: bool = False,
+    host: HostSteps | None = None,
 ) -> dict[int, StepExplanation]:
     """The localizer's explanation of each flagged step, as its verdict words it (the same
-    plans, the same one-incident rule), with the fault type and the node it names: what the
-    scoreboard judges the localizer's words by."""
+    plans, the same one-incident rule, the same fault type from the host counters where `host`
+    holds them), with the fault type and the node it names: what the scoreboard judges the
+    localizer's words by."""
     flagged = {s.iteration for s in localization.anomalous_steps()}
-    named = _named(tree, localization, _drafts(tree, localization), flagged, facts, has_logs)
+    drafts = _drafts(tree, localization)
+    named = _named(tree, localization, drafts, flagged, facts, has_logs, host)
     return {step: explanation for step, (_, explanation) in named.items()}
 
 
@@ -247,16 +250,17 @@ def model_explanations(
     diagnoses: list[StepDiagnosis],
     facts: RunFacts | None = None,
     has_logs: bool = False,
+    host: HostSteps | None = None,
 ) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
     """The model's findings as its verdict points and words them: per flagged step, its
     candidates with the one the finding names first (the pointer's pick, or the straggler's
     candidate the one-incident rule re-points a peer's finding at, which may be its own share of
-    a collective the pointer never saw) and its explanation. What the scoreboard scores the
-    model by, so that it scores the verdict a user reads, not the pointer before the verdict's
-    rules."""
+    a collective the pointer never saw) and its explanation, typed by the host counters where
+    `host` holds them. What the scoreboard scores the model by, so that it scores the verdict a
+    user reads, not the pointer and fault head before the verdict's rules."""
     flagged = {d.iteration for d in diagnoses if d.anomalous}
     drafts = _model_drafts(localization, diagnoses)
-    return _named(tree, localization, drafts, flagged, facts, has_logs)
+    return _named(tree, localization, drafts, flagged, facts, has_logs, host)
 
 
 def _named(
@@ -266,12 +270,15 @@ def _named(
     flagged: set[int],
     facts: RunFacts | None,
     has_logs: bool,
+    host: HostSteps | None,
 ) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
-    """Each draft's candidates, the named one first, and explanation after the one-incident
-    rule."""
+    """Each draft's candidates, the named one first, and explanation after the verdict's rules
+    (one incident per cause, then the host counters' fault type), as `diagnose` applies them."""
     normal = {s.iteration for s in localization.steps} - flagged
-    context = RunContext(tree, facts, normal, has_logs)
+    context = RunContext(tree, facts, normal, has_logs, host)
     one_incident_per_cause(drafts, context)
+    if host is not None:
+        pool_host_faults(drafts, context)
     out = {}
     for draft in drafts:
         finding = _finding(tree, context, draft)
