@@ -172,6 +172,28 @@ def test_the_host_counters_name_the_quota_or_the_stop_and_set_the_fault_type(
     assert not any("No host metrics" in f["explanation"] for f in findings)
 
 
+@pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").is_file(), reason="no model")
+def test_slow_steps_the_counters_show_throttled_are_flagged_whatever_the_step_head_says(case: Path):
+    """The floor under the model's step head (`teller.rca.infer.held_off_cpu`): every step that
+    ran half again its expected time while the host counters show its rank throttled for a tenth
+    of it beyond its usual is in the verdict."""
+    from teller.analysis import Analysis
+    from teller.rca.host import held_off_share
+    from teller.rca.infer import HELD_SHARE, HELD_SLOWER
+
+    analysis = Analysis(case)
+    share = held_off_share(analysis.tree, analysis.host)
+    verdict = _verdict(case, "model")
+    held_slow = {
+        row["step"]
+        for row in verdict["steps"]
+        if share.get(row["step"], 0.0) >= HELD_SHARE
+        and row["dur_ns"] >= HELD_SLOWER * row["expected_ns"]
+    }
+    assert held_slow & set(CaseLabels.read(case).steps)
+    assert held_slow <= {f["step"] for f in verdict["findings"]}
+
+
 @pytest.mark.parametrize("method", ["model", "localizer"])
 def test_the_scoreboard_judges_the_fault_type_the_verdict_states(case: Path, method: str):
     """The scoreboard scores the verdict a user reads: with the host counters beside the traces,

@@ -206,14 +206,16 @@ class Analysis:
     @cached_property
     def verdict(self) -> Verdict:
         model, notes = None, []
+        host = self.host
+        notes += self.host_warnings
         if self.method == "model":
             case_id = self.paths[0].name if len(self.paths) == 1 else ""
             try:
-                model = run_model(self.tree, self.alignment, self.model_dir, case_id, self.facts)
+                model = run_model(
+                    self.tree, self.alignment, self.model_dir, case_id, self.facts, host
+                )
             except ModelUnavailable as error:
                 notes.append(unavailable_note(error))
-        host = self.host
-        notes += self.host_warnings
         return diagnose(
             self.tree,
             self.localization,

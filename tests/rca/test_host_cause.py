@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from teller.align.host import MEASURES, HostSteps
+from teller.analysis import Analysis
 from teller.rca.context import Measured, StepContext
+from teller.rca.dataset import read_case_records
 from teller.rca.explain import compose
-from teller.rca.host import cause_of, pooled_fault, readings, retyped, stated_reading
+from teller.rca.host import (
+    cause_of,
+    held_off_share,
+    pooled_fault,
+    readings,
+    retyped,
+    stated_reading,
+)
+from teller.rca.infer import HELD_SHARE, HELD_SLOWER, held_off_cpu
 from teller.rca.plans import parse
+
+from .conftest import small_case
 
 MS = 1_000_000
 
@@ -78,3 +93,25 @@ def test_a_link_fault_is_retyped_only_by_a_quota_and_only_for_host_run_collectiv
     assert pooled_fault([throttled], own_cpu=False) == "straggler"
     busy = _context(throttled_ns=(0, 0), cpu_ns=(250 * MS, 50 * MS))
     assert pooled_fault([busy], own_cpu=False) is None
+
+
+def test_a_slow_step_whose_rank_the_counters_show_held_off_a_cpu_is_flagged() -> None:
+    """The floor under the step head: throttling beyond the rank's usual on a step that ran half
+    again its expected time flags it; the same throttling on a step at its usual time does not,
+    and a rank throttled in every step counts only what a step adds."""
+    case = small_case("straggler", rank=1, seed=11, gpus=4)  # steps 17 and 19 ran ~5x expected
+    tree = Analysis(case).tree
+    steps = tree.steps
+    throttled = np.zeros(len(steps))
+    window = (steps.rank == 1) & np.isin(steps.index, [16, 17, 18, 19])
+    throttled[window] = 0.4 * steps.dur_ns[window]
+    throttled[steps.rank == 2] = 0.3 * steps.dur_ns[steps.rank == 2]  # a quota in every step
+    added = {name: np.full(len(steps), np.nan) for name in MEASURES}
+    added["throttled_ns"] = throttled
+    share = held_off_share(tree, HostSteps(added, frozenset({0, 1, 2, 3})))
+    assert {i for i, s in share.items() if s >= HELD_SHARE} == {16, 17, 18, 19}
+    records = read_case_records(case)
+    held = held_off_cpu(records, share)
+    flagged = {r.iteration for r, f in zip(records, held, strict=True) if f}
+    slow = {r.iteration for r in records if r.dur_ns >= HELD_SLOWER * r.expected_ns}
+    assert flagged == {17, 19} == slow & {16, 17, 18, 19}

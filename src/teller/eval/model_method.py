@@ -25,6 +25,7 @@ from teller.rca.context import RunContext
 from teller.rca.dataset import StepRecord, case_records
 from teller.rca.diagnose import model_explanations
 from teller.rca.explain import compose
+from teller.rca.host import held_off_share
 from teller.rca.infer import LoadedModel, ModelOutputs
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ class RootCauseMethod:
         """Every step's probability and, for flagged steps, the pointer's ranked candidates and
         the explanation with the node it names (`Localization.explanations`); `facts`: the
         tree's `RunFacts` where the caller has them; `host`: the case's host counters, which
-        type a host slowdown in the verdict."""
+        flag the slow steps they show a rank held off a CPU in and type a host slowdown, as in
+        `teller analyze`."""
         alignment = logs.aligned if logs is not None else None
         facts = RunFacts.of(tree, facts)
         if self.shared is not None:
@@ -87,6 +89,7 @@ class RootCauseMethod:
             pool_faults=self.pool_faults,
             threshold=self.threshold,
             outputs=outputs,
+            held_share=held_off_share(tree, host) if host is not None else None,
         )
         named = model_explanations(
             tree, localization, diagnoses, facts, alignment is not None, host

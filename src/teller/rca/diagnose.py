@@ -161,6 +161,7 @@ def run_model(
     model_dir: Path | None = None,
     case_id: str = "",
     facts: RunFacts | None = None,
+    host: HostSteps | None = None,
 ) -> ModelOutcome:
     """The model's diagnosis of every step; `ModelUnavailable` when it cannot run. `alignment`:
     the run's logs and spans on its steps, the one the verdict attaches its log lines from.
@@ -182,7 +183,7 @@ def run_model(
         raise ModelUnavailable(str(error)) from None
     name = "default" if model.path.resolve() == DEFAULT_MODEL.resolve() else model.path.name
     try:
-        return ModelOutcome(name, model.diagnose(tree, alignment, case_id, facts))
+        return ModelOutcome(name, model.diagnose(tree, alignment, case_id, facts, host))
     except RuntimeError as error:  # torch's own failures: a checkpoint that does not fit
         raise ModelUnavailable(f"{model.path}: {error}") from None
 

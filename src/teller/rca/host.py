@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
+from teller.align.host import HostSteps
+from teller.callchain.tree import CallTree
 from teller.faults import HOST_SLOWDOWNS
 from teller.rca.context import Measured, StepContext
 
@@ -107,3 +111,35 @@ def stated_reading(c: StepContext, fault: str | None) -> tuple[str, Measured] | 
     if found is None:
         return None
     return found[1], found[2]
+
+
+#: The readings that count a rank held off a CPU it could have used: a CPU quota's throttling and
+#: the time the process was seen stopped. Neither runs in a healthy step, unlike the run delay
+#: of a busy host or the rank's own CPU time.
+HELD_OFF = ("throttled_ns", "stopped_ns")
+
+
+def held_off_share(tree: CallTree, host: HostSteps) -> dict[int, float]:
+    """Per step iteration, the largest share of a rank's step time that the counters show it held
+    off a CPU beyond what that rank usually is (its median over its steps, so a rank throttled
+    in every step counts only what a step adds). The verdict's floor reads it
+    (`teller.rca.infer.held_off_cpu`): a slow step whose rank was held off a CPU for a real share
+    of it has a measured cause, whatever a learned score makes of its shape."""
+    steps = tree.steps
+    held = np.zeros(len(steps))
+    known = np.zeros(len(steps), dtype=bool)
+    for name in HELD_OFF:
+        values = host.added.get(name)
+        if values is None:
+            continue
+        known |= ~np.isnan(values)
+        held += np.nan_to_num(values)
+    share = np.where(known, held / np.maximum(steps.dur_ns, 1), 0.0)
+    for rank in np.unique(steps.rank[known]):
+        rows = np.flatnonzero((steps.rank == rank) & known)
+        share[rows] = share[rows] - np.median(share[rows])
+    out: dict[int, float] = {}
+    for row in np.flatnonzero(known):
+        iteration = int(steps.index[row])
+        out[iteration] = max(out.get(iteration, 0.0), float(share[row]))
+    return out
