@@ -314,3 +314,16 @@ def test_a_stragglers_late_arrivals_are_a_share_of_what_its_peers_lost():
     # late arrivals within the straggler's own excess are a share of it, as before
     c.step_dur_ns = c.rank_dur_ns = 250_000_000
     assert "share.late" in compose(c, "straggler", "late_arrival").plans
+
+
+def test_a_link_fault_between_two_ranks_says_the_trace_cannot_tell_which_end():
+    """Both ends of a two-rank link slow alike, so naming one end's link is a guess the text
+    owns up to; with several peers the transfers of the guilty rank's link stand out alone."""
+    two = _late_rank(own_ns=190e6, late_ns=9.15e6, transfer=Measured(1.71e9, 32.9e6))
+    said = compose(two, "net_throttle")
+    assert "caveat.link_ends" in said.plans and parse(said.text) is not None, said.text
+    assert "rank 1" not in said.text  # the caveat names no other rank
+    many = _late_rank(own_ns=190e6, late_ns=9.15e6, transfer=Measured(1.71e9, 32.9e6))
+    many.ranks = 4
+    assert "caveat.link_ends" not in compose(many, "net_throttle").plans
+    assert "caveat.link_ends" not in compose(two, "straggler").plans

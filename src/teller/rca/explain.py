@@ -24,7 +24,7 @@ from teller.faults import FAULT_FREE
 from teller.localize import FRESH, NEW_OPERATOR, SUBSTITUTED
 from teller.localize.collectives import OWN_SHARE_REFERENCE
 from teller.rca.context import StepContext
-from teller.rca.host import stated_reading
+from teller.rca.host import LINK_FAULTS, stated_reading
 from teller.rca.plans import BASIS_BATCH, BASIS_RUN, MECHANISMS, PLANS, Collectives, render
 
 #: Under this share of the step's excess, the evidence is said to explain little, and the
@@ -532,6 +532,8 @@ def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple
     measured = c.host_counters is not None and CAVEATS.get(fault) in _HOST_CAVEATS
     if fault in CAVEATS and state_cause and not measured:
         out.append((CAVEATS[fault], {}))
+    if fault in LINK_FAULTS and c.ranks == 2:
+        out.append(("caveat.link_ends", {}))
     if fault in _LOGGED and not c.has_logs:
         out.append(("caveat.no_logs", {}))
     if c.one_rank and c.rank is not None and fault is not None:

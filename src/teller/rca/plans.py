@@ -742,6 +742,12 @@ _PLANS = (
         note="net_delay, bandwidth_throttle, net_throttle, link_contention",
     ),
     Plan(
+        "caveat.link_ends",
+        "With two ranks, a slower link slows both of its ends alike: the trace cannot tell "
+        "which end's link it is.",
+        note="a link fault on a two-rank trace",
+    ),
+    Plan(
         "caveat.no_logs",
         "No engine logs: preemptions and the request queue cannot be confirmed.",
         note="kv_pressure, scheduler_misconfig, when the run has no engine logs",
