@@ -255,12 +255,21 @@ def test_a_straggler_is_not_said_to_cost_no_transfer_when_its_own_collective_tim
 
 def test_host_counters_that_show_the_quota_tell_a_straggler_from_a_slow_link():
     """The slower-link caveat is for a rank the trace alone cannot tell apart; a CPU quota
-    throttling it in the step says which it is."""
+    throttling it in the step says which it is, and the sentence then says its own long time in
+    the collectives was held back with it rather than "not transfer" beside it."""
     late = _late_rank(own_ns=190e6, late_ns=69.1e6, transfer=Measured(190e6, 30e6))
     late.host_counters = {"throttled_ns": Measured(120e6, 0.0)}
     said = compose(late, "straggler")
-    assert "cause.straggler" in said.plans and "host.throttled_ns" in said.plans, said.text
-    assert parse(said.text) is not None
+    assert "cause.straggler_held" in said.plans and "host.throttled_ns" in said.plans, said.text
+    assert (
+        "its own 190 ms in those collectives, more than its 69.1 ms of late arrival, was held back"
+        in said.text
+    )
+    assert "not transfer" not in said.text and parse(said.text) is not None
+    # its own time there under its lateness: the plain straggler's sentence
+    brief = _late_rank(own_ns=5e6, late_ns=69.1e6, transfer=Measured(190e6, 30e6))
+    brief.host_counters = {"throttled_ns": Measured(120e6, 0.0)}
+    assert "cause.straggler" in compose(brief, "straggler").plans
 
 
 def test_a_straggler_named_by_its_own_share_of_a_collective_says_so():

@@ -358,6 +358,14 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
         return [
             (f"{plan}_or_link", dict(rank=c.rank, own=c.arrivals.own_ns, late=c.arrivals.late_ns))
         ]
+    elif fault == "straggler" and _held_in_its_collectives(c):
+        assert c.arrivals is not None
+        return [
+            (
+                "cause.straggler_held",
+                dict(rank=c.rank, own=c.arrivals.own_ns, late=c.arrivals.late_ns),
+            )
+        ]
     if plan not in PLANS:
         return []
     needs_rank = "rank" in PLANS[plan].slots
@@ -370,6 +378,17 @@ def _named_by_own_share(c: StepContext) -> bool:
     """Whether the rank is named by its own share of a collective it did not reach late."""
     top = c.candidate
     return top is not None and top.reference == OWN_SHARE_REFERENCE
+
+
+def _held_in_its_collectives(c: StepContext) -> bool:
+    """Whether the host counters show the rank held off a CPU (`stated_reading`) while it spent
+    longer inside the collectives it reached late than it was late: their transfer runs on its
+    CPU too (gloo), so "not transfer" beside its own long collective time would read as a
+    contradiction; the sentence says the time was held back with the rank instead."""
+    late = c.arrivals
+    if late is None or c.rank is None or late.own_ns <= late.late_ns:
+        return False
+    return stated_reading(c, "straggler") is not None
 
 
 def _transfer_dwarfs_lateness(c: StepContext) -> bool:

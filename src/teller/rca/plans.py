@@ -466,6 +466,15 @@ _PLANS = (
         "the step's transfer rose",
     ),
     Plan(
+        "cause.straggler_held",
+        "This points to rank {rank} as a straggler: its own work ran late, and its own {own} in "
+        "those collectives, more than its {late} of late arrival, was held back with it, not "
+        "slowed by a link.",
+        fault="straggler",
+        note="the host counters show the rank held off a CPU, and its own time in the "
+        "collectives it reached late exceeds its lateness (collectives that run on its CPU)",
+    ),
+    Plan(
         "cause.straggler_share",
         "This points to rank {rank} as the straggler of its incident: it was no later to this "
         "step's collectives than usual, but their transfer waited on it, and its peers with it.",
@@ -898,6 +907,7 @@ EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
     "evidence.repeat_peers": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
     "evidence.wait": {"op": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "normal": 1.52e6},
     "cause.straggler_or_link": {"own": 787e6, "late": 9.15e6},
+    "cause.straggler_held": {"own": 151e6, "late": 57.5e6},
     **{
         plan: {"host_call": "cudaLaunchKernel", "host_op": "aten::mm"}
         for plan in ("time.idle_launch", "time.idle_launch_call")
