@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from teller.align.host import HostSteps, host_steps
+from teller.align.host import HostSteps, read_host_steps
 from teller.callchain.breakdown import RunBreakdown, breakdown_of
 from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
-from teller.ingest.host import read_host_files
 from teller.ingest.schema import EventTable
 from teller.layout import CaseDir
 from teller.localize import Localization, NumericLocalizer
@@ -130,10 +129,10 @@ class Analysis:
         self.host_warnings: list[str] = []
         if not self.host_files:
             return None
-        series, self.host_warnings = read_host_files(self.host_files)
-        if not series:
-            return None
-        return host_steps(self.tree, series, getattr(self, "rank_offsets", None))
+        tree = self.tree  # first: building it sets `rank_offsets`
+        offsets = getattr(self, "rank_offsets", None)
+        host, self.host_warnings = read_host_steps(tree, self.host_files, offsets)
+        return host
 
     @cached_property
     def alignment(self) -> AlignResult | None:

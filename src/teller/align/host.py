@@ -10,12 +10,13 @@ the sampled span, or a counter the host could not read, is NaN.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from teller.align.clock import ClockOffsets
 from teller.callchain.tree import CallTree
-from teller.ingest.host import COUNTERS, HostSeries
+from teller.ingest.host import COUNTERS, HostSeries, read_host_files
 
 #: What a step is measured by: the sampled counters and the time the process was seen stopped.
 MEASURES = (*COUNTERS, "stopped_ns")
@@ -58,3 +59,12 @@ def host_steps(
             at_end = np.interp(end, t[known], values[known])
             added[name][rows] = np.maximum(at_end - at_start, 0.0)
     return HostSteps(added, frozenset(by_rank))
+
+
+def read_host_steps(
+    tree: CallTree, files: list[Path], offsets: ClockOffsets | None = None
+) -> tuple[HostSteps | None, list[str]]:
+    """The host counters in `files` (`teller collect`'s DIR/host/rankN.jsonl) over `tree`'s
+    steps, with what the files could not give; None where they hold no series."""
+    series, warnings = read_host_files(files)
+    return (host_steps(tree, series, offsets) if series else None), warnings

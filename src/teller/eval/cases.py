@@ -52,11 +52,9 @@ class Case:
         files = CaseDir(self.path).host_files()
         if not files:
             return None
-        from teller.align.host import host_steps
-        from teller.ingest.host import read_host_files
+        from teller.align.host import read_host_steps
 
-        series, _ = read_host_files(files)
-        return host_steps(tree, series) if series else None
+        return read_host_steps(tree, files)[0]
 
 
 @dataclass

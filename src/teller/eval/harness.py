@@ -321,17 +321,20 @@ def _fit(method: object, trees: list[CallTree], logs: list[CaseLogs]) -> object:
     return method.fit(trees)  # type: ignore[attr-defined]
 
 
+def _score_takes(method: object, parameter: str) -> bool:
+    score = getattr(method, "score", None)
+    return score is not None and parameter in inspect.signature(score).parameters
+
+
 def takes_facts(method: object) -> bool:
     """Whether a method's `score` takes the run's shared `RunFacts` (a `facts` parameter)."""
-    score = getattr(method, "score", None)
-    return score is not None and "facts" in inspect.signature(score).parameters
+    return _score_takes(method, "facts")
 
 
 def takes_host(method: object) -> bool:
     """Whether a method's `score` takes the case's host counters (a `host` parameter): the
     explaining methods, whose verdict types a host slowdown by them as `teller analyze` does."""
-    score = getattr(method, "score", None)
-    return score is not None and "host" in inspect.signature(score).parameters
+    return _score_takes(method, "host")
 
 
 def _score(

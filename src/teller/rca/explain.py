@@ -353,19 +353,9 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
         plan += "_alone"
     elif fault == "straggler" and _named_by_own_share(c):
         return [("cause.straggler_share", dict(rank=c.rank))]
-    elif fault == "straggler" and _transfer_dwarfs_lateness(c):
+    elif fault == "straggler" and (own_time := _own_time_plan(c)) is not None:
         assert c.arrivals is not None
-        return [
-            (f"{plan}_or_link", dict(rank=c.rank, own=c.arrivals.own_ns, late=c.arrivals.late_ns))
-        ]
-    elif fault == "straggler" and _held_in_its_collectives(c):
-        assert c.arrivals is not None
-        return [
-            (
-                "cause.straggler_held",
-                dict(rank=c.rank, own=c.arrivals.own_ns, late=c.arrivals.late_ns),
-            )
-        ]
+        return [(own_time, dict(rank=c.rank, own=c.arrivals.own_ns, late=c.arrivals.late_ns))]
     if plan not in PLANS:
         return []
     needs_rank = "rank" in PLANS[plan].slots
@@ -380,28 +370,21 @@ def _named_by_own_share(c: StepContext) -> bool:
     return top is not None and top.reference == OWN_SHARE_REFERENCE
 
 
-def _held_in_its_collectives(c: StepContext) -> bool:
-    """Whether the host counters show the rank held off a CPU (`stated_reading`) while it spent
-    longer inside the collectives it reached late than it was late: their transfer runs on its
-    CPU too (gloo), so "not transfer" beside its own long collective time would read as a
-    contradiction; the sentence says the time was held back with the rank instead."""
+def _own_time_plan(c: StepContext) -> str | None:
+    """The straggler's sentence when the rank spent longer inside the collectives it reached
+    late than it was late, so "not transfer" beside that time would read as a contradiction;
+    None otherwise. With host counters that show the rank held off a CPU, the time was held back
+    with it (gloo's transfer runs on its CPU too): `cause.straggler_held`. Without them, in a
+    step whose transfer rose, its peers' time there is not all waiting for it and a throttled
+    link from it would read the same: `cause.straggler_or_link`."""
     late = c.arrivals
     if late is None or c.rank is None or late.own_ns <= late.late_ns:
-        return False
-    return stated_reading(c, "straggler") is not None
-
-
-def _transfer_dwarfs_lateness(c: StepContext) -> bool:
-    """Whether the rank spent longer inside the collectives it reached late than it was late,
-    in a step whose transfer rose: then its peers' time there is not all waiting for it, and a
-    throttled link from it would read the same, so the straggler's sentence must not say "not
-    transfer". Host counters that show the rank throttled tell the two apart."""
-    late = c.arrivals
-    if late is None or c.rank is None or late.own_ns <= late.late_ns:
-        return False
+        return None
     if stated_reading(c, "straggler") is not None:
-        return False
-    return c.transfer is not None and c.transfer.observed_ns > MECHANISM_RISE * c.transfer.normal_ns
+        return "cause.straggler_held"
+    if c.transfer is not None and c.transfer.observed_ns > MECHANISM_RISE * c.transfer.normal_ns:
+        return "cause.straggler_or_link"
+    return None
 
 
 def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dict], float, float]:

@@ -57,6 +57,11 @@ UNMISSABLE_RATIO = 3.0
 UNMISSABLE_Z = 4.0
 
 
+def _slower_than(records: Sequence[StepRecord], ratio: float) -> np.ndarray:
+    """Per record, whether the step took at least `ratio` times what its batch predicts."""
+    return np.array([0 < ratio * r.expected_ns <= r.dur_ns for r in records], dtype=bool)
+
+
 def unmissable(records: Sequence[StepRecord]) -> np.ndarray:
     """The steps no reading of the trace can call normal: those that took three times what their
     batch predicts and stand out among the run's steps (the localizer's measurement, not a
@@ -66,8 +71,7 @@ def unmissable(records: Sequence[StepRecord]) -> np.ndarray:
     type and explanation. On the calibration cases the floor changes almost nothing (a step that
     slow is already above the threshold there); docs/scoreboard.md has the figures."""
     z = np.array([r.step_float[STEP["z"]] * 10.0 for r in records])
-    slow = np.array([0 < UNMISSABLE_RATIO * r.expected_ns <= r.dur_ns for r in records])
-    return slow & (z >= UNMISSABLE_Z)
+    return _slower_than(records, UNMISSABLE_RATIO) & (z >= UNMISSABLE_Z)
 
 
 #: A step at least `HELD_SLOWER` times what its batch predicts, on which the host counters show a
@@ -86,14 +90,8 @@ def held_off_cpu(records: Sequence[StepRecord], held_share: dict[int, float]) ->
     under its threshold, while the counters show the quota throttling the rank through them.
     Neither reading runs in a healthy step; on the 48 lab cases of lab-eval-v1, lab-val-v1 and
     lab-shapes-v1 the rule holds in no step outside a labelled window (docs/scoreboard.md)."""
-    return np.array(
-        [
-            held_share.get(r.iteration, 0.0) >= HELD_SHARE
-            and 0 < HELD_SLOWER * r.expected_ns <= r.dur_ns
-            for r in records
-        ],
-        dtype=bool,
-    )
+    held = np.array([held_share.get(r.iteration, 0.0) >= HELD_SHARE for r in records], dtype=bool)
+    return held & _slower_than(records, HELD_SLOWER)
 
 
 def step_threshold(meta: dict, config: ModelConfig) -> float:
