@@ -68,8 +68,8 @@ def unmissable(records: Sequence[StepRecord]) -> np.ndarray:
     learned one). Why: the step head is a learned score, and on a run unlike its training ones
     it can leave such a step under its threshold while the verdict's own step table shows it
     taking five times its expected time; flagged, the step still gets the model's pick, fault
-    type and explanation. On the calibration cases the floor changes almost nothing (a step that
-    slow is already above the threshold there); docs/scoreboard.md has the figures."""
+    type and explanation. src/teller/rca/default_model/README.md has the figures with and
+    without it."""
     z = np.array([r.step_float[STEP["z"]] * 10.0 for r in records])
     return _slower_than(records, UNMISSABLE_RATIO) & (z >= UNMISSABLE_Z)
 
@@ -86,10 +86,10 @@ def held_off_cpu(records: Sequence[StepRecord], held_share: dict[int, float]) ->
     counters `teller collect` sampled (`teller.rca.host.held_off_share`) show a rank held off a
     CPU it could use for a tenth of the step or more, and the step took half again what its
     batch predicts. Why: the head reads the trace and the logs, not the counters, and on the
-    lab's CPU quota it scores decode steps of 2-2.7 times their expected time at 0.35-0.6,
-    under its threshold, while the counters show the quota throttling the rank through them.
-    Neither reading runs in a healthy step; on the 48 lab cases of lab-eval-v1, lab-val-v1 and
-    lab-shapes-v1 the rule holds in no step outside a labelled window (docs/scoreboard.md)."""
+    lab's CPU quota it leaves under its threshold steps that took half again their expected
+    time or more while the counters show the quota throttling the rank through them. Neither reading
+    runs in a healthy step (`scripts/floor_report.py` on the lab cases:
+    src/teller/rca/default_model/README.md)."""
     held = np.array([held_share.get(r.iteration, 0.0) >= HELD_SHARE for r in records], dtype=bool)
     return held & _slower_than(records, HELD_SLOWER)
 
