@@ -30,7 +30,7 @@ from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
-from teller.ingest.schema import EventTable
+from teller.ingest.schema import EventTable, SourceInfo, ranks_of, warnings_of
 from teller.layout import CaseDir
 from teller.localize import Localization, NumericLocalizer
 from teller.rca.diagnose import (
@@ -102,25 +102,47 @@ class Analysis:
     # -- the stages, computed once each ---------------------------------------------------------
     @cached_property
     def event_table(self) -> EventTable:
+        """Every event of the run, raw arguments included: what `events()` and the Perfetto
+        export give. The analysis itself reads the run without them (`tree`)."""
+        return self._read(args=True)
+
+    def _read(self, args: bool) -> EventTable:
         return read_run(
             self.trace_files,
             progress=self.progress,
             jobs=self.jobs,
             engine=self.engine,
             ray_address=self.ray_address,
+            args=args,
         )
 
     @cached_property
     def tree(self) -> CallTree:
-        """The call-chain forest with every rank on one clock (offsets from collectives)."""
-        tree = build_tree(self.event_table, step_regex=self.step_regex)
-        if len(self.event_table.ranks) > 1 and len(tree.comm):
+        """The call-chain forest with every rank on one clock (offsets from collectives).
+
+        The run is read for it without the raw arguments and not kept afterwards: the tree and
+        what the files said about themselves (`sources`) are all the analysis needs, and
+        holding the table beside the tree was most of a large run's memory."""
+        from teller.align.align import traced_pids
+
+        events = self.__dict__.get("event_table") or self._read(args=False)
+        self._sources, self._traced_pids = events.sources, traced_pids(events)
+        tree = build_tree(events, step_regex=self.step_regex)
+        del events
+        pa.default_memory_pool().release_unused()
+        if len(ranks_of(self._sources)) > 1 and len(tree.comm):
             from teller.align.clock import estimate_rank_offsets, shift_tree
 
             self.rank_offsets = estimate_rank_offsets(tree)
             if np.any(self.rank_offsets.offset_ns != 0):
                 tree = shift_tree(tree, self.rank_offsets)
         return tree
+
+    @property
+    def sources(self) -> list[SourceInfo]:
+        """What each trace file said about itself: rank, host, format, clock, warnings."""
+        self.tree  # noqa: B018 (reading the run sets them)
+        return self._sources
 
     @cached_property
     def host(self) -> HostSteps | None:
@@ -139,10 +161,10 @@ class Analysis:
         """Logs (and spans) placed on the tree's steps; None when the run has neither."""
         if not self.log_files and not self.otlp_files:
             return None
-        from teller.align.align import align_tree, traced_pids
+        from teller.align.align import align_tree
 
-        pids = traced_pids(self.event_table)
-        return align_tree(self.tree, self.log_files, self.otlp_files, trace_pids=pids)
+        tree = self.tree  # first: reading the run sets `_traced_pids`
+        return align_tree(tree, self.log_files, self.otlp_files, trace_pids=self._traced_pids)
 
     # -- tables for notebooks -------------------------------------------------------------------
     def events(self) -> pa.Table:
@@ -197,8 +219,8 @@ class Analysis:
             trace_files=self.trace_files,
             log_files=self.log_files,
             otlp_files=self.otlp_files,
-            ranks=self.event_table.ranks,
-            warnings=self.event_table.warnings,
+            ranks=ranks_of(self.sources),
+            warnings=warnings_of(self.sources),
         )
 
     # -- the verdict ---------------------------------------------------------------------------
@@ -245,8 +267,8 @@ class Analysis:
             other.tree,
             [str(p) for p in self.trace_files],
             [str(p) for p in other.trace_files],
-            self.event_table.sources,
-            other.event_table.sources,
+            self.sources,
+            other.sources,
             allow_mismatch=allow_mismatch,
         )
 

@@ -67,6 +67,26 @@ def test_a_second_read_comes_from_the_cache_with_the_same_table(
     assert len(list(cache.glob("*.parquet"))) == 1
 
 
+def test_the_analysis_read_leaves_out_the_raw_arguments_alone(
+    cache: Path, parsed: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`args=False` (what `Analysis` reads) is the full table with `args` all null, parsed or
+    from the cache; the cache keeps the arguments for a later read that wants them."""
+    path = real_trace(LARGE)
+    full = read_trace(path)
+    assert full.table.column("args").null_count < full.table.num_rows
+    for slim in (read_trace(path, args=False), read_run([path], args=False)):
+        assert slim.table.schema.equals(full.table.schema)
+        assert slim.table.column("args").null_count == slim.table.num_rows
+        assert slim.table.drop_columns(["args"]).equals(full.table.drop_columns(["args"]))
+        assert slim.sources == full.sources
+    assert read_trace(path).table.equals(full.table)
+    assert parsed == [path]
+    monkeypatch.setenv(CACHE_DIR_ENV, "off")
+    parsed_slim = read_trace(path, args=False)
+    assert parsed_slim.table.drop_columns(["args"]).equals(full.table.drop_columns(["args"]))
+
+
 def test_reading_warnings_survive_the_cache(cache: Path) -> None:
     fresh = read_trace(real_trace(TRACE)).warnings
     assert fresh

@@ -142,6 +142,18 @@ def vllm_export(tmp_path_factory) -> tuple[Analysis, Path]:
     return run, out
 
 
+def test_the_verdict_is_reached_without_holding_the_event_table():
+    """The analysis reads the run without raw arguments and drops the table once the tree is
+    built; the export reads it again, arguments included, with the rows the tree points at."""
+    run = Analysis(real_trace(VLLM), method="localizer")
+    run.diagnose()
+    assert "event_table" not in run.__dict__
+    assert run.sources and run.inputs.ranks == [s.rank for s in run.sources]
+    full = run.event_table.table
+    assert full.column("args").null_count < full.num_rows
+    assert np.array_equal(full.column("ts_ns").to_numpy()[run.tree.row], run.tree.start)
+
+
 def test_real_trace_survives_event_for_event(vllm_export):
     """Every original event comes back: name, thread, time, duration and arguments."""
     run, out = vllm_export

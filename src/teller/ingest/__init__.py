@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -25,6 +26,7 @@ from teller.ingest.schema import (
     concat,
     is_event_table,
     read_event_table,
+    without_args,
 )
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -32,14 +34,16 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 _SNIFF_BYTES = 1 << 16
 
 
-def read_trace(path: str | Path) -> EventTable:
+def read_trace(path: str | Path, args: bool = True) -> EventTable:
     """Read one trace file (Kineto JSON / .json.gz, Nsight Systems SQLite export or report, or
     an event table `teller ingest` wrote); a file read before and unchanged since comes from
-    the event-table cache (`teller.ingest.cache`)."""
+    the event-table cache (`teller.ingest.cache`). `args=False`: without the raw arguments
+    (`schema.without_args`), as the analysis reads a run."""
     path = Path(path)
     if path.name.lower().endswith(PARQUET_SUFFIX):
-        return read_event_table(path)
-    return read_cached(_read_source, path)
+        events = read_event_table(path)
+        return events if args else without_args(events)
+    return read_cached(_read_source, path, args)
 
 
 def _read_source(path: Path) -> EventTable:
@@ -57,6 +61,7 @@ def read_run(
     jobs: int = 1,
     engine: str = "local",
     ray_address: str | None = None,
+    args: bool = True,
 ) -> EventTable:
     """Read every trace file of one run; directories are searched for rank files.
 
@@ -64,6 +69,7 @@ def read_run(
     ranks are still analysed; only when no file can be read is the first one's TraceError raised.
     With `jobs` > 1 the files are read in that many worker processes (`teller.ingest.parallel`),
     with `engine` "ray" as Ray tasks (`teller.ingest.on_ray`); the run read is the same.
+    `args=False` leaves out the raw arguments in the workers already (`schema.without_args`).
     """
     paths = list(paths)  # named again in the error below
     files = find_trace_files(paths)
@@ -74,7 +80,7 @@ def read_run(
             "no trace files found (looked for *.json, *.json.gz, *.sqlite, *.nsys-rep, *.parquet)",
         )
     results: Iterable[EventTable | TraceError] = read_each(
-        read_trace, files, jobs, engine, ray_address
+        read_trace if args else partial(read_trace, args=False), files, jobs, engine, ray_address
     )
     if progress and len(files) > 1:
         from tqdm import tqdm

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from teller.ingest.schema import EventTable, read_parquet, write_parquet
+from teller.ingest.schema import EventTable, read_parquet, without_args, write_parquet
 
 CACHE_DIR_ENV = "TELLER_CACHE_DIR"
 CACHE_MAX_ENV = "TELLER_CACHE_MAX_MB"
@@ -45,16 +45,18 @@ def cache_dir() -> Path | None:
     return Path(base) / "teller" / "events"
 
 
-def read_cached(read: Callable[[Path], EventTable], path: Path) -> EventTable:
-    """`read(path)`, or the table an earlier read of the same unchanged file stored."""
+def read_cached(read: Callable[[Path], EventTable], path: Path, args: bool = True) -> EventTable:
+    """`read(path)`, or the table an earlier read of the same unchanged file stored; with
+    `args=False` without the raw arguments (`schema.without_args`). What is stored always has
+    them, so a later Perfetto export is served from the same entry."""
     directory = cache_dir()
     key = _key(path) if directory is not None else None
     if directory is None or key is None:
-        return read(path)
+        return _kept(read(path), args)
     stored = directory / f"{key}{_SUFFIX}"
     if stored.is_file():
         try:
-            events = read_parquet(stored)
+            events = read_parquet(stored, args=args)
             os.utime(stored)  # recently used: kept longest when the directory is trimmed
             return events
         except (OSError, ValueError):  # unreadable or corrupt: read the source instead
@@ -65,7 +67,11 @@ def read_cached(read: Callable[[Path], EventTable], path: Path) -> EventTable:
         _trim(directory)
     except (OSError, ValueError):  # a full disk or a read-only home leaves the read intact
         pass
-    return events
+    return _kept(events, args)
+
+
+def _kept(events: EventTable, args: bool) -> EventTable:
+    return events if args else without_args(events)
 
 
 def _key(path: Path) -> str | None:

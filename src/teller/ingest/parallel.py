@@ -39,10 +39,10 @@ def read_each(
 ) -> Iterator[EventTable | TraceError]:
     """`read(file)` for every file, in file order: the table, or the TraceError it raised.
 
-    `read` must be a module-level function (workers import it by name). With `engine` "ray"
-    each file is a Ray task (`teller.ingest.on_ray`, on the cluster at `ray_address`, else a
-    private one with `jobs` CPUs); otherwise, with `jobs` ≤ 1 or a single file, everything is
-    read here."""
+    `read` must be a module-level function or a `functools.partial` of one (workers import it
+    by name). With `engine` "ray" each file is a Ray task (`teller.ingest.on_ray`, on the
+    cluster at `ray_address`, else a private one with `jobs` CPUs); otherwise, with `jobs` ≤ 1
+    or a single file, everything is read here."""
     if engine not in ENGINES:
         raise TellerError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     if engine == "ray":

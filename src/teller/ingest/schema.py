@@ -139,11 +139,11 @@ class EventTable:
 
     @property
     def ranks(self) -> list[int]:
-        return sorted({source.rank for source in self.sources})
+        return ranks_of(self.sources)
 
     @property
     def warnings(self) -> list[str]:
-        return [f"{Path(s.path).name}: {w}" for s in self.sources for w in s.warnings]
+        return warnings_of(self.sources)
 
     def layer_counts(self) -> dict[str, int]:
         codes = self.table.column("layer").combine_chunks().indices.to_numpy()
@@ -152,6 +152,16 @@ class EventTable:
 
     def to_pandas(self):
         return self.table.to_pandas()
+
+
+def ranks_of(sources: list[SourceInfo]) -> list[int]:
+    """The ranks the files hold, once each."""
+    return sorted({source.rank for source in sources})
+
+
+def warnings_of(sources: list[SourceInfo]) -> list[str]:
+    """What the readers could not place, each prefixed with its file's name."""
+    return [f"{Path(s.path).name}: {w}" for s in sources for w in s.warnings]
 
 
 def build_table(
@@ -261,6 +271,16 @@ def concat(tables: list[EventTable]) -> EventTable:
     return EventTable(table=table, sources=[s for t in tables for s in t.sources])
 
 
+def without_args(events: EventTable) -> EventTable:
+    """The same rows with the `args` column all null: what the analysis reads. Only the Perfetto
+    export looks at the raw arguments, and they are half of a table's bytes, so the tables the
+    rank workers hand back (and the run they join into) leave them out; row numbers, and so the
+    tree's `row`, are those of the full table."""
+    index = events.table.schema.get_field_index("args")
+    empty = pa.nulls(events.table.num_rows, pa.string())
+    return EventTable(table=events.table.set_column(index, "args", empty), sources=events.sources)
+
+
 def write_parquet(events: EventTable, path: str | Path) -> None:
     """Write atomically: a crash or bad input never leaves a half-written file at `path`."""
     metadata = {_METADATA_KEY: json.dumps([s.to_json() for s in events.sources]).encode()}
@@ -269,14 +289,19 @@ def write_parquet(events: EventTable, path: str | Path) -> None:
         pq.write_table(table, tmp, compression="zstd")
 
 
-def read_parquet(path: str | Path) -> EventTable:
+def read_parquet(path: str | Path, args: bool = True) -> EventTable:
     """An event table `write_parquet` wrote, as the reader that made it returned it: one chunk
     per column and one dictionary per symbol column (Parquet splits long tables into row
-    groups, each with its own dictionary)."""
-    table = pq.read_table(path)
-    raw = (table.schema.metadata or {}).get(_METADATA_KEY, b"[]")
+    groups, each with its own dictionary). `args=False` leaves the raw arguments unread
+    (`without_args`)."""
+    columns = None if args else [f.name for f in EVENT_SCHEMA if f.name != "args"]
+    table = pq.read_table(path, columns=columns)
+    raw = (pq.read_schema(path).metadata or {}).get(_METADATA_KEY, b"[]")
     sources = [SourceInfo(**s) for s in json.loads(raw)]
-    table = table.replace_schema_metadata(None).cast(EVENT_SCHEMA)
+    table = table.replace_schema_metadata(None)
+    if not args:
+        table = table.append_column("args", pa.nulls(table.num_rows, pa.string()))
+    table = table.cast(EVENT_SCHEMA)
     return EventTable(table=table.unify_dictionaries().combine_chunks(), sources=sources)
 
 
