@@ -21,7 +21,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 
 from teller.align.host import HostSteps, read_host_steps
@@ -123,19 +122,14 @@ class Analysis:
         The run is read for it without the raw arguments and not kept afterwards: the tree and
         what the files said about themselves (`sources`) are all the analysis needs, and
         holding the table beside the tree was most of a large run's memory."""
-        from teller.align.align import traced_pids
+        from teller.align.align import on_one_clock, traced_pids
 
         events = self.__dict__.get("event_table") or self._read(args=False)
         self._sources, self._traced_pids = events.sources, traced_pids(events)
         tree = build_tree(events, step_regex=self.step_regex)
         del events
         pa.default_memory_pool().release_unused()
-        if len(ranks_of(self._sources)) > 1 and len(tree.comm):
-            from teller.align.clock import estimate_rank_offsets, shift_tree
-
-            self.rank_offsets = estimate_rank_offsets(tree)
-            if np.any(self.rank_offsets.offset_ns != 0):
-                tree = shift_tree(tree, self.rank_offsets)
+        tree, self.rank_offsets = on_one_clock(tree)
         return tree
 
     @property
@@ -152,8 +146,7 @@ class Analysis:
         if not self.host_files:
             return None
         tree = self.tree  # first: building it sets `rank_offsets`
-        offsets = getattr(self, "rank_offsets", None)
-        host, self.host_warnings = read_host_steps(tree, self.host_files, offsets)
+        host, self.host_warnings = read_host_steps(tree, self.host_files, self.rank_offsets)
         return host
 
     @cached_property
@@ -163,8 +156,14 @@ class Analysis:
             return None
         from teller.align.align import align_tree
 
-        tree = self.tree  # first: reading the run sets `_traced_pids`
-        return align_tree(tree, self.log_files, self.otlp_files, trace_pids=self._traced_pids)
+        tree = self.tree  # first: reading the run sets `_traced_pids` and `rank_offsets`
+        return align_tree(
+            tree,
+            self.log_files,
+            self.otlp_files,
+            rank_offsets=self.rank_offsets,
+            trace_pids=self._traced_pids,
+        )
 
     # -- tables for notebooks -------------------------------------------------------------------
     def events(self) -> pa.Table:

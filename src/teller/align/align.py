@@ -231,7 +231,7 @@ def align_run(
     from teller.ingest import read_run
 
     events = read_run(trace_paths)
-    tree, rank_offsets = one_clock_tree(events)
+    tree, rank_offsets = on_one_clock(build_tree(events))
     return align_tree(tree, log_paths, span_paths, year, rank_offsets, traced_pids(events))
 
 
@@ -242,9 +242,15 @@ def traced_pids(events: EventTable) -> frozenset[int]:
     return frozenset(np.unique(table.column("pid").to_numpy()[on_host]).tolist())
 
 
-def one_clock_tree(events: EventTable) -> tuple[CallTree, ClockOffsets]:
-    """The run's tree with every rank on the reference rank's clock (offsets from collectives)."""
-    tree = build_tree(events)
+def on_one_clock(tree: CallTree) -> tuple[CallTree, ClockOffsets | None]:
+    """The run's tree with every rank on the reference rank's clock (offsets from collectives),
+    and the offsets; None where the tree has one rank or no collective to estimate them from.
+
+    `teller analyze`, `teller eval` and the model's training data all put their trees on one
+    clock here, so the scoreboard and the training see the clock a user's verdict is reached
+    on."""
+    if len(np.unique(tree.rank)) < 2 or not len(tree.comm):
+        return tree, None
     rank_offsets = estimate_rank_offsets(tree)
     if np.any(rank_offsets.offset_ns != 0):
         tree = shift_tree(tree, rank_offsets)

@@ -37,7 +37,11 @@ class Case:
         return self.path.name
 
     def tree(self) -> CallTree:
-        return build_tree(read_run(find_trace_files([CaseDir(self.path).trace_root()])))
+        """The case's tree on one clock, as `teller analyze` builds it."""
+        from teller.align.align import on_one_clock
+
+        events = read_run(find_trace_files([CaseDir(self.path).trace_root()]))
+        return on_one_clock(build_tree(events))[0]
 
     def log_files(self) -> list[Path]:
         return CaseDir(self.path).log_files()
