@@ -325,6 +325,38 @@ def test_a_stragglers_late_arrivals_are_a_share_of_what_its_peers_lost():
     assert "share.late" in compose(c, "straggler", "late_arrival").plans
 
 
+def test_late_arrivals_far_beyond_the_steps_excess_exceed_it_instead_of_being_all_of_it():
+    """In a capture of two steps, each with its own straggler, the step is compared with the
+    other one: rank 0's 271 ms of late arrivals sit beside an excess of 22.7 ms on its peers.
+    "are all of the step's 22.7 ms excess" would read as a slip; the text says they exceed it
+    and that the rest of the step took less than expected (the excess is the sum of both)."""
+    late = LateArrivals(4, "collective", 22.9e6, 1.07e9, 271e6, 0.0, 271e6, 180e6)
+    top = OperatorCandidate(
+        1, 0, "ncclKernel_SendRecv", 271e6, 271_000_000, 0, 9.0, 4, "", "arrival"
+    )
+    c = replace(
+        _late_rank(own_ns=180e6, late_ns=271e6, transfer=None),
+        step_dur_ns=631_000_000,
+        expected_ns=608_300_000,
+        rank=0,
+        rank_dur_ns=623_000_000,
+        candidate=top,
+        arrivals=late,
+    )
+    said = compose(c, "straggler", "late_arrival")
+    assert "share.late_peers_beyond" in said.plans, said.text
+    assert (
+        "exceed the step's 22.7 ms excess on its peers, which waited for it; the rest of "
+        "their step took less than expected." in said.text
+    )
+    assert "all of" not in said.text
+    assert said.explained_ns <= said.excess_ns
+    assert parse(said.text) is not None
+    # within half again the excess, it is still "all of" it
+    c.step_dur_ns = 608_300_000 + 200_000_000
+    assert "share.late_peers" in compose(c, "straggler", "late_arrival").plans
+
+
 def test_a_link_fault_between_two_ranks_says_the_trace_cannot_tell_which_end():
     """Both ends of a two-rank link slow alike, so naming one end's link is a guess the text
     owns up to; with several peers the transfers of the guilty rank's link stand out alone."""

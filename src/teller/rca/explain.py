@@ -30,6 +30,9 @@ from teller.rca.plans import BASIS_BATCH, BASIS_RUN, MECHANISMS, PLANS, Collecti
 #: Under this share of the step's excess, the evidence is said to explain little, and the
 #: explanation says where the rest went.
 SMALL_SHARE = 1 / 3
+#: Late arrivals over this many times the step's excess are said to exceed it, not to be all of
+#: it: the step's other work took that much less than expected.
+BEYOND_EXCESS = 1.5
 #: A candidate named as where the rest went must take at least this share of the step's excess.
 REST_SHARE = 0.1
 #: A mechanism is stated only where its measure moved: at least this far above (or, for a
@@ -401,7 +404,8 @@ def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dic
     peers_excess = float(max(c.step_dur_ns - c.expected_ns, 0))
     if plan == "share.late" and rise > c.excess_ns and peers_excess > c.excess_ns:
         facts = dict(named=rise, share=rise / peers_excess, excess=peers_excess)
-        return ("share.late_peers", facts), min(rise, peers_excess), peers_excess
+        beyond = "_beyond" if rise > BEYOND_EXCESS * peers_excess else ""
+        return (f"share.late_peers{beyond}", facts), min(rise, peers_excess), peers_excess
     excess = c.excess_ns
     rest = _largest_other(c) if named < SMALL_SHARE * excess else None
     rest_facts = {}
@@ -418,6 +422,8 @@ def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dic
         facts = dict(named=rise, share=rise / excess, excess=excess)
         if rest is not None:
             return (f"{plan}_rest_operator", dict(facts, **rest_facts)), min(rise, excess), excess
+        if plan == "share.late" and rise > BEYOND_EXCESS * excess:
+            plan = "share.late_beyond"
         return (plan, facts), min(rise, excess), excess
     share = named / excess
     top = c.candidate

@@ -620,6 +620,19 @@ _PLANS = (
         "(the slowest rank's time)",
     ),
     Plan(
+        "share.late_beyond",
+        "Those late arrivals, {named} beyond its usual, exceed the step's {excess} excess; the "
+        "rest of the step took less than expected.",
+        note="the same, when they are over half again the excess: 'all of' would hide that the "
+        "step's other work made up the difference (the excess is the sum of both)",
+    ),
+    Plan(
+        "share.late_peers_beyond",
+        "Those late arrivals, {named} beyond its usual, exceed the step's {excess} excess on its "
+        "peers, which waited for it; the rest of their step took less than expected.",
+        note="the same, on the peers' step",
+    ),
+    Plan(
         "share.late_rest_operator",
         "Those late arrivals, {named} beyond its usual, are {share} of the step's {excess} "
         "excess; {other_op} on rank {other_rank} also rose, to {other_observed} against "
