@@ -29,7 +29,7 @@ from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
-from teller.ingest.schema import EventTable, SourceInfo, ranks_of, warnings_of
+from teller.ingest.schema import EventTable, SourceInfo, ranks_of, traced_pids, warnings_of
 from teller.layout import CaseDir
 from teller.localize import Localization, NumericLocalizer
 from teller.rca.diagnose import (
@@ -102,32 +102,42 @@ class Analysis:
     @cached_property
     def event_table(self) -> EventTable:
         """Every event of the run, raw arguments included: what `events()` and the Perfetto
-        export give. The analysis itself reads the run without them (`tree`)."""
-        return self._read(args=True)
-
-    def _read(self, args: bool) -> EventTable:
+        export give. The analysis itself never holds it (`tree`)."""
         return read_run(
             self.trace_files,
             progress=self.progress,
             jobs=self.jobs,
             engine=self.engine,
             ray_address=self.ray_address,
-            args=args,
         )
 
     @cached_property
     def tree(self) -> CallTree:
         """The call-chain forest with every rank on one clock (offsets from collectives).
 
-        The run is read for it without the raw arguments and not kept afterwards: the tree and
-        what the files said about themselves (`sources`) are all the analysis needs, and
-        holding the table beside the tree was most of a large run's memory."""
-        from teller.align.align import on_one_clock, traced_pids
+        Each rank file is read and built into its forest where it is read (`--jobs` processes,
+        or Ray tasks: `teller.callchain.per_rank`) and only the forests are joined here: the
+        tree and what the files said about themselves (`sources`) are all the analysis needs,
+        and the tables beside the tree were most of a large run's memory. Where the table was
+        asked for first, the tree is built from it."""
+        from teller.align.align import on_one_clock
+        from teller.callchain.per_rank import read_tree
 
-        events = self.__dict__.get("event_table") or self._read(args=False)
-        self._sources, self._traced_pids = events.sources, traced_pids(events)
-        tree = build_tree(events, step_regex=self.step_regex)
-        del events
+        if "event_table" in self.__dict__:
+            events = self.event_table
+            self._sources, self._traced_pids = events.sources, traced_pids(events)
+            tree = build_tree(events, step_regex=self.step_regex)
+        else:
+            run = read_tree(
+                self.trace_files,
+                step_regex=self.step_regex,
+                progress=self.progress,
+                jobs=self.jobs,
+                engine=self.engine,
+                ray_address=self.ray_address,
+            )
+            self._sources, self._traced_pids, tree = run.sources, run.traced_pids, run.tree
+            del run
         pa.default_memory_pool().release_unused()
         tree, self.rank_offsets = on_one_clock(tree)
         return tree

@@ -41,7 +41,7 @@ from teller.align.logtime import LogTimes, engine_reference, place_log_times
 from teller.align.requests import RequestTrees, build_request_trees
 from teller.callchain.tree import CallTree, build_tree
 from teller.ingest.logs.table import LogTable
-from teller.ingest.schema import EventTable
+from teller.ingest.schema import traced_pids
 
 #: A log clock offset beyond printing delays by more than this is reported (another host's clock
 #: or a time zone); below it the engine's printing delay explains it.
@@ -235,13 +235,6 @@ def align_run(
     return align_tree(tree, log_paths, span_paths, year, rank_offsets, traced_pids(events))
 
 
-def traced_pids(events: EventTable) -> frozenset[int]:
-    """The host process ids the traces recorded (GPU rows carry the device, not a process)."""
-    table = events.table
-    on_host = table.column("device").to_numpy() < 0
-    return frozenset(np.unique(table.column("pid").to_numpy()[on_host]).tolist())
-
-
 def on_one_clock(tree: CallTree) -> tuple[CallTree, ClockOffsets | None]:
     """The run's tree with every rank on the reference rank's clock (offsets from collectives),
     and the offsets; None where the tree has one rank or no collective to estimate them from.
@@ -267,7 +260,7 @@ def align_tree(
 ) -> AlignResult:
     """Align logs (and OTLP spans) to a tree already on one clock.
 
-    With `trace_pids` (`traced_pids`), a log file that states process ids none of which the
+    With `trace_pids` (`teller.ingest.schema.traced_pids`), a log file that states process ids none of which the
     traces recorded, and whose times all fall outside the traced span, is from another run: it
     is set aside with a warning instead of aligned (its lines never become evidence)."""
     from teller.ingest.logs import read_logs

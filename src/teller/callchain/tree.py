@@ -138,6 +138,48 @@ class CallTree:
         )
 
 
+@dataclass
+class CommRoots:
+    """Per collective root node of a forest (its outermost comm node, or a GPU collective
+    kernel): what any node inside it says of the collective, or None / -1 where none does."""
+
+    node: np.ndarray
+    kind: list[str | None]
+    group: list[str | None]
+    seq: np.ndarray
+    bytes: np.ndarray
+
+
+@dataclass
+class RankForest:
+    """One trace file's part of the call-chain forest: its nodes nested, launched and sorted as
+    `build_tree` sorts them, with the facts of its collectives, before any rank is joined.
+
+    Ranks are independent until the horizontal join (DESIGN.md §6), so each file's forest is
+    built where the file was read (`teller.callchain.per_rank`) and only these arrays cross to
+    the process that joins them; `row` is the node's row in the file's own table."""
+
+    row: np.ndarray
+    parent: np.ndarray
+    edge: np.ndarray
+    layer: np.ndarray
+    name: np.ndarray  # ids into `names`
+    rank: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    stream: np.ndarray
+    start: np.ndarray
+    dur: np.ndarray
+    names: list[str]
+    table_rows: int  # rows of the file's table: where the next file's rows start
+    overlaps: int  # CPU events placed as siblings though they overlapped beyond the tolerance
+    unlaunched: int  # GPU activities with no launching runtime call in the file
+    comm: CommRoots
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+
 def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = None) -> CallTree:
     """Build the call-chain forest of every rank in `events`.
 
@@ -145,6 +187,11 @@ def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = No
     step[…]): any engine-layer node whose name matches it is a step. Without either, steps come
     from repeated ranges or the period of the top-level sequence (`steps.py`).
     """
+    return join_forests([forest_of(events)], step_regex)
+
+
+def forest_of(events: EventTable) -> RankForest:
+    """The nodes of one table (a file's, or a whole run's) nested, launched and sorted."""
     table = events.table
     layer_codes = table.column("layer").combine_chunks().indices.to_numpy().astype(np.int8)
     tree_codes = np.array([LAYER_CODE[name] for name in TREE_LAYERS], dtype=np.int8)
@@ -173,17 +220,75 @@ def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = No
 
     parent = np.full(count, -1, dtype=np.int64)
     edge = np.zeros(count, dtype=np.int8)
-    warnings: list[str] = []
     num_cpu = int(np.count_nonzero(~on_gpu))
     overlaps = _nest_cpu(rank, pid, tid, start, dur, parent, edge, num_cpu)
+    unlaunched = _attach_gpu(
+        rank, layer, correlation, external, start, dur, stream, parent, edge, num_cpu, name, names
+    )
+    return RankForest(
+        row=rows,
+        parent=parent,
+        edge=edge,
+        layer=layer,
+        name=name.astype(np.int32),
+        rank=rank.astype(np.int32),
+        pid=pid,
+        tid=tid,
+        stream=stream.astype(np.int32),
+        start=start,
+        dur=dur,
+        names=names,
+        table_rows=table.num_rows,
+        overlaps=overlaps,
+        unlaunched=unlaunched,
+        comm=_comm_roots(parent, edge, layer, stream, rows, table),
+    )
+
+
+def join_forests(
+    forests: list[RankForest], step_regex: str | re.Pattern[str] | None = None
+) -> CallTree:
+    """The run's call-chain forest from its files' forests, in file order: nodes in the order
+    one table of all the files would give them (CPU rows first, by rank, thread and time, then
+    GPU rows), names as one symbol table, then steps and collective instances across ranks."""
+    names, name_maps = _joined_names([f.names for f in forests])
+    row_base = np.cumsum([0] + [f.table_rows for f in forests[:-1]])
+    node_base = np.cumsum([0] + [len(f) for f in forests[:-1]])
+
+    def joined(field: str) -> np.ndarray:
+        return np.concatenate([getattr(f, field) for f in forests])
+
+    rank, pid, tid, stream = joined("rank"), joined("pid"), joined("tid"), joined("stream")
+    start, dur, layer = joined("start"), joined("dur"), joined("layer")
+    name = np.concatenate([m[f.name] for f, m in zip(forests, name_maps, strict=True)])
+    rows = np.concatenate([f.row + base for f, base in zip(forests, row_base, strict=True)])
+    parent = np.concatenate(
+        [
+            np.where(f.parent >= 0, f.parent + base, -1)
+            for f, base in zip(forests, node_base, strict=True)
+        ]
+    )
+    edge = joined("edge")
+    if len(forests) > 1:  # one file is already in this order
+        order = np.lexsort((layer, -dur, start, tid, pid, rank, stream >= 0))
+        position = np.empty_like(order)
+        position[order] = np.arange(len(order))
+        rank, stream, start, dur = rank[order], stream[order], start[order], dur[order]
+        layer, name, rows, edge = layer[order], name[order], rows[order], edge[order]
+        parent = parent[order]
+        parent = np.where(parent >= 0, position[np.maximum(parent, 0)], -1)
+    else:
+        position = np.arange(len(rank))
+    count = len(rank)
+
+    warnings: list[str] = []
+    overlaps = sum(f.overlaps for f in forests)
     if overlaps:
         warnings.append(
             f"{overlaps} CPU events overlap a sibling beyond {NESTING_TOLERANCE_NS} ns "
             "and were placed as siblings"
         )
-    unlaunched = _attach_gpu(
-        rank, layer, correlation, external, start, dur, stream, parent, edge, num_cpu, name, names
-    )
+    unlaunched = sum(f.unlaunched for f in forests)
     if unlaunched:
         warnings.append(
             f"{unlaunched} GPU activities have no launching runtime call in the trace "
@@ -219,8 +324,39 @@ def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = No
     )
     tree.steps, tree.step, step_notes = find_steps(tree, step_regex=step_regex)
     warnings.extend(step_notes)
-    tree.comm = _join_collectives(tree, table)
+    roots = _joined_roots(forests, node_base, position)
+    tree.comm = _comm_instances(tree, roots)
     return tree
+
+
+def _joined_names(each: list[list[str]]) -> tuple[list[str], list[np.ndarray]]:
+    """One symbol table for the files' names, in the order Arrow unifies dictionaries (each
+    file's names in order, the ones not seen before appended), and each file's id map."""
+    index: dict[str, int] = {}
+    maps = []
+    for names in each:
+        maps.append(np.asarray([index.setdefault(n, len(index)) for n in names], dtype=np.int32))
+    return list(index), maps
+
+
+def _joined_roots(
+    forests: list[RankForest], node_base: np.ndarray, position: np.ndarray
+) -> CommRoots:
+    """The forests' collective roots with the joined tree's node ids, in node order."""
+    node = np.concatenate(
+        [f.comm.node + base for f, base in zip(forests, node_base, strict=True)]
+    ).astype(np.int64)
+    node = position[node] if len(node) else node
+    order = np.argsort(node, kind="stable")
+    kind = [k for f in forests for k in f.comm.kind]
+    group = [g for f in forests for g in f.comm.group]
+    return CommRoots(
+        node=node[order],
+        kind=[kind[i] for i in order.tolist()],
+        group=[group[i] for i in order.tolist()],
+        seq=np.concatenate([f.comm.seq for f in forests])[order],
+        bytes=np.concatenate([f.comm.bytes for f in forests])[order],
+    )
 
 
 def _nest_cpu(
@@ -351,27 +487,32 @@ def _empty_comm() -> CommInstances:
     return CommInstances(empty, empty, empty, [], [], empty, empty, empty, empty)
 
 
-def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
-    """Group each rank's collectives into instances shared across the ranks of their group.
+def _comm_roots(
+    parent: np.ndarray,
+    edge: np.ndarray,
+    layer: np.ndarray,
+    stream: np.ndarray,
+    rows: np.ndarray,
+    table: pa.Table,
+) -> CommRoots:
+    """Each collective's root and what the nodes inside it say of it.
 
     A collective's root is its outermost comm node (the annotation, c10d op or record_param_comms
     on the host, or a bare comm kernel). Its kind, group and sequence number come from any node
-    inside it that carries them (record_param_comms); without a sequence number, the n-th
-    collective of a (group, kind) on each rank is the same instance. Only ranks of one engine
-    (`engines.py`) share an instance.
-    """
+    inside it that carries them (record_param_comms); a GPU collective launched by a host one
+    takes what the host side says where it says nothing itself."""
     comm_code = LAYER_CODE["comm"]
-    count = len(tree)
-    is_comm = tree.layer == comm_code
+    count = len(parent)
+    is_comm = layer == comm_code
+    empty = np.zeros(0, dtype=np.int64)
     if not is_comm.any():
-        return _empty_comm()
-    root_of = np.full(count, -1, dtype=np.int64)
-    parent = tree.parent.tolist()
+        return CommRoots(empty, [], [], empty, empty)
+    parents = parent.tolist()
     comm_flags = is_comm.tolist()
     roots_list = [-1] * count
     launched_by: dict[int, int] = {}  # GPU collective root → the host collective that launched it
-    gpu_comm = (is_comm & (tree.stream >= 0) & (tree.edge == EDGE_LAUNCH)).tolist()
-    for i, p in enumerate(parent):
+    gpu_comm = (is_comm & (stream >= 0) & (edge == EDGE_LAUNCH)).tolist()
+    for i, p in enumerate(parents):
         if gpu_comm[i]:  # the kernel is its own instance: it arrives and leaves on the GPU
             roots_list[i] = i
             if p >= 0 and roots_list[p] >= 0:
@@ -381,7 +522,6 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
         elif comm_flags[i]:
             roots_list[i] = i
     root_of = np.asarray(roots_list, dtype=np.int64)
-    rows = tree.row
     coll_col = table.column("coll_name").combine_chunks()
     group_col = table.column("group").combine_chunks()
     seq_col = table.column("seq").to_numpy()
@@ -404,7 +544,7 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
                 facts["kind"] = coll_values[coll_idx[row]]
         if seq_col[row] >= 0 and facts["seq"] < 0:
             facts["seq"] = int(seq_col[row])
-        if bytes_col[row] >= 0 and facts["bytes"] < 0 and tree.stream[i] < 0:
+        if bytes_col[row] >= 0 and facts["bytes"] < 0 and stream[i] < 0:
             facts["bytes"] = int(bytes_col[row])
     for gpu_root, host_root in launched_by.items():  # group, seq and size come from the host side
         facts, host = info[gpu_root], info.get(host_root, {})
@@ -413,23 +553,46 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
         for fact in ("seq", "bytes"):
             if facts[fact] < 0:
                 facts[fact] = host.get(fact, -1)
-    roots = sorted(info, key=lambda r: (tree.rank[r], tree.start[r]))
+    return CommRoots(
+        node=np.fromiter(info, dtype=np.int64, count=len(info)),
+        kind=[f["kind"] for f in info.values()],
+        group=[f["group"] for f in info.values()],
+        seq=np.asarray([f["seq"] for f in info.values()], dtype=np.int64),
+        bytes=np.asarray([f["bytes"] for f in info.values()], dtype=np.int64),
+    )
+
+
+def _comm_instances(tree: CallTree, roots: CommRoots) -> CommInstances:
+    """Group each rank's collectives into instances shared across the ranks of their group.
+
+    Without a sequence number, the n-th collective of a (group, kind) on each rank is the same
+    instance. Only ranks of one engine (`engines.py`) share an instance.
+    """
+    if not len(roots.node):
+        return _empty_comm()
+    facts_of = {
+        int(node): (kind, group, int(seq), int(size))
+        for node, kind, group, seq, size in zip(
+            roots.node.tolist(), roots.kind, roots.group, roots.seq, roots.bytes, strict=True
+        )
+    }
+    ordered = sorted(facts_of, key=lambda r: (tree.rank[r], tree.start[r]))
     # engines' process groups reuse names and sequence numbers: a collective joins its own engine's
     engine_of = dict(zip(tree.steps.rank.tolist(), tree.steps.engine.tolist(), strict=True))
     ordinal: dict[tuple, int] = {}
     instance_of_key: dict[tuple, int] = {}
     out: dict[str, list] = {k: [] for k in CommInstances.__dataclass_fields__}
-    for root in roots:
-        facts = info[root]
-        kind = facts["kind"] or collective_kind(tree.names[tree.name[root]])
-        group = facts["group"] or ""
+    for root in ordered:
+        stated_kind, stated_group, seq, size = facts_of[root]
+        kind = stated_kind or collective_kind(tree.names[tree.name[root]])
+        group = stated_group or ""
         r = int(tree.rank[root])
         engine = engine_of.get(r, 0)
         # host-side roots of one collective can be several (gloo: the c10d op on the caller's
         # thread and the gloo:* range on a worker thread); each family is joined on its own
         family = "gpu" if tree.stream[root] >= 0 else tree.names[tree.name[root]]
-        if facts["seq"] >= 0:
-            key = (engine, group, family, "seq", facts["seq"])
+        if seq >= 0:
+            key = (engine, group, family, "seq", seq)
         else:
             counter_key = (r, group, kind, family)
             n = ordinal.get(counter_key, 0)
@@ -441,8 +604,8 @@ def _join_collectives(tree: CallTree, table: pa.Table) -> CommInstances:
         out["node"].append(root)
         out["kind"].append(kind)
         out["group"].append(group)
-        out["seq"].append(facts["seq"])
-        out["bytes"].append(facts["bytes"])
+        out["seq"].append(seq)
+        out["bytes"].append(size)
         out["start_ns"].append(int(tree.start[root]))
         out["end_ns"].append(int(tree.start[root] + tree.dur[root]))
     return CommInstances(

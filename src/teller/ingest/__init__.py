@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow.compute as pc
 
@@ -23,11 +24,14 @@ from teller.ingest.parallel import read_each
 from teller.ingest.schema import (
     PARQUET_SUFFIX,
     EventTable,
+    SourceInfo,
     concat,
     is_event_table,
     read_event_table,
     without_args,
 )
+
+T = TypeVar("T")
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: How much of a file's (decompressed) head is enough to tell a Kineto trace from other JSON.
@@ -71,6 +75,25 @@ def read_run(
     with `engine` "ray" as Ray tasks (`teller.ingest.on_ray`); the run read is the same.
     `args=False` leaves out the raw arguments in the workers already (`schema.without_args`).
     """
+    read = read_trace if args else partial(read_trace, args=False)
+    tables, refused = map_files(read, paths, progress, jobs, engine, ray_address)
+    run = concat(tables)
+    note_refused(run.sources, refused)
+    warn_apart([(span, table.sources) for table in tables if (span := table_span(table))])
+    return run
+
+
+def map_files(
+    read: Callable[[Path], T],
+    paths: Iterable[str | Path],
+    progress: bool = False,
+    jobs: int = 1,
+    engine: str = "local",
+    ray_address: str | None = None,
+) -> tuple[list[T], list[TraceError]]:
+    """`read(file)` for every trace file under `paths`, in file order (the per-rank map,
+    `teller.ingest.parallel`): what each gave, and the files it refused. Raises the first
+    refusal when every file was refused, and a TraceError when there is no file."""
     paths = list(paths)  # named again in the error below
     files = find_trace_files(paths)
     if not files:
@@ -79,27 +102,27 @@ def read_run(
             shown,
             "no trace files found (looked for *.json, *.json.gz, *.sqlite, *.nsys-rep, *.parquet)",
         )
-    results: Iterable[EventTable | TraceError] = read_each(
-        read_trace if args else partial(read_trace, args=False), files, jobs, engine, ray_address
-    )
+    results: Iterable[T | TraceError] = read_each(read, files, jobs, engine, ray_address)
     if progress and len(files) > 1:
         from tqdm import tqdm
 
         results = tqdm(results, total=len(files), desc="reading traces", unit="file", leave=False)
-    tables: list[EventTable] = []
+    kept: list[T] = []
     refused: list[TraceError] = []
     for result in results:
         if isinstance(result, TraceError):
             refused.append(result)
         else:
-            tables.append(result)
-    if not tables:
+            kept.append(result)
+    if not kept:
         raise refused[0]
-    run = concat(tables)
-    for error in refused:  # one bad rank file does not stop the others: it is named instead
-        run.sources[0].warnings.append(f"rank file left out: {error}")
-    _warn_apart(tables)
-    return run
+    return kept, refused
+
+
+def note_refused(sources: list[SourceInfo], refused: list[TraceError]) -> None:
+    """One bad rank file does not stop the others: it is named on the run's first file."""
+    for error in refused:
+        sources[0].warnings.append(f"rank file left out: {error}")
 
 
 #: Files whose captures lie further apart than this, and than ten times the longer of them, are
@@ -107,32 +130,35 @@ def read_run(
 APART_S = 60.0
 
 
-def _warn_apart(tables: list[EventTable]) -> None:
+def table_span(events: EventTable) -> tuple[int, int] | None:
+    """When a file's events begin and end (ns); None for a file without events."""
+    if not len(events):
+        return None
+    table = events.table
+    start = pc.min(table["ts_ns"]).as_py()
+    end = pc.max(pc.add(table["ts_ns"], table["dur_ns"])).as_py()
+    return start, end
+
+
+def warn_apart(spans: list[tuple[tuple[int, int], list[SourceInfo]]]) -> None:
     """Warn on each file that begins long after every earlier one ended: two captures of a
     service (its CUDA-graph capture and a later profile) or files of different jobs read from
     one folder. They are still read as one run, so the user learns why its spans and idle time
-    look absurd."""
-    spans = []
-    for table in tables:
-        if not len(table):
-            continue
-        start = pc.min(table.table["ts_ns"]).as_py()
-        end = pc.max(pc.add(table.table["ts_ns"], table.table["dur_ns"])).as_py()
-        spans.append((start, end, table))
-    spans.sort(key=lambda span: span[0])
+    look absurd. `spans`: each file's (start, end) and its sources."""
+    ordered = sorted(spans, key=lambda span: span[0][0])
     ended_at, ended_by = None, None
-    for start, end, table in spans:
+    for (start, end), sources in ordered:
         if ended_at is not None:
             gap_s = (start - ended_at) / 1e9
             longest_s = max(end - start, ended_by[1]) / 1e9
             if gap_s > max(APART_S, 10 * longest_s):
-                table.sources[0].warnings.append(
+                sources[0].warnings.append(
                     f"begins {_spelled(gap_s)} after {Path(ended_by[0]).name} ends: "
                     "its capture does not overlap the others', so it is not one run with them "
                     "(analyse each capture on its own)"
                 )
         if ended_at is None or end > ended_at:
-            ended_at, ended_by = end, (table.sources[0].path, end - start)
+            ended_at, ended_by = end, (sources[0].path, end - start)
 
 
 def _spelled(seconds: float) -> str:

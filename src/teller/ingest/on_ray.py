@@ -15,18 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from teller.errors import TellerError, TraceError
-from teller.ingest.schema import EventTable
 from teller.ingest.worker import read_one
+
+T = TypeVar("T")
 
 #: Engines the per-rank map runs on: this machine's process pool, or a Ray cluster.
 ENGINES = ("local", "ray")
 
 
 def read_on_ray(
-    read: Callable[[Path], EventTable], files: list[Path], jobs: int, address: str | None
-) -> Iterator[EventTable | TraceError]:
+    read: Callable[[Path], T], files: list[Path], jobs: int, address: str | None
+) -> Iterator[T | TraceError]:
     """`read(file)` for every file as one Ray task each, in file order: the table, or the
     TraceError it raised. `address`: a running cluster's (`ray://host:10001`, `auto`), or None
     for a private one on this machine with `jobs` CPUs."""

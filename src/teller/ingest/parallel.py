@@ -4,8 +4,9 @@ Rank files are independent until the horizontal join, so each is read in its own
 the tables come back in file order; the run is then the same as read one by one. Workers are
 spawned (a fresh interpreter each), never forked from a parent that may hold a large run
 already, and as the caller's own children they count in its resource usage (a forkserver's
-workers would be the server's). What crosses between processes is teller's own result (an `EventTable`, or the
-parts of a `TraceError`), never the input file's bytes.
+workers would be the server's). What crosses between processes is teller's own result (an
+`EventTable`, a rank's `RankForest`, or the parts of a `TraceError`), never the input file's
+bytes.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from teller.errors import TellerError, TraceError
 from teller.ingest.on_ray import ENGINES, read_on_ray
-from teller.ingest.schema import EventTable
 from teller.ingest.worker import read_one
+
+T = TypeVar("T")
 
 
 def default_jobs() -> int:
@@ -31,13 +34,14 @@ def default_jobs() -> int:
 
 
 def read_each(
-    read: Callable[[Path], EventTable],
+    read: Callable[[Path], T],
     files: list[Path],
     jobs: int,
     engine: str = "local",
     ray_address: str | None = None,
-) -> Iterator[EventTable | TraceError]:
-    """`read(file)` for every file, in file order: the table, or the TraceError it raised.
+) -> Iterator[T | TraceError]:
+    """`read(file)` for every file, in file order: what it returned (a table, a rank's forest),
+    or the TraceError it raised.
 
     `read` must be a module-level function or a `functools.partial` of one (workers import it
     by name). With `engine` "ray" each file is a Ray task (`teller.ingest.on_ray`, on the

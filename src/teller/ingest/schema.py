@@ -154,6 +154,13 @@ class EventTable:
         return self.table.to_pandas()
 
 
+def traced_pids(events: EventTable) -> frozenset[int]:
+    """The host process ids the traces recorded (GPU rows carry the device, not a process)."""
+    table = events.table
+    on_host = table.column("device").to_numpy() < 0
+    return frozenset(np.unique(table.column("pid").to_numpy()[on_host]).tolist())
+
+
 def ranks_of(sources: list[SourceInfo]) -> list[int]:
     """The ranks the files hold, once each."""
     return sorted({source.rank for source in sources})

@@ -1,0 +1,71 @@
+"""The per-rank map of DESIGN.md §6: each trace file read and built into its forest where it
+is read, and only the forests joined.
+
+Ranks are independent until the horizontal join, so a worker (`teller.ingest.parallel`, or a
+Ray task) reads one file, nests and launches its nodes (`tree.forest_of`) and hands back the
+forest alone: the event table never crosses to the joining process, which then holds the run's
+tree and nothing of its tables. The tree is the one `build_tree` makes from the whole run's
+table (`tree.join_forests` puts the nodes in that order); what a file's own forest cannot see is
+a thread or a correlation id shared by two files of one rank, which one table would mix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from teller.callchain.tree import CallTree, RankForest, forest_of, join_forests
+from teller.ingest import map_files, note_refused, read_trace, table_span, warn_apart
+from teller.ingest.schema import SourceInfo, traced_pids
+
+
+@dataclass
+class FileForest:
+    """One file's forest with what the file said about itself."""
+
+    forest: RankForest
+    sources: list[SourceInfo]
+    traced_pids: frozenset[int]  # the host process ids the file recorded
+    span: tuple[int, int] | None  # when its events begin and end (ns)
+
+
+@dataclass
+class RunTree:
+    """A run's tree, read and built one file at a time, and the facts of its files."""
+
+    tree: CallTree
+    sources: list[SourceInfo]
+    traced_pids: frozenset[int]
+
+
+def file_forest(path: Path) -> FileForest:
+    """In a worker: one trace file read without its raw arguments and built into its forest."""
+    events = read_trace(path, args=False)
+    return FileForest(
+        forest=forest_of(events),
+        sources=events.sources,
+        traced_pids=traced_pids(events),
+        span=table_span(events),
+    )
+
+
+def read_tree(
+    paths: Iterable[str | Path],
+    step_regex: str | re.Pattern[str] | None = None,
+    progress: bool = False,
+    jobs: int = 1,
+    engine: str = "local",
+    ray_address: str | None = None,
+) -> RunTree:
+    """Every trace file under `paths` read and built into its forest (in `jobs` processes, or
+    as Ray tasks), the forests joined into the run's tree. Refused files and captures that do
+    not overlap are warned on as `teller.ingest.read_run` warns."""
+    files, refused = map_files(file_forest, paths, progress, jobs, engine, ray_address)
+    sources = [s for f in files for s in f.sources]
+    note_refused(sources, refused)
+    warn_apart([(f.span, f.sources) for f in files if f.span is not None])
+    tree = join_forests([f.forest for f in files], step_regex)
+    pids = frozenset().union(*(f.traced_pids for f in files))
+    return RunTree(tree=tree, sources=sources, traced_pids=pids)
