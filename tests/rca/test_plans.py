@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from teller.eval.metrics import agreement
 from teller.faults import FAULT_FREE
 from teller.localize import NEW_OPERATOR, SUBSTITUTED, OperatorCandidate
 from teller.localize.collectives import OWN_SHARE_REFERENCE
@@ -352,9 +353,33 @@ def test_late_arrivals_far_beyond_the_steps_excess_exceed_it_instead_of_being_al
     assert "all of" not in said.text
     assert said.explained_ns <= said.excess_ns
     assert parse(said.text) is not None
+    assert agreement(said.text, "straggler", None, 0).excess_explained == 1.0
     # within half again the excess, it is still "all of" it
     c.step_dur_ns = 608_300_000 + 200_000_000
     assert "share.late_peers" in compose(c, "straggler", "late_arrival").plans
+
+
+def test_usually_on_time_is_said_once():
+    """The evidence sentence has said the rank is usually on time at the collective; the
+    late-arrival sentence after it says the total without saying it again."""
+    late = LateArrivals(4, "collective", 22.9e6, 1.07e9, 271e6, 0.0, 271e6, 180e6)
+    top = OperatorCandidate(
+        1, 0, "ncclKernel_SendRecv", 271e6, 271_000_000, 0, 9.0, 4, "", "arrival"
+    )
+    c = replace(
+        _late_rank(own_ns=180e6, late_ns=271e6, transfer=None),
+        step_dur_ns=631_000_000,
+        expected_ns=608_300_000,
+        rank=0,
+        rank_dur_ns=623_000_000,
+        candidate=top,
+        arrivals=late,
+    )
+    said = compose(c, "straggler", "late_arrival")
+    assert said.plans[1] == "evidence.arrival_first"
+    assert "mechanism.late_arrival_first_said" in said.plans, said.text
+    assert said.text.count("where it is usually on time") == 1
+    assert parse(said.text) is not None
 
 
 def test_a_link_fault_between_two_ranks_says_the_trace_cannot_tell_which_end():

@@ -299,6 +299,9 @@ def _excess_explained(said: list[Said]) -> float | None:
     if not shares:
         return None
     share = shares[0]
+    if "share" not in share.slots:  # the evidence exceeds the step's excess: all of it
+        named = _duration_ns(share.slots["named"])
+        return min(named / max(_duration_ns(share.slots["excess"]), 1.0), 1.0)
     total = _share_value(share.slots["share"])
     if share.plan in _ADDS_THE_REST:  # else the rest's operator is where the rise went
         rise = _duration_ns(share.slots["other_observed"]) - _duration_ns(

@@ -239,6 +239,7 @@ def compose(
     if mechanism != "late_arrival" and "late_arrival" in allowed_mechanisms(c, fault):
         # what the rank's own work did is the mechanism; its peers' waiting is what it cost them
         said += _mechanism(c, "late_arrival")
+    said = _said_once(said)
     said += _host(c, fault)
     if fault is not None and state_cause:
         said += _cause(c, fault)
@@ -310,6 +311,21 @@ def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
     if c.peers_ns is not None:
         return ("evidence.temporal_peers", dict(with_normal, peers=c.peers_ns)), excess
     return ("evidence.temporal", with_normal), excess
+
+
+def _said_once(said: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The late-arrival sentence without "where it is usually on time" where the evidence
+    sentence before it has said so of the same rank: said twice, it reads as a slip."""
+    plans = [plan for plan, _ in said]
+    if "evidence.arrival_first" not in plans or "mechanism.late_arrival_first" not in plans:
+        return said
+    evidence = said[plans.index("evidence.arrival_first")][1]
+    return [
+        ("mechanism.late_arrival_first_said", facts)
+        if plan == "mechanism.late_arrival_first" and facts["rank"] == evidence["rank"]
+        else (plan, facts)
+        for plan, facts in said
+    ]
 
 
 def _mechanism(c: StepContext, mechanism: str) -> list[tuple[str, dict]]:

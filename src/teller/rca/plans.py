@@ -378,6 +378,12 @@ _PLANS = (
         note="the same, for a rank never late in its normal steps of this kind",
     ),
     Plan(
+        "mechanism.late_arrival_first_said",
+        "Rank {rank} arrived {late} late in total at {collectives}; its peers waited {waited} "
+        "there, while its own time there was {own}.",
+        note="the same, after the evidence has said the rank is usually on time there",
+    ),
+    Plan(
         "mechanism.host_slower",
         "Rank {rank}'s host operators took {observed} in this step, against {normal} in its "
         "normal steps of this kind.",
