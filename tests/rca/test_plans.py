@@ -326,16 +326,15 @@ def test_a_stragglers_late_arrivals_are_a_share_of_what_its_peers_lost():
     assert "share.late" in compose(c, "straggler", "late_arrival").plans
 
 
-def test_late_arrivals_far_beyond_the_steps_excess_exceed_it_instead_of_being_all_of_it():
-    """In a capture of two steps, each with its own straggler, the step is compared with the
-    other one: rank 0's 271 ms of late arrivals sit beside an excess of 22.7 ms on its peers.
-    "are all of the step's 22.7 ms excess" would read as a slip; the text says they exceed it
-    and that the rest of the step took less than expected (the excess is the sum of both)."""
+def _sampled_rank_late() -> StepContext:
+    """Step 1 of HTA's two sampled ranks of a 128-rank job: rank 0 reached a send/recv 271 ms
+    after its peer, where it was on time in the capture's other step, beside an excess of
+    22.7 ms on its peer (the other step, its reference, had a straggler of its own)."""
     late = LateArrivals(4, "collective", 22.9e6, 1.07e9, 271e6, 0.0, 271e6, 180e6)
     top = OperatorCandidate(
         1, 0, "ncclKernel_SendRecv", 271e6, 271_000_000, 0, 9.0, 4, "", "arrival"
     )
-    c = replace(
+    return replace(
         _late_rank(own_ns=180e6, late_ns=271e6, transfer=None),
         step_dur_ns=631_000_000,
         expected_ns=608_300_000,
@@ -344,6 +343,14 @@ def test_late_arrivals_far_beyond_the_steps_excess_exceed_it_instead_of_being_al
         candidate=top,
         arrivals=late,
     )
+
+
+def test_late_arrivals_far_beyond_the_steps_excess_exceed_it_instead_of_being_all_of_it():
+    """In a capture of two steps, each with its own straggler, the step is compared with the
+    other one: rank 0's 271 ms of late arrivals sit beside an excess of 22.7 ms on its peers.
+    "are all of the step's 22.7 ms excess" would read as a slip; the text says they exceed it
+    and that the rest of the step took less than expected (the excess is the sum of both)."""
+    c = _sampled_rank_late()
     said = compose(c, "straggler", "late_arrival")
     assert "share.late_peers_beyond" in said.plans, said.text
     assert (
@@ -362,19 +369,7 @@ def test_late_arrivals_far_beyond_the_steps_excess_exceed_it_instead_of_being_al
 def test_usually_on_time_is_said_once():
     """The evidence sentence has said the rank is usually on time at the collective; the
     late-arrival sentence after it says the total without saying it again."""
-    late = LateArrivals(4, "collective", 22.9e6, 1.07e9, 271e6, 0.0, 271e6, 180e6)
-    top = OperatorCandidate(
-        1, 0, "ncclKernel_SendRecv", 271e6, 271_000_000, 0, 9.0, 4, "", "arrival"
-    )
-    c = replace(
-        _late_rank(own_ns=180e6, late_ns=271e6, transfer=None),
-        step_dur_ns=631_000_000,
-        expected_ns=608_300_000,
-        rank=0,
-        rank_dur_ns=623_000_000,
-        candidate=top,
-        arrivals=late,
-    )
+    c = _sampled_rank_late()
     said = compose(c, "straggler", "late_arrival")
     assert said.plans[1] == "evidence.arrival_first"
     assert "mechanism.late_arrival_first_said" in said.plans, said.text
