@@ -12,7 +12,8 @@ Python frames on, a straggler on rank 1 over the middle tenth of the steps, seed
 (reused from `--keep DIR` when already there). Each analysis is a fresh interpreter running
 `teller -q analyze CASE --format json`; its CPU seconds (user + system, workers included) come
 from `os.wait4`, its peak RSS from its own `/proc/self/status` VmHWM read just before it exits
-(`ru_maxrss` would carry the forked parent's size over exec). The anchor is the simulator's own
+(`ru_maxrss` would carry the forked parent's size over exec), and the peak of its RSS and its
+workers' together from sampling /proc every 20 ms (*with workers*: a lower bound). The anchor is the simulator's own
 wall time to write the same case (issue 22 asks for analysis within 3x of it). The growth
 exponents are least-squares slopes of log CPU seconds against log ranks and log steps over all
 cases together (1.0: linear). Printed as Markdown, for docs/benchmarks.md.
@@ -33,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +92,62 @@ class Built:
 class Measured:
     wall_s: float
     cpu_s: float
-    peak_rss_kib: int
+    peak_rss_kib: int  # the analysing process's own
+    tree_peak_rss_kib: int  # its and its workers' together, sampled (`TreeRss`)
+
+
+#: How often the RSS of the analysing process and its workers is summed.
+SAMPLE_S = 0.02
+
+
+class TreeRss:
+    """The largest sum of VmRSS over a process and its descendants (the `--jobs` workers),
+    sampled every `SAMPLE_S` while it runs: what the machine must hold at once. A sample can
+    miss a peak shorter than the interval, so it is a lower bound."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_kib = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        return self.peak_kib
+
+    def _run(self) -> None:
+        while not self._done.wait(SAMPLE_S):
+            self.peak_kib = max(self.peak_kib, sum(map(_rss_kib, _descendants(self.pid))))
+
+
+def _descendants(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        queue.extend(children.get(current, ()))
+    return found
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return next((int(line.split()[1]) for line in handle if line.startswith("VmRSS:")), 0)
+    except OSError:
+        return 0
 
 
 #: The teller sources analyses run (`--sources`: another checkout's src, as an anchor).
@@ -166,14 +223,16 @@ def analyze(
     started = time.perf_counter()
     with out.open("wb") as handle:
         process = subprocess.Popen(command, env=_env(cache), stdout=handle, stderr=subprocess.PIPE)
+        sampled = TreeRss(process.pid)
         assert process.stderr is not None
         errors = process.stderr.read()
+        tree_peak = sampled.stop()
         _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"analyze {case} --method {method} failed:\n{errors.decode()[-2000:]}")
     cpu = usage.ru_utime + usage.ru_stime
-    return Measured(wall, cpu, int(peak_file.read_text()))
+    return Measured(wall, cpu, int(peak_file.read_text()), tree_peak)
 
 
 def growth_exponents(shapes: list[Shape], cpu_s: list[float]) -> tuple[float, float] | None:
@@ -244,8 +303,8 @@ def main() -> int:
     header = "| ranks x steps | events | input MB | sim wall s |"
     rule = "|---|---:|---:|---:|"
     for method in methods:
-        header += f" {method} CPU s | wall s | peak RSS MB | wall / sim |"
-        rule += "---:|---:|---:|---:|"
+        header += f" {method} CPU s | wall s | peak RSS MB | with workers MB | wall / sim |"
+        rule += "---:|---:|---:|---:|---:|"
     print(header)
     print(rule)
     for shape, built, measured in rows:
@@ -253,7 +312,10 @@ def main() -> int:
         for method in methods:
             m = measured[method]
             ratio = m.wall_s / built.sim_wall_s
-            line += f" {m.cpu_s:.1f} | {m.wall_s:.1f} | {m.peak_rss_kib / 1024:.0f} | {ratio:.1f} |"
+            line += (
+                f" {m.cpu_s:.1f} | {m.wall_s:.1f} | {m.peak_rss_kib / 1024:.0f}"
+                f" | {m.tree_peak_rss_kib / 1024:.0f} | {ratio:.1f} |"
+            )
         print(line)
     print()
     for method in methods:
