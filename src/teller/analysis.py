@@ -120,27 +120,23 @@ class Analysis:
         tree and what the files said about themselves (`sources`) are all the analysis needs,
         and the tables beside the tree were most of a large run's memory. Where the table was
         asked for first, the tree is built from it."""
-        from teller.align.align import on_one_clock
-        from teller.callchain.per_rank import read_tree
+        from teller.align.align import on_one_clock, read_on_one_clock
 
         if "event_table" in self.__dict__:
             events = self.event_table
             self._sources, self._traced_pids = events.sources, traced_pids(events)
-            tree = build_tree(events, step_regex=self.step_regex)
-        else:
-            run = read_tree(
-                self.trace_files,
-                step_regex=self.step_regex,
-                progress=self.progress,
-                jobs=self.jobs,
-                engine=self.engine,
-                ray_address=self.ray_address,
-            )
-            self._sources, self._traced_pids, tree = run.sources, run.traced_pids, run.tree
-            del run
-        pa.default_memory_pool().release_unused()
-        tree, self.rank_offsets = on_one_clock(tree)
-        return tree
+            tree, self.rank_offsets = on_one_clock(build_tree(events, step_regex=self.step_regex))
+            return tree
+        run, self.rank_offsets = read_on_one_clock(
+            self.trace_files,
+            step_regex=self.step_regex,
+            progress=self.progress,
+            jobs=self.jobs,
+            engine=self.engine,
+            ray_address=self.ray_address,
+        )
+        self._sources, self._traced_pids = run.sources, run.traced_pids
+        return run.tree
 
     @property
     def sources(self) -> list[SourceInfo]:

@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,9 +40,9 @@ import pyarrow as pa
 from teller.align.clock import AnchorOffsets, ClockOffsets, estimate_rank_offsets, shift_tree
 from teller.align.logtime import LogTimes, engine_reference, place_log_times
 from teller.align.requests import RequestTrees, build_request_trees
-from teller.callchain.tree import CallTree, build_tree
+from teller.callchain.per_rank import RunTree, read_tree
+from teller.callchain.tree import CallTree
 from teller.ingest.logs.table import LogTable
-from teller.ingest.schema import traced_pids
 
 #: A log clock offset beyond printing delays by more than this is reported (another host's clock
 #: or a time zone); below it the engine's printing delay explains it.
@@ -228,11 +229,19 @@ def align_run(
     year: int | None = None,
 ) -> AlignResult:
     """Read a run's traces, logs (and OTLP spans), put them on one clock and align them."""
-    from teller.ingest import read_run
+    run, rank_offsets = read_on_one_clock(trace_paths)
+    return align_tree(run.tree, log_paths, span_paths, year, rank_offsets, run.traced_pids)
 
-    events = read_run(trace_paths)
-    tree, rank_offsets = on_one_clock(build_tree(events))
-    return align_tree(tree, log_paths, span_paths, year, rank_offsets, traced_pids(events))
+
+def read_on_one_clock(
+    trace_paths: Iterable[str | Path], **map_options: Any
+) -> tuple[RunTree, ClockOffsets | None]:
+    """A run's rank files read and built one at a time (`teller.callchain.per_rank.read_tree`,
+    which takes `map_options`: `step_regex`, `progress`, `jobs`, `engine`, `ray_address`), its
+    tree put on one clock (`on_one_clock`), and the offsets."""
+    run = read_tree(trace_paths, **map_options)
+    run.tree, rank_offsets = on_one_clock(run.tree)
+    return run, rank_offsets
 
 
 def on_one_clock(tree: CallTree) -> tuple[CallTree, ClockOffsets | None]:
@@ -260,9 +269,10 @@ def align_tree(
 ) -> AlignResult:
     """Align logs (and OTLP spans) to a tree already on one clock.
 
-    With `trace_pids` (`teller.ingest.schema.traced_pids`), a log file that states process ids none of which the
-    traces recorded, and whose times all fall outside the traced span, is from another run: it
-    is set aside with a warning instead of aligned (its lines never become evidence)."""
+    With `trace_pids` (`teller.ingest.schema.traced_pids`), a log file that states process ids
+    none of which the traces recorded, and whose times all fall outside the traced span, is
+    from another run: it is set aside with a warning instead of aligned (its lines never become
+    evidence)."""
     from teller.ingest.logs import read_logs
     from teller.ingest.otlp import read_spans
 

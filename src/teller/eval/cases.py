@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from teller.callchain.tree import CallTree, build_tree
+from teller.callchain.tree import CallTree
 from teller.errors import TellerError
-from teller.ingest import find_trace_files, read_run
 from teller.labels import CaseLabels
 from teller.layout import CaseDir, labelled_case_dirs
 
@@ -38,10 +37,9 @@ class Case:
 
     def tree(self) -> CallTree:
         """The case's tree on one clock, as `teller analyze` builds it."""
-        from teller.align.align import on_one_clock
+        from teller.align.align import read_on_one_clock
 
-        events = read_run(find_trace_files([CaseDir(self.path).trace_root()]))
-        return on_one_clock(build_tree(events))[0]
+        return read_on_one_clock([CaseDir(self.path).trace_root()])[0].tree
 
     def log_files(self) -> list[Path]:
         return CaseDir(self.path).log_files()

@@ -15,8 +15,8 @@ Refusal = tuple[str, str, str]
 
 
 def read_one(read: Callable[[Path], T], path: Path) -> T | Refusal:
-    """In a worker: what `read` returned, or the refusal as plain strings (a TraceError does not pickle:
-    its constructor takes more than its message)."""
+    """In a worker: what `read` returned, or the refusal as plain strings (a TraceError does
+    not pickle: its constructor takes more than its message)."""
     try:
         return read(path)
     except TraceError as error:

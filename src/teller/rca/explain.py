@@ -239,7 +239,6 @@ def compose(
     if mechanism != "late_arrival" and "late_arrival" in allowed_mechanisms(c, fault):
         # what the rank's own work did is the mechanism; its peers' waiting is what it cost them
         said += _mechanism(c, "late_arrival")
-    said = _said_once(said)
     said += _host(c, fault)
     if fault is not None and state_cause:
         said += _cause(c, fault)
@@ -269,7 +268,7 @@ def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
     excess = float(max(top.observed_ns - top.normal_ns, 0))
     with_normal = dict(base, normal=top.normal_ns)
     if top.kind == "arrival":
-        if top.normal_ns <= 0:
+        if _evidence_on_time(c):
             return ("evidence.arrival_first", base), excess
         return ("evidence.arrival", with_normal), excess
     if top.kind == "transfer":
@@ -313,19 +312,11 @@ def _evidence(c: StepContext) -> tuple[tuple[str, dict], float]:
     return ("evidence.temporal", with_normal), excess
 
 
-def _said_once(said: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    """The late-arrival sentence without "where it is usually on time" where the evidence
-    sentence before it has said so of the same rank: said twice, it reads as a slip."""
-    plans = [plan for plan, _ in said]
-    if "evidence.arrival_first" not in plans or "mechanism.late_arrival_first" not in plans:
-        return said
-    evidence = said[plans.index("evidence.arrival_first")][1]
-    return [
-        ("mechanism.late_arrival_first_said", facts)
-        if plan == "mechanism.late_arrival_first" and facts["rank"] == evidence["rank"]
-        else (plan, facts)
-        for plan, facts in said
-    ]
+def _evidence_on_time(c: StepContext) -> bool:
+    """Whether the pointed node's sentence says its rank is usually on time at the collective
+    (`evidence.arrival_first`): a late arrival where the reference steps had none."""
+    top = c.candidate
+    return top is not None and top.kind == "arrival" and top.normal_ns <= 0
 
 
 def _mechanism(c: StepContext, mechanism: str) -> list[tuple[str, dict]]:
@@ -344,7 +335,10 @@ def _mechanism(c: StepContext, mechanism: str) -> list[tuple[str, dict]]:
             own=late.own_ns,
         )
         if late.usual_late_ns <= 0:
-            return [(f"{plan}_first", facts)]
+            # said once: the evidence sentence may already say the rank is usually on time
+            top = c.candidate
+            said = _evidence_on_time(c) and top is not None and top.rank == c.rank
+            return [(f"{plan}_first_said" if said else f"{plan}_first", facts)]
         return [(plan, dict(facts, normal=late.usual_late_ns))]
     measured = {
         "host_slower": c.host,

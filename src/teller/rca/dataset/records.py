@@ -215,13 +215,11 @@ def step_traces(tree: CallTree, facts: RunFacts) -> list[StepTrace]:
 def read_case_records(case_dir: Path, use_logs: bool = True) -> list[StepRecord]:
     """Records of one labelled case directory (labels.json, traces/, logs/, otlp/); with
     `use_logs`, its logs and spans aligned once, as `teller analyze` aligns them."""
-    from teller.align.align import on_one_clock
-    from teller.callchain.tree import build_tree
-    from teller.ingest import find_trace_files, read_run
+    from teller.align.align import read_on_one_clock
 
     case = CaseDir(Path(case_dir))
     labels = CaseLabels.read(case.root)
-    tree, _ = on_one_clock(build_tree(read_run(find_trace_files([case.trace_root()]))))
+    tree = read_on_one_clock([case.trace_root()])[0].tree
     alignment = case_alignment(tree, case) if use_logs else None
     return case_records(tree, case.root.name, labels, alignment)
 
