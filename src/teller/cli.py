@@ -215,9 +215,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from teller.eval.cases import Split, find_cases, split_cases
     from teller.eval.harness import evaluate
-    from teller.eval.methods import METHODS
+    from teller.eval.methods import METHODS, checkpoint_method
     from teller.eval.scoreboard import render_markdown, write_scoreboard
 
+    methods = dict(METHODS)
+    if args.model:
+        checkpoint = Path(args.model)
+        if not (checkpoint / "config.json").is_file():
+            raise TellerError(f"{checkpoint}: not a model checkpoint (no config.json)")
+        methods["model"] = checkpoint_method(checkpoint)
     cases = find_cases([Path(p) for p in args.cases])
     if args.split:
         split = Split.read(Path(args.split))
@@ -225,11 +231,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         split = split_cases(
             cases, test_share=args.test_share, seed=args.seed, held_out_fault=args.held_out
         )
-    names = list(METHODS) if args.all else [args.method]
-    unknown = [n for n in names if n not in METHODS]
+    names = list(methods) if args.all else [args.method]
+    unknown = [n for n in names if n not in methods]
     if unknown:
-        raise TellerError(f"unknown method {unknown[0]!r}; known: {', '.join(METHODS)}")
-    result = evaluate({n: METHODS[n] for n in names}, cases, split, progress=not args.quiet)
+        raise TellerError(f"unknown method {unknown[0]!r}; known: {', '.join(methods)}")
+    result = evaluate({n: methods[n] for n in names}, cases, split, progress=not args.quiet)
     command = (
         "teller eval " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["eval"] else "teller eval"
     )
@@ -353,6 +359,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         members=args.members,
         cache_dir=args.cache,
+        held_out_fault=args.held_out,
         progress=not args.quiet,
     )
     result = train(config)
@@ -592,6 +599,11 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--held-out", help="fault type kept wholly out of training")
     evaluate.add_argument("--test-share", type=float, default=0.5, help="test share per fault")
     evaluate.add_argument("--seed", type=int, default=0, help="split seed")
+    evaluate.add_argument(
+        "--model",
+        metavar="DIR",
+        help="score this checkpoint (teller train's output) as the method model",
+    )
     evaluate.add_argument("-o", "--out", help="scoreboard directory (default with --all: docs)")
 
     align = command("align", cmd_align, "place engine log lines on the steps they describe")
@@ -620,6 +632,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--no-logs", action="store_true", help="ablation: no log modality")
     train.add_argument("--no-numeric", action="store_true", help="ablation: no step numbers")
     train.add_argument("--raw-nodes", action="store_true", help="ablation: no TPE merges")
+    train.add_argument(
+        "--held-out",
+        metavar="FAULT",
+        help="leave this fault type's labelled steps out (a checkpoint that never saw it)",
+    )
     for head in ("step", "op", "explain"):
         train.add_argument(
             f"--lambda-{head}",

@@ -305,3 +305,15 @@ def test_the_one_incident_rule_reaches_the_scoreboard(monkeypatch: pytest.Monkey
         top = scored.candidates[f.step][0]
         assert (top.operator, top.rank) == (f.operator, f.rank)
         assert (top.operator, top.rank) == (f.candidates[0]["operator"], f.candidates[0]["rank"])
+
+
+def test_eval_scores_a_checkpoint_of_ones_own(
+    cases: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from teller.rca.infer import variant_dir
+
+    args = ["-q", "eval", "--cases", str(cases), "--method", "model", "--test-share", "0.34"]
+    assert main([*args, "--model", str(variant_dir("no-logs"))]) == 0
+    assert "| model |" in capsys.readouterr().out
+    assert main([*args, "--model", str(tmp_path)]) != 0
+    assert f"{tmp_path}: not a model checkpoint" in capsys.readouterr().err

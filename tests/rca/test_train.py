@@ -477,3 +477,22 @@ def test_a_step_far_slower_than_its_batch_predicts_is_flagged_whatever_the_step_
     diagnoses = model.diagnose_records(records, threshold=1.01)
     assert [d.anomalous for d in diagnoses] == blatant.tolist()
     assert all(d.facts is not None and d.fault for d in diagnoses if d.anomalous)
+
+
+def test_held_out_fault_drops_its_labelled_steps_only():
+    from teller.errors import TellerError
+    from teller.rca.inputs import FAULT_NAMES, Batch
+    from teller.rca.train import without_fault
+
+    arrays = Batch.blank(6)
+    arrays.y_step[:] = [0, 1, 1, 0, 1, 1]
+    straggler, throttle = FAULT_NAMES.index("straggler"), FAULT_NAMES.index("gpu_throttle")
+    arrays.y_fault[:] = [0, straggler, throttle, 0, straggler, throttle]
+    arrays.step_float[:, 0] = np.arange(6)
+    kept = without_fault(arrays, "straggler")
+    assert kept.step_float[:, 0].tolist() == [0, 2, 3, 5]
+    assert FAULT_NAMES.index("straggler") not in kept.y_fault[kept.y_step > 0].tolist()
+    with pytest.raises(TellerError, match="not a fault type"):
+        without_fault(arrays, "stragler")
+    with pytest.raises(TellerError, match="label no step"):
+        without_fault(arrays, "net_throttle")

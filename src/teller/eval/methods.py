@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from teller.eval.baselines import FixedThreshold, GaussianMixtureBaseline, StepZScore
 from teller.eval.localizer_method import ExplainedLocalizer
@@ -17,6 +18,18 @@ def _model(variant: str, pool_faults: bool = True) -> Callable[[], object]:
         from teller.rca.infer import variant_dir
 
         return RootCauseMethod(variant_dir(variant), pool_faults=pool_faults)
+
+    return make
+
+
+def checkpoint_method(checkpoint: Path) -> Callable[[], object]:
+    """The model method with a checkpoint of one's own (`teller train`'s output) in place of
+    the shipped one: how a held-out-fault or held-out-shape checkpoint is scored."""
+
+    def make() -> object:
+        from teller.eval.model_method import RootCauseMethod
+
+        return RootCauseMethod(checkpoint)
 
     return make
 

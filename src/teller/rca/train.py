@@ -65,6 +65,9 @@ class TrainConfig:
     jobs: int = 1  # processes reading cases, then training members side by side
     members: int = 1  # an ensemble of this many models, seeds seed .. seed + members - 1
     cache_dir: str | None = None  # encoded dataset cache (npz + tpe.json), keyed by the inputs
+    # a fault type whose labelled steps are left out, to measure how the model meets a fault
+    # it never saw (`without_fault`)
+    held_out_fault: str | None = None
     progress: bool = True
 
 
@@ -141,6 +144,8 @@ def train(config: TrainConfig) -> TrainResult:
     if config.members < 1:
         raise TellerError(f"members must be at least 1, not {config.members}")
     arrays, tpe, cases = load_dataset(config)
+    if config.held_out_fault is not None:
+        arrays = without_fault(arrays, config.held_out_fault)
     config.model.vocab_size = tpe.vocab_size
     config.model.mechanisms = len(MECHANISMS)
     seeds = [config.seed + k for k in range(config.members)]
@@ -165,6 +170,21 @@ def train(config: TrainConfig) -> TrainResult:
         seconds=time.perf_counter() - started,
         params=sum(m.num_params() for m in models),
     )
+
+
+def without_fault(arrays: Batch[np.ndarray], fault: str) -> Batch[np.ndarray]:
+    """The examples less the anomalous steps labelled `fault`.
+
+    Why a fault's steps and not its cases: the encoded arrays (and their cache) hold steps, not
+    which case each came from. The held-out cases' steps outside their labelled ones stay, as
+    normal steps, which is what they are labelled in every checkpoint."""
+    if fault not in FAULT_NAMES or fault == "none":
+        known = ", ".join(f for f in FAULT_NAMES if f != "none")
+        raise TellerError(f"held-out fault {fault!r} is not a fault type ({known})")
+    dropped = (arrays.y_step > 0) & (arrays.y_fault == FAULT_NAMES.index(fault))
+    if not dropped.any():
+        raise TellerError(f"held-out fault {fault!r}: the training cases label no step with it")
+    return arrays.rows(np.flatnonzero(~dropped))
 
 
 def _fit_member_weights(
