@@ -79,7 +79,9 @@ class RunTables:
         return cls(
             tree=facts.tree,
             nodes=facts.step_nodes,
-            history=SelfTimeHistory.of(facts.step_nodes),
+            history=SelfTimeHistory.of(
+                facts.step_nodes, facts.tree.steps.engine[facts.step_nodes.step]
+            ),
             step_totals=facts.compute_totals,
             gaps=run_idle_gaps(facts),
             arrivals=facts.arrivals,
@@ -91,76 +93,114 @@ class RunTables:
 
 @dataclass
 class SelfTimeHistory:
-    """Every operator instance's self time in every step: one row per instance key (rank, name,
-    ordinal, on GPU), one column per iteration, NaN where the step did not run it. A step's
-    references are then one slice, not a lookup per node."""
+    """Every operator instance's self time in every step of its engine: one row per instance key
+    (rank, name, ordinal, on GPU), one column per iteration of the key's engine, NaN where the
+    step did not run it. A step's references are then one slice, not a lookup per node.
+
+    One table per engine (`callchain.engines`): a rank runs its own engine's iterations only, so
+    one table of every key by every iteration would be mostly NaN, and would grow as ranks ×
+    engines × steps (at 64 ranks of 16 engines and 2,000 steps, 45 GB). A key whose rank ran
+    steps of several engines puts the whole run in one table, as one engine would."""
 
     key_of: np.ndarray  # per position in `nodes`: its key's row
-    self_ns: np.ndarray  # (keys, iterations) float64
-    iterations: np.ndarray  # the iteration of each column, ascending (ids skip between engines)
+    blocks: list[np.ndarray]  # per engine: (its keys, its iterations) float64
+    block_iterations: list[np.ndarray]  # per engine: its iterations, ascending
+    first_key: np.ndarray  # per engine: its first key row (its keys are contiguous)
+    engine_of: np.ndarray  # per key row: its engine's table
     # (instance: name, ordinal, on GPU) × rank → that rank's key row, -1 where it has none
     key_on_rank: np.ndarray
     instance_of: np.ndarray  # per key row: its instance
     rank_of: np.ndarray  # per key row: its rank
 
     @classmethod
-    def of(cls, nodes: StepNodes) -> SelfTimeHistory:
+    def of(cls, nodes: StepNodes, node_engine: np.ndarray) -> SelfTimeHistory:
+        """The history of `nodes`, each of the engine `node_engine` gives it."""
         count = len(nodes.node)
         if not count:
             empty = np.zeros(0, dtype=np.int64)
-            zeros = np.zeros((0, 0))
-            return cls(empty, zeros, empty, zeros.astype(np.int64), empty, empty)
-        keys = packed_keys(nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu)
+            return cls(empty, [], [], empty, empty, np.zeros((0, 0), np.int64), empty, empty)
+        engine = np.unique(node_engine, return_inverse=True)[1].reshape(-1)
+        keys = packed_keys(engine, nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu)
         _, first, key_of = np.unique(keys, return_index=True, return_inverse=True)
         key_of = key_of.reshape(-1)
-        iterations, column = np.unique(nodes.iteration, return_inverse=True)
-        table = np.full((len(first), len(iterations)), np.nan)
-        table[key_of, column.reshape(-1)] = nodes.self_ns
+        if len(np.unique(nodes.rank)) < len(np.unique(packed_keys(engine, nodes.rank))):
+            return cls.of(nodes, np.zeros(count, dtype=np.int64))  # a rank in several engines
+        engine_of = engine[first]
+        first_key = np.searchsorted(engine_of, np.arange(int(engine_of.max()) + 1))
+        blocks, block_iterations = [], []
+        for e in range(len(first_key)):
+            mine = engine == e
+            iterations, column = np.unique(nodes.iteration[mine], return_inverse=True)
+            end = first_key[e + 1] if e + 1 < len(first_key) else len(first)
+            table = np.full((end - first_key[e], len(iterations)), np.nan)
+            table[key_of[mine] - first_key[e], column.reshape(-1)] = nodes.self_ns[mine]
+            blocks.append(table)
+            block_iterations.append(iterations)
         instances = packed_keys(nodes.name[first], nodes.ordinal[first], nodes.on_gpu[first])
         _, instance_of = np.unique(instances, return_inverse=True)
         instance_of = instance_of.reshape(-1)
         rank_of = nodes.rank[first].astype(np.int64)
         key_on_rank = np.full((int(instance_of.max()) + 1, int(rank_of.max()) + 1), -1)
         key_on_rank[instance_of, rank_of] = np.arange(len(first))
-        return cls(key_of, table, iterations, key_on_rank, instance_of, rank_of)
+        return cls(
+            key_of,
+            blocks,
+            block_iterations,
+            first_key,
+            engine_of,
+            key_on_rank,
+            instance_of,
+            rank_of,
+        )
 
-    def _columns(self, iterations: list[int]) -> np.ndarray:
-        """The columns of `iterations` that ran any instance (the others hold only NaN)."""
+    def _columns(self, engine: int, iterations: list[int]) -> np.ndarray:
+        """The columns of `iterations` in `engine`'s table (the others ran none of its keys)."""
+        own = self.block_iterations[engine]
         wanted = np.asarray(iterations, dtype=np.int64)
-        position = np.searchsorted(self.iterations, wanted)
-        inside = position < len(self.iterations)
-        hit = inside & (self.iterations[np.minimum(position, len(self.iterations) - 1)] == wanted)
+        position = np.searchsorted(own, wanted)
+        inside = position < len(own)
+        hit = inside & (own[np.minimum(position, len(own) - 1)] == wanted)
         return position[hit]
 
     def medians(self, rows: np.ndarray, reference: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """For the nodes at `rows`: the median self time of their instance over the `reference`
         iterations that ran it, and how many did."""
-        if not reference or not len(rows):
-            return np.full(len(rows), np.nan), np.zeros(len(rows), dtype=np.int64)
-        columns = self._columns(reference)
-        if not len(columns):
-            return np.full(len(rows), np.nan), np.zeros(len(rows), dtype=np.int64)
-        values = self.self_ns[self.key_of[rows]][:, columns]
-        counts = (~np.isnan(values)).sum(axis=1)
         medians = np.full(len(rows), np.nan)
-        some = counts > 0
-        if some.any():
-            medians[some] = np.nanmedian(values[some], axis=1)
+        counts = np.zeros(len(rows), dtype=np.int64)
+        if not reference or not len(rows):
+            return medians, counts
+        keys = self.key_of[rows]
+        engines = self.engine_of[keys]
+        for engine in np.unique(engines).tolist():
+            mine = np.flatnonzero(engines == engine)
+            columns = self._columns(engine, reference)
+            if not len(columns):
+                continue
+            local = keys[mine] - self.first_key[engine]
+            values = self.blocks[engine][local][:, columns]
+            counts[mine] = (~np.isnan(values)).sum(axis=1)
+            some = counts[mine] > 0
+            if some.any():
+                medians[mine[some]] = np.nanmedian(values[some], axis=1)
         return medians, counts
 
     def peer_medians(self, rows: np.ndarray, iteration: int) -> np.ndarray:
         """For the nodes at `rows`: the median self time of the same instance on the other
         ranks in `iteration`, NaN where no peer ran it."""
         out = np.full(len(rows), np.nan)
-        column = self._columns([iteration])
-        if not len(rows) or not len(column):
+        if not len(rows):
             return out
         keys = self.key_of[rows]
         peers = self.key_on_rank[self.instance_of[keys]]  # (rows, ranks)
         own = np.arange(peers.shape[1])[None, :] == self.rank_of[keys][:, None]
-        values = np.where(
-            (peers >= 0) & ~own, self.self_ns[np.maximum(peers, 0), column[0]], np.nan
-        )
+        values = np.full(peers.shape, np.nan)
+        for engine in range(len(self.blocks)):  # the one whose iterations hold `iteration`
+            column = self._columns(engine, [iteration])
+            if not len(column):
+                continue
+            ran = (peers >= 0) & ~own & (self.engine_of[np.maximum(peers, 0)] == engine)
+            local = np.where(ran, peers - self.first_key[engine], 0)
+            values = np.where(ran, self.blocks[engine][local, column[0]], values)
         some = (~np.isnan(values)).any(axis=1)
         if some.any():
             out[some] = np.nanmedian(values[some], axis=1)
