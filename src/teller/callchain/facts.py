@@ -103,8 +103,10 @@ class RowIndex:
     def __init__(self, *columns: np.ndarray) -> None:
         self.sizes = [int(np.asarray(c, dtype=np.int64).max(initial=0)) + 1 for c in columns]
         keys = packed_keys(*columns)
-        self.order = np.argsort(keys, kind="stable")
-        self.sorted_keys = keys[self.order]
+        order = np.argsort(keys, kind="stable")
+        # held for the run's lifetime, one of each per row: half the bytes where they fit
+        self.order = order.astype(narrowest(len(keys)))
+        self.sorted_keys = keys[order].astype(narrowest(int(np.prod(self.sizes, dtype=float))))
 
     def rows(self, *values: int) -> np.ndarray:
         """The rows whose columns hold `values`, ascending (none for a value no row has)."""
@@ -296,13 +298,15 @@ def step_nodes(tree: CallTree) -> StepNodes:
     inside = inside[order]
     iteration = tree.steps.index[tree.step[inside]]
     rank, name, on_gpu = tree.rank[inside], tree.name[inside], tree.stream[inside] >= 0
+    # kept for the run's lifetime, a row per node in a step: int32 where the values fit
+    rows = narrowest(len(tree.start))
     return StepNodes(
-        node=inside,
-        step=tree.step[inside],
-        iteration=iteration,
+        node=inside.astype(rows),
+        step=tree.step[inside].astype(narrowest(len(tree.steps))),
+        iteration=iteration.astype(narrowest(int(iteration.max(initial=0)) + 1)),
         rank=rank,
         name=name,
-        ordinal=run_ordinals(rank, iteration, name, on_gpu),
+        ordinal=run_ordinals(rank, iteration, name, on_gpu).astype(rows),
         self_ns=tree.self_ns[inside],
         dur_ns=tree.dur[inside],
         layer=tree.layer[inside],
@@ -343,6 +347,11 @@ def compute_totals(nodes: StepNodes) -> dict[tuple[int, int, int], float]:
             strict=True,
         )
     }
+
+
+def narrowest(bound: int) -> type[np.signedinteger]:
+    """int32 where every value below `bound` fits it, else int64."""
+    return np.int32 if bound <= np.iinfo(np.int32).max else np.int64
 
 
 def packed_keys(*columns: np.ndarray) -> np.ndarray:
