@@ -496,3 +496,46 @@ def test_held_out_fault_drops_its_labelled_steps_only():
         without_fault(arrays, "stragler")
     with pytest.raises(TellerError, match="label no step"):
         without_fault(arrays, "net_throttle")
+
+
+def test_only_a_fault_type_the_steps_hold_likely_settles_the_pointer(trained, two_cases):
+    """An unfamiliar fault gets a diffuse type; the nearest type's candidate kinds then do not
+    veto what the pointer read (`TYPE_SETTLES_POINTER`)."""
+    import dataclasses
+
+    from teller.rca.infer import TYPE_SETTLES_POINTER
+    from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES
+
+    model = LoadedModel.load(trained[0].out)
+    records = read_case_records(two_cases[0])
+    outputs = model.forward(records)
+    kinds = outputs.arrays.tok_ckind
+    focus = outputs.arrays.focus_candidate >= 0
+    compute, other = CANDIDATE_KINDS.index("compute"), CANDIDATE_KINDS.index("arrival")
+    both = [
+        b
+        for b in range(len(records))
+        if (focus[b] & (kinds[b] == compute)).any() and (focus[b] & (kinds[b] == other)).any()
+    ]
+    assert both, "the toy straggler's steps have compute and arrival candidates"
+    pointer = np.zeros_like(outputs.pointer)
+    preferred, allowed = {}, {}
+    for b in both:  # the pointer prefers an arrival, 0.7 against 0.3 for a compute candidate
+        arrival_token = np.flatnonzero(focus[b] & (kinds[b] == other))[0]
+        compute_token = np.flatnonzero(focus[b] & (kinds[b] == compute))[0]
+        pointer[b, arrival_token], pointer[b, compute_token] = 0.7, 0.3
+        preferred[b] = records[b].candidates[outputs.arrays.focus_candidate[b, arrival_token]]
+        allowed[b] = records[b].candidates[outputs.arrays.focus_candidate[b, compute_token]]
+    throttle = FAULT_NAMES.index("gpu_throttle")
+    model.pointer_kinds = {"gpu_throttle": ["compute"]}
+
+    def named(type_probability: float) -> dict[int, object]:
+        logp = np.full_like(outputs.fault_logp, np.log((1 - type_probability) / 20))
+        logp[:, throttle] = np.log(type_probability)
+        given = dataclasses.replace(outputs, pointer=pointer, fault_logp=logp)
+        diagnoses = model.diagnose_records(records, threshold=0.0, outputs=given)
+        return {b: diagnoses[b].candidates[0][0] for b in both}
+
+    assert 0.2 < TYPE_SETTLES_POINTER <= 0.8
+    assert named(0.8) == allowed
+    assert named(0.2) == preferred
