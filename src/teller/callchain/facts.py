@@ -115,7 +115,10 @@ class RowIndex:
             if not 0 <= value < size:
                 return self.order[:0]
             key = key * size + int(value)
-        lo, hi = np.searchsorted(self.sorted_keys, [key, key + 1])
+        # the bounds in the keys' own dtype: searchsorted would otherwise copy every key to
+        # the bounds' wider one, on every call
+        bounds = np.array([key, key + 1], dtype=self.sorted_keys.dtype)
+        lo, hi = np.searchsorted(self.sorted_keys, bounds)
         return self.order[lo:hi]
 
 
