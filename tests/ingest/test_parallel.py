@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import pytest
 from builders import simulated_straggler
 from teller.cli import main
 from teller.ingest import read_run
-from teller.ingest.worker import _malloc_trim, release_freed_heap
 from teller.lab.sim import Topology
 
 
@@ -53,24 +51,3 @@ def test_jobs_1_and_2_give_the_same_verdict(
 def test_jobs_below_one_is_refused(four_ranks: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["-q", "analyze", str(four_ranks), "--jobs", "0"]) != 0
     assert "--jobs 0" in capsys.readouterr().err
-
-
-def _resident_bytes() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.mark.skipif(
-    not Path("/proc/self/statm").is_file() or _malloc_trim() is None,
-    reason="needs Linux's /proc and glibc's malloc_trim",
-)
-def test_a_worker_gives_back_the_heap_a_file_freed() -> None:
-    """What a finished file's reading freed is not kept mapped by the idle worker."""
-    import numpy as np
-
-    blocks = [np.ones(8192) for _ in range(2000)]  # 64 kB each: heap, not mmap
-    pinned = np.ones(8192)  # above them, so the heap's top cannot simply shrink
-    held = _resident_bytes()
-    del blocks
-    release_freed_heap()
-    assert _resident_bytes() < held - (80 << 20)
-    assert pinned.sum() == 8192
