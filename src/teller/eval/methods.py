@@ -14,22 +14,21 @@ def _model(variant: str, pool_faults: bool = True) -> Callable[[], object]:
     """A shipped model variant; torch is imported only when a model row is actually run."""
 
     def make() -> object:
-        from teller.eval.model_method import RootCauseMethod
         from teller.rca.infer import variant_dir
 
-        return RootCauseMethod(variant_dir(variant), pool_faults=pool_faults)
+        return checkpoint_method(variant_dir(variant), pool_faults)()
 
     return make
 
 
-def checkpoint_method(checkpoint: Path) -> Callable[[], object]:
-    """The model method with a checkpoint of one's own (`teller train`'s output) in place of
-    the shipped one: how a held-out-fault or held-out-shape checkpoint is scored."""
+def checkpoint_method(checkpoint: Path, pool_faults: bool = True) -> Callable[[], object]:
+    """The model method with the checkpoint in `checkpoint`: a shipped variant, or one of one's
+    own (`teller train`'s output, a held-out-fault or held-out-shape checkpoint)."""
 
     def make() -> object:
         from teller.eval.model_method import RootCauseMethod
 
-        return RootCauseMethod(checkpoint)
+        return RootCauseMethod(checkpoint, pool_faults=pool_faults)
 
     return make
 

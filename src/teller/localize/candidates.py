@@ -120,11 +120,11 @@ class SelfTimeHistory:
             empty = np.zeros(0, dtype=np.int64)
             return cls(empty, [], [], empty, empty, np.zeros((0, 0), np.int64), empty, empty)
         engine = np.unique(node_engine, return_inverse=True)[1].reshape(-1)
+        if len(np.unique(nodes.rank)) < len(np.unique(packed_keys(engine, nodes.rank))):
+            engine = np.zeros(count, dtype=np.int64)  # a rank in several engines: one table
         keys = packed_keys(engine, nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu)
         _, first, key_of = np.unique(keys, return_index=True, return_inverse=True)
         key_of = key_of.reshape(-1)
-        if len(np.unique(nodes.rank)) < len(np.unique(packed_keys(engine, nodes.rank))):
-            return cls.of(nodes, np.zeros(count, dtype=np.int64))  # a rank in several engines
         engine_of = engine[first]
         first_key = np.searchsorted(engine_of, np.arange(int(engine_of.max()) + 1))
         blocks, block_iterations = [], []
