@@ -127,6 +127,8 @@ class RankState:
     seq: dict[str, int] = field(default_factory=dict)
     hung: bool = False
     cpu_ns: int = 0
+    #: GPU time of every kernel, memcpy and memset the rank ran so far (visible.py compares it)
+    gpu_busy_ns: int = 0
     pending_frames: tuple = ()
     python_stack: list[tuple[int, int]] = field(default_factory=list)  # (Python id, end ns)
 
@@ -653,6 +655,7 @@ class ReplicaModel:
             args |= extra
         state.events.append(state.encoder.gpu(cat, name, t, dur, stream, args))
         state.events.append(state.encoder.flow_end(launch.correlation, t, stream))
+        state.gpu_busy_ns += dur
 
     def _arrival(self, state: RankState, launch: Launch, step: int) -> int:
         return max(

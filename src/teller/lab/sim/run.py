@@ -48,6 +48,7 @@ from teller.lab.sim.logs import (
 )
 from teller.lab.sim.replica import LayerTemplate, ReplicaModel
 from teller.lab.sim.topology import Topology
+from teller.lab.sim.visible import TIMED_FAULTS, FaultFreeStep
 from teller.labels import CaseLabels
 
 MANIFEST_SCHEMA = "teller.sim.manifest/1"
@@ -101,7 +102,8 @@ class ReplicaResult:
     hung_ranks: list[int]
     #: the steps the fault changed, for faults whose window does not act on every step:
     #: kernel_regression's steps where the guilty rank ran another kernel, scheduler_misconfig's
-    #: steps whose limits held work back (StepPlan.held_back); None: every window step
+    #: steps whose limits held work back (StepPlan.held_back), a timed fault's steps it visibly
+    #: slowed (visible.py); None: every window step
     acted_steps: list[int] | None = None
 
 
@@ -322,6 +324,8 @@ def _run_steps(
     first_ns = now
     hung: list[int] = []
     held: list[int] = []
+    slowed: list[int] = []
+    replays = spec.fault in TIMED_FAULTS and spec.rank in ranks
     finished = 0
     for step in range(config.steps):
         _apply_scheduler_faults(config, scheduler, step)
@@ -335,7 +339,10 @@ def _run_steps(
             truth.arrived(request)
             log.arrived(request)
         scheduler.arrived.clear()
+        fault_free = FaultFreeStep.replay(model, plan) if replays and spec.active(step) else None
         end, hung = model.run_step(plan)
+        if fault_free is not None and fault_free.visible(model, end):
+            slowed.append(step)
         for r in ranks:
             writers[r].write(model.drain(r))
         starts.append(plan.start_ns)
@@ -376,15 +383,19 @@ def _run_steps(
         finished,
         scheduler.preemptions_total,
         hung,
-        _acted_steps(spec.fault, model.regressed_steps, held),
+        _acted_steps(spec.fault, model.regressed_steps, held, slowed),
     )
 
 
-def _acted_steps(fault: str, regressed: list[int], held: list[int]) -> list[int] | None:
+def _acted_steps(
+    fault: str, regressed: list[int], held: list[int], slowed: list[int]
+) -> list[int] | None:
     if fault == "kernel_regression":
         return sorted(set(regressed))
     if fault == "scheduler_misconfig":
         return held
+    if fault in TIMED_FAULTS:
+        return slowed
     return None
 
 
