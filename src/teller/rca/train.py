@@ -96,11 +96,7 @@ def load_dataset(config: TrainConfig) -> tuple[Batch[np.ndarray], TPE, int]:
     The cache holds both encodings (TPE and raw nodes) of one read, so the ablations cost no
     second pass over the traces."""
     dirs = find_case_dirs(config.data)
-    key = hashlib.sha256(
-        json.dumps(
-            [str(d.resolve()) for d in dirs] + [config.tpe_vocab, FORMAT, list(MECHANISMS)]
-        ).encode()
-    ).hexdigest()[:16]
+    key = dataset_cache_key(dirs, config.tpe_vocab)
     cache = Path(config.cache_dir) / key if config.cache_dir else None
     name = "arrays-raw.npz" if config.raw_nodes else "arrays.npz"
     if cache is not None and (cache / name).is_file():
@@ -124,6 +120,15 @@ def load_dataset(config: TrainConfig) -> tuple[Batch[np.ndarray], TPE, int]:
             np.savez(cache / file, **arrays.arrays())
     arrays = encode(records, tpe, raw=config.raw_nodes, log_vocab=log_vocab)
     return arrays, tpe, len(dirs)
+
+
+def dataset_cache_key(dirs: list[Path], tpe_vocab: int) -> str:
+    """The cache's name for these cases: their paths and their labels' bytes, so a case whose
+    labels were written again (the simulator's labelling rules change) is read again, not served
+    with the targets it had."""
+    labels = [hashlib.sha256((d / "labels.json").read_bytes()).hexdigest() for d in dirs]
+    inputs = [str(d.resolve()) for d in dirs] + labels + [tpe_vocab, FORMAT, list(MECHANISMS)]
+    return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
 
 
 class _Serial:
