@@ -14,6 +14,7 @@ the evaluation harness and training read it, so one folder a user hands over is 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,5 +92,22 @@ def labelled_case_dirs(roots: Iterable[Path]) -> list[Path]:
         if CaseDir(root).is_labelled():
             dirs.append(root)
         else:
-            dirs.extend(sorted(p.parent for p in root.rglob(LABELS_FILE)))
+            dirs.extend(sorted(_labelled_below(root)))
     return dirs
+
+
+def _labelled_below(root: Path) -> list[Path]:
+    """Directories under `root` holding a labels file, through symbolic links too: a board is
+    often a folder of links to cases recorded elsewhere. Each real directory is visited once, so
+    a link back up the tree ends the walk there."""
+    found: list[Path] = []
+    visited: set[str] = set()
+    for here, subdirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(here)
+        if real in visited:
+            subdirs.clear()
+            continue
+        visited.add(real)
+        if LABELS_FILE in files:
+            found.append(Path(here))
+    return found

@@ -65,6 +65,17 @@ def test_split_is_by_case_and_holds_a_fault_out(cases: Path) -> None:
     assert all(not c.startswith("late") for c in split.train)
 
 
+def test_cases_are_found_through_links_and_each_once(cases: Path, tmp_path_factory) -> None:
+    """A board is often a folder of links to cases recorded elsewhere; a link back up the tree
+    does not make the walk go round."""
+    board = tmp_path_factory.mktemp("board")
+    for case in sorted(cases.iterdir())[:3]:
+        (board / case.name).symlink_to(case, target_is_directory=True)
+    (board / "loop").symlink_to(board, target_is_directory=True)
+    found = find_cases([board])
+    assert [c.case_id for c in found] == [c.name for c in sorted(cases.iterdir())[:3]]
+
+
 def test_localizer_scores_perfectly_on_cases_built_to_be_clear(cases: Path) -> None:
     found = find_cases([cases])
     split = split_cases(found, test_share=0.67, seed=0)
