@@ -33,6 +33,11 @@ shows, chosen per fault:
 | collective_hang     | H    | at the window's first step the rank never reaches    | the NCCL all-reduce kernel|
 |                     |      | its next all-reduce; peers time out (watchdog log)   |                           |
 | workload_shift      | -    | prompts arriving in the window are (1 + 4x)× longer  | none (not a fault)        |
+
+A window step is labelled anomalous only where the fault showed in it: a timed fault (the rows
+from gpu_throttle to link_contention, less kv_pressure) where replaying the step without it shows
+the fault added a visible amount of time (`visible.py`); kernel_regression and
+scheduler_misconfig as their rows say; kv_pressure, collective_hang every window step.
 """
 
 from __future__ import annotations
