@@ -37,8 +37,19 @@ def test_a_node_network_fault_on_two_nodes_slows_the_same_links_from_either_node
         assert equivalent_ranks(labels(fault, "H", 2, topology=topology(2, 2))) == {0, 1, 2, 3}
 
 
-def test_on_four_nodes_only_the_guilty_node_ranks_are_equivalent() -> None:
-    assert equivalent_ranks(labels("net_delay", "H", 5, topology=topology(4, 2))) == {4, 5}
+def test_every_node_a_ring_crosses_is_equivalent() -> None:
+    """A ring all-reduce runs at its slowest hop's pace, wherever the hop is."""
+    assert equivalent_ranks(labels("net_delay", "H", 5, topology=topology(4, 2))) == set(range(8))
+
+
+def test_across_pipeline_stages_only_the_nodes_with_the_same_sends_are_equivalent() -> None:
+    # two stages of tp 4 over four nodes of 2: nodes 0 and 1 share the stage-0 ring, but node 0
+    # sends ranks 0 and 1 to 4 and 5, node 1 ranks 2 and 3 to 6 and 7
+    two_stages = {"nodes": 4, "gpus_per_node": 2, "tp": 4, "pp": 2}
+    assert equivalent_ranks(labels("net_delay", "H", 0, topology=two_stages)) == {0, 1}
+    # one node per stage: each node's sends are its own
+    per_stage = {"nodes": 8, "gpus_per_node": 8, "tp": 8, "pp": 4}
+    assert equivalent_ranks(labels("net_delay", "H", 44, topology=per_stage)) == set(range(40, 48))
 
 
 def test_link_contention_names_either_end_of_the_link() -> None:

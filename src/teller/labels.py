@@ -187,19 +187,41 @@ def _ring_of(rank: int, topology: object) -> set[int]:
 
 
 def _same_links_ranks(rank: int, topology: dict) -> set[int]:
-    """Ranks on nodes whose network fault would slow exactly the links the guilty node's does."""
+    """Ranks on nodes whose network fault leaves the same trace as the guilty node's.
+
+    A node's network fault slows the simulator's traffic that crosses its link: the
+    tensor-parallel rings with a hop over it, each as a whole (a ring all-reduce runs at its
+    slowest hop's pace, wherever that hop is, so every node on a ring that crosses nodes leaves
+    the same trace), and the pipeline sends from each stage's rank to the next stage's, each pair
+    its own. Nodes that touch the same rings and the same pairs cannot be told apart."""
     per_node = int(topology["gpus_per_node"])
     nodes = int(topology["nodes"])
-    world = per_node * nodes
+    tp, pp = int(topology.get("tp", 1)), int(topology.get("pp", 1))
+    world, replica_size = per_node * nodes, tp * pp
+    stage_firsts = [(base, stage) for base in range(0, world, replica_size) for stage in range(pp)]
+    rings = [list(range(base + s * tp, base + (s + 1) * tp)) for base, s in stage_firsts]
+    sends = [
+        (base + s * tp + t, base + (s + 1) * tp + t)
+        for base, s in stage_firsts
+        if s < pp - 1
+        for t in range(tp)
+    ]
 
-    def touched(node: int) -> frozenset[tuple[int, int]]:
-        return frozenset(
-            (a, b)
-            for a in range(world)
-            for b in range(a + 1, world)
-            if a // per_node != b // per_node and node in (a // per_node, b // per_node)
+    def node(r: int) -> int:
+        return r // per_node
+
+    def crosses_at(n: int, a: int, b: int) -> bool:
+        return node(a) != node(b) and n in (node(a), node(b))
+
+    def touched(n: int) -> tuple[frozenset[int], frozenset[tuple[int, int]]]:
+        crossing_rings = frozenset(
+            i
+            for i, ring in enumerate(rings)
+            if len(ring) > 1
+            and any(crosses_at(n, a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True))
         )
+        return crossing_rings, frozenset(p for p in sends if crosses_at(n, *p))
 
-    guilty = touched(rank // per_node)
-    same = [node for node in range(nodes) if touched(node) == guilty]
-    return {r for node in same for r in range(node * per_node, (node + 1) * per_node)}
+    guilty = touched(node(rank))
+    same = [n for n in range(nodes) if touched(n) == guilty]
+    return {r for n in same for r in range(n * per_node, (n + 1) * per_node)}

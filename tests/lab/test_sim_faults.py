@@ -320,6 +320,26 @@ def test_a_contended_link_anywhere_in_the_ring_leaves_the_same_trace():
     assert equivalent_ranks(CaseLabels.read(first)) == set(range(4))
 
 
+def test_a_node_network_fault_anywhere_on_a_ring_across_nodes_leaves_the_same_trace():
+    """Why the scoreboard accepts any rank of a ring that crosses nodes for net_delay and
+    bandwidth_throttle (teller.labels.equivalent_ranks); across pipeline stages the sends of the
+    guilty node show, so there only its own ranks are right."""
+    ring = {"fault": "net_delay", "nodes": 4, "gpus": 2, "tp": 8}
+    first, _, _ = case(**ring, rank=1)  # node 0
+    other, _, _ = case(**ring, rank=5)  # node 2
+    traces = sorted(p.relative_to(first) for p in (first / "traces").rglob("*") if p.is_file())
+    assert len(traces) == 8
+    for path in traces:
+        assert (first / path).read_bytes() == (other / path).read_bytes(), path
+    assert equivalent_ranks(CaseLabels.read(first)) == set(range(8))
+    staged = {"fault": "net_delay", "nodes": 4, "gpus": 2, "tp": 4, "pp": 2}
+    first, _, _ = case(**staged, rank=0)  # node 0: sends 0, 1 -> 4, 5
+    other, _, _ = case(**staged, rank=2)  # node 1: sends 2, 3 -> 6, 7
+    differ = [p for p in traces if (first / p).read_bytes() != (other / p).read_bytes()]
+    assert differ
+    assert equivalent_ranks(CaseLabels.read(first)) == {0, 1}
+
+
 def test_kernel_regression_swaps_one_gemm_on_one_rank_and_slows_it():
     out, _, tree = case(fault="kernel_regression", rank=0)
     labels = CaseLabels.read(out)
