@@ -32,6 +32,20 @@ def test_the_localizer_reports_the_unfinished_step_and_the_missing_rank():
     assert hung[0].dur_ns >= 10_000_000_000
 
 
+@pytest.mark.parametrize("guilty", [2, 3])
+def test_with_pipeline_stages_the_missing_rank_is_one_of_the_collectives_group(guilty):
+    """The other stage's ranks were never in the hung tensor-parallel all-reduce: they are not
+    missing from it, the guilty rank of its group is."""
+    from lab.test_sim_cases import case
+
+    out, _, tree = case(fault="collective_hang", rank=guilty, nodes=1, gpus=4, tp=2, pp=2)
+    labels = CaseLabels.read(out)
+    result = NumericLocalizer().score(tree)
+    top = result.candidates[labels.steps[0]][0]
+    assert (top.rank, top.kind) == (guilty, "arrival")
+    assert f"rank(s) [{guilty}] never arrived" in top.reference
+
+
 @pytest.mark.parametrize("method", ["localizer", "model"])
 def test_analyze_headlines_the_hang(method, tmp_path):
     case = small_case("collective_hang", rank=1, seed=5)

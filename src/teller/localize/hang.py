@@ -37,10 +37,11 @@ def unfinished_step(
     instance = int(comm.instance[hung_rows[np.argmax(waited[hung_rows])]])
     members = np.flatnonzero(comm.instance == instance)
     present = sorted(set(comm.rank[members].tolist()))
-    missing = [r for r in ranks if r not in present]
+    longest = int(members[np.argmax(waited[members])])
+    group_ranks = _group_members(comm, comm.group[longest], present)
+    missing = [r for r in (group_ranks or ranks) if r not in present]
     if not missing:
         return None
-    longest = int(members[np.argmax(waited[members])])
     wait_ns = int(waited[longest])
     usual_ns = int(np.median(tree.steps.dur_ns))
     # the step after the last one its engine finished (a run may hold several engines)
@@ -68,6 +69,18 @@ def unfinished_step(
         kind="arrival",
     )
     return step, candidate
+
+
+def _group_members(comm, group: str, present: list[int]) -> list[int]:
+    """The ranks of the hung collective's process group: those that met one of `present` in an
+    earlier collective of the same group. Only they can have failed to arrive; a pipeline's
+    other stages and other engines were never in it (empty when the trace names no group)."""
+    if not group:
+        return []
+    rows = np.flatnonzero(np.asarray([g == group for g in comm.group], dtype=bool))
+    met = np.unique(comm.instance[rows][np.isin(comm.rank[rows], present)])
+    together = rows[np.isin(comm.instance[rows], met)]
+    return sorted(set(comm.rank[together].tolist()))
 
 
 def hang_explanation(step: StepScore, candidate: OperatorCandidate) -> str:
