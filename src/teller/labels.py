@@ -193,7 +193,9 @@ def _same_links_ranks(rank: int, topology: dict) -> set[int]:
     tensor-parallel rings with a hop over it, each as a whole (a ring all-reduce runs at its
     slowest hop's pace, wherever that hop is, so every node on a ring that crosses nodes leaves
     the same trace), and the pipeline sends from each stage's rank to the next stage's, each pair
-    its own. Nodes that touch the same rings and the same pairs cannot be told apart."""
+    its own. Nodes that touch the same rings and the same pairs cannot be told apart. The
+    layout is the simulator's (`Topology.rank_of`: replica, then stage, then tensor index),
+    restated here because labels are read where the simulator is not imported."""
     per_node = int(topology["gpus_per_node"])
     nodes = int(topology["nodes"])
     tp, pp = int(topology.get("tp", 1)), int(topology.get("pp", 1))
@@ -217,8 +219,7 @@ def _same_links_ranks(rank: int, topology: dict) -> set[int]:
         crossing_rings = frozenset(
             i
             for i, ring in enumerate(rings)
-            if len(ring) > 1
-            and any(crosses_at(n, a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True))
+            if any(crosses_at(n, a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True))
         )
         return crossing_rings, frozenset(p for p in sends if crosses_at(n, *p))
 

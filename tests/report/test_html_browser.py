@@ -20,8 +20,7 @@ import pytest
 from chromium_page import CHROMIUM, Dom, chromium, console_errors
 from conftest import real_trace
 from teller.analysis import Analysis
-from teller.rca.diagnose import incidents, worst_of
-from teller.rca.verdict import Finding
+from teller.rca.diagnose import headline_finding
 
 pytestmark = [
     pytest.mark.browser,
@@ -52,19 +51,13 @@ def test_detector_sees_a_console_error(tmp_path: Path):
 @pytest.fixture(scope="module")
 def guilty(contention_analysis) -> str:
     """The operator the contention case's worst finding names (whatever the method picks)."""
-    return reported_worst(contention_analysis.diagnose().findings).operator
-
-
-def reported_worst(findings: list[Finding]) -> Finding:
-    """The finding the report's tree, breakdown and Gantt chart show: the first incident's step
-    that lost most (`teller.rca.diagnose.worst_of`), not necessarily the first finding."""
-    return worst_of(incidents(findings)[0])
+    return headline_finding(contention_analysis.diagnose().findings).operator
 
 
 def test_report_in_chromium(report: Path, contention_analysis, guilty: str, tmp_path: Path):
     pytest.importorskip("vl_convert", reason="the charts need vl-convert-python (pip install .)")
     verdict = contention_analysis.diagnose()
-    worst = reported_worst(verdict.findings)
+    worst = headline_finding(verdict.findings)  # what the report draws
     dumped, stderr = chromium(report, tmp_path, "--dump-dom")
     assert console_errors(stderr) == []
     dom = Dom(dumped)

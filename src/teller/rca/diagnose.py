@@ -755,6 +755,12 @@ def worst_of(group: list[Finding]) -> Finding:
     )
 
 
+def headline_finding(findings: list[Finding]) -> Finding | None:
+    """The worst finding of the first incident: the one the summary's first "Worst:" names and
+    the reports draw the tree, breakdown and Gantt chart of (None without findings)."""
+    return worst_of(incidents(findings)[0]) if findings else None
+
+
 def incidents(findings: list[Finding]) -> list[list[Finding]]:
     """Findings grouped by the rank they blame, worst first (findings arrive worst first): a
     fault window covers many steps whose top operator can differ when a whole rank slowed."""

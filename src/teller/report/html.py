@@ -20,7 +20,7 @@ import numpy as np
 from teller.callchain.render import format_ns, short_name
 from teller.callchain.tree import EDGE_LAUNCH
 from teller.ingest.schema import LAYERS
-from teller.rca.diagnose import incidents, worst_of
+from teller.rca.diagnose import headline_finding
 from teller.rca.verdict import Finding, LogLine, Verdict
 from teller.report.charts import (
     StepPoint,
@@ -98,7 +98,7 @@ def render_html(
         breakdown = run_breakdown(tree)
     facts = RunFacts.of(tree, facts)
     # the step the summary and the terminal call worst: the first incident's step that lost most
-    worst = worst_of(incidents(verdict.findings)[0]) if verdict.findings else None
+    worst = headline_finding(verdict.findings)
     origin_ns = _run_origin(verdict, tree)
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
