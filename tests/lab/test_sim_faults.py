@@ -7,6 +7,7 @@ its peers, so it fails if the injection stops working or lands on the wrong rank
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import re
@@ -425,14 +426,27 @@ def test_scheduler_misconfig_labels_only_the_steps_its_limits_held_work_back():
     assert 0 < len(held) < WINDOW[1] - WINDOW[0], sorted(held)
 
 
-def test_a_scheduler_plan_is_held_back_by_its_limits_not_by_a_full_cache():
-    def plan(engine: EngineConfig, requests: int):
+def test_a_scheduler_plan_is_held_back_by_lowered_limits_not_by_its_own_or_a_full_cache():
+    def plan(configured: EngineConfig, requests: int, **lowered: int):
         workload = WorkloadConfig(initial_requests=requests, prompt_sigma=0.0, rate_per_s=1e-3)
-        return Scheduler(engine, workload, np.random.default_rng(0), 0, 0).plan(0, 0)
+        scheduler = Scheduler(configured, workload, np.random.default_rng(0), 0, 0)
+        scheduler.engine = dataclasses.replace(configured, **lowered)
+        return scheduler.plan(0, 0)
 
     assert not plan(EngineConfig(), 2).held_back  # two 512-token prompts fit a 2048 budget
-    assert plan(EngineConfig(max_num_batched_tokens=256), 1).held_back  # a prompt cut in chunks
-    assert plan(EngineConfig(max_num_seqs=2), 4).held_back  # two wait for a seat
+    # a prompt cut in chunks by a lowered budget
+    assert plan(EngineConfig(), 1, max_num_batched_tokens=256).held_back
+    assert plan(EngineConfig(), 4, max_num_seqs=2).held_back  # two wait for a seat
+    # the engine's own limits binding are its configuration, not the fault
+    assert not plan(EngineConfig(max_num_batched_tokens=256), 1).held_back
+    assert not plan(EngineConfig(max_num_seqs=2), 4).held_back
+    # lowered once the engine had filled its own seats: the two waiting had no seat anyway
+    workload = WorkloadConfig(initial_requests=4, prompt_sigma=0.0, rate_per_s=1e-3)
+    configured = EngineConfig(max_num_seqs=2)
+    scheduler = Scheduler(configured, workload, np.random.default_rng(0), 0, 0)
+    assert len(scheduler.plan(0, 0).prefill) == 2
+    scheduler.engine = dataclasses.replace(configured, max_num_seqs=1)
+    assert not scheduler.plan(1, 0).held_back
     # a cache too small for a third prompt leaves it waiting with budget and seats to spare
     full = plan(EngineConfig(kv_blocks=80), 4)
     assert len(full.prefill) == 2 and not full.held_back

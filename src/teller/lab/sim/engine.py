@@ -87,8 +87,10 @@ class StepPlan:
     preempted: list[Request] = field(default_factory=list)
     resumed: list[Request] = field(default_factory=list)
     graph: bool = False
-    #: the token budget or the batch size stopped the plan with work still to run (a request
-    #: waiting, a prompt cut into a chunk, a decode left out); a full KV cache does not count
+    #: limits lowered below the engine's own (a scheduler fault) stopped the plan with work still
+    #: to run that the engine's own limits would have taken (a request waiting for a seat or a
+    #: chunk, a prompt cut into a chunk, a decode left out); the engine's own limits binding, or a
+    #: full KV cache, do not count
     held_back: bool = False
 
     @property
@@ -136,6 +138,8 @@ class Scheduler:
         replica: int,
     ) -> None:
         self.engine = engine
+        #: the limits the engine was started with; a fault may lower `engine` for a while
+        self.configured = engine
         self.workload = workload
         self.rng = rng
         self.replica = replica
@@ -247,10 +251,20 @@ class Scheduler:
             e.cuda_graphs and not plan.prefill and 0 < len(plan.decode) <= e.max_graph_batch
         )
         cut = any(computed + chunk < request.target for request, chunk, computed in plan.prefill)
-        plan.held_back = (budget <= 0 and (bool(self.waiting) or cut or starved)) or (
-            bool(self.waiting) and len(self.running) >= e.max_num_seqs
-        )
+        plan.held_back = self._held_back_below_configured(budget <= 0, cut or starved, plan)
         return plan
+
+    def _held_back_below_configured(self, spent: bool, chunk_left: bool, plan: StepPlan) -> bool:
+        """Whether the lowered limits kept out work the configured ones would have run.
+
+        Why: a scheduler fault labels only the steps it changed; where the engine's own batch
+        size already binds (a saturated replica), lowering it further changes nothing."""
+        own = self.configured
+        seat_free = len(self.running) < own.max_num_seqs and self.free_blocks > 0
+        admits = bool(self.waiting) and seat_free
+        by_budget = spent and plan.tokens < own.max_num_batched_tokens and (chunk_left or admits)
+        by_seats = admits and len(self.running) >= self.engine.max_num_seqs
+        return by_budget or by_seats
 
     def _blocks_needed(self, request: Request, tokens: int) -> int:
         return max(math.ceil(tokens / self.engine.block_size) - request.blocks, 0)
