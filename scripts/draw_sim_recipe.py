@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from teller.eval.draw import DEFAULT_BUDGET, SHAPES, DrawRules, draw_cases
+from teller.eval.draw import DEFAULT_BUDGET, MAX_WORLD, SHAPES, DrawRules, draw_cases
 from teller.eval.recipes import write_recipe
 from teller.lab.sim.faults import SIM_FAULTS
 
@@ -28,11 +28,18 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=[], choices=sorted(SHAPES))
     parser.add_argument("--hold-out-fault", nargs="*", default=[], choices=SIM_FAULTS)
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="ranks x steps x layers")
+    parser.add_argument(
+        "--max-world", type=int, default=MAX_WORLD, help="the most ranks a case has"
+    )
     parser.add_argument("--note", default="", help="why the recipe was made, for its description")
     parser.add_argument("-o", "--out", type=Path, required=True)
     args = parser.parse_args()
     rules = DrawRules(
-        tuple(args.hold_out), tuple(args.only), tuple(args.hold_out_fault), args.budget
+        tuple(args.hold_out),
+        tuple(args.only),
+        tuple(args.hold_out_fault),
+        args.budget,
+        args.max_world,
     )
     cases = draw_cases(args.cases, args.seed, args.name, rules)
     command = (
@@ -41,6 +48,7 @@ def main() -> int:
         + (f" --only {' '.join(args.only)}" if args.only else "")
         + (f" --hold-out-fault {' '.join(args.hold_out_fault)}" if args.hold_out_fault else "")
         + (f" --budget {args.budget}" if args.budget != DEFAULT_BUDGET else "")
+        + (f" --max-world {args.max_world}" if args.max_world != MAX_WORLD else "")
     )
     description = (
         f"{args.note + ' ' if args.note else ''}Every simulator knob drawn per case "

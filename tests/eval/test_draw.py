@@ -80,6 +80,15 @@ def test_held_out_shapes_and_faults_stay_out_and_only_keeps_to_them() -> None:
         DrawRules(hold_out=("tp16",))
 
 
+def test_a_world_of_one_draws_single_gpu_runs_with_their_faults() -> None:
+    cases = draw_cases(120, 4, "s", DrawRules(max_world=1))
+    assert all(c["args"]["nodes"] * c["args"]["gpus_per_node"] == 1 for c in cases)
+    faults = {c["args"]["fault"] for c in cases}
+    # no peers: no collective or network faults; every fault of one GPU and its host is drawn
+    assert not faults & (COLLECTIVE_FAULTS | NETWORK_FAULTS)
+    assert faults == set(SIM_FAULTS) - COLLECTIVE_FAULTS - NETWORK_FAULTS
+
+
 def test_a_drawn_case_builds(tmp_path: Path) -> None:
     [case] = draw_cases(1, 11, "b", DrawRules(budget=600))
     build_case(case, tmp_path)

@@ -62,6 +62,8 @@ class DrawRules:
     only: tuple[str, ...] = ()
     hold_out_faults: tuple[str, ...] = ()
     budget: int = DEFAULT_BUDGET
+    #: the most ranks a case may have (1: single-GPU runs only)
+    max_world: int = MAX_WORLD
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.hold_out + self.only) - set(SHAPES))
@@ -72,7 +74,7 @@ class DrawRules:
             raise ValueError(f"unknown faults {unknown}; known: {', '.join(SIM_FAULTS)}")
 
     def allows(self, tp: int, pp: int) -> bool:
-        if any(SHAPES[name](tp, pp) for name in self.hold_out):
+        if tp * pp > self.max_world or any(SHAPES[name](tp, pp) for name in self.hold_out):
             return False
         return not self.only or any(SHAPES[name](tp, pp) for name in self.only)
 
@@ -91,7 +93,7 @@ def _draw_case(rng: np.random.Generator, stem: str, seed: int, rules: DrawRules)
         tp, pp = layouts[int(rng.integers(len(layouts)))]
         world = tp * pp * int(rng.choice(REPLICAS))
         node_sizes = [g for g in GPUS_PER_NODE if world % g == 0 and world // g <= MAX_NODES]
-        if world > MAX_WORLD or not node_sizes:
+        if world > rules.max_world or not node_sizes:
             continue
         gpus_per_node = int(rng.choice(node_sizes))
         nodes = world // gpus_per_node
