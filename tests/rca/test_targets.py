@@ -53,3 +53,19 @@ def test_a_labelled_operator_that_scoring_asks_for_is_still_the_target() -> None
     assert guilty_candidate(CANDIDATES, labels("sim", "straggler", "H", "aten::mm")) == 3
     slow_op = labels("lab", "slow_operator", "V", "aten::cat")
     assert guilty_candidate(CANDIDATES, slow_op) == 2
+
+
+def test_a_node_network_fault_teaches_a_rank_scoring_takes_for_the_labelled_one() -> None:
+    """Two stages of TP 4 over four nodes of two: a delay on node 0 (ranks 0 and 1) shows alike
+    on either of them, not on node 1's ranks of the same ring (they send to other peers)."""
+    delayed = labels("sim", "net_delay", "H", "nccl_send")
+    delayed.guilty_rank = 0
+    delayed.params = {"topology": {"nodes": 4, "gpus_per_node": 2, "tp": 4, "pp": 2}}
+    others = [candidate(2, "nccl_send", 9e6), candidate(1, "nccl_send", 5e6)]
+    assert guilty_candidate(others, delayed) == 1  # rank 1, not node 1's rank 2
+    assert guilty_candidate([*others, candidate(0, "nccl_send", 1e6)], delayed) == 2
+    # scoring asks for the rank: another node's candidate is no target
+    assert guilty_candidate(others[:1], delayed) == -1
+    # a vertical fault's operator is scored without its rank: the operator anywhere
+    throttled = labels("sim", "gpu_throttle", "V", "nccl_send")
+    assert guilty_candidate(others[:1], throttled) == 0

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from teller.labels import CaseLabels, equivalent_operators, scored_operator
+from teller.labels import (
+    CaseLabels,
+    equivalent_operators,
+    equivalent_ranks,
+    rank_scored,
+    scored_operator,
+)
 from teller.localize import OperatorCandidate, StepScore
 from teller.rca.context import RunContext
 from teller.rca.explain import default_mechanism
@@ -45,9 +51,11 @@ def step_labels(
 
 
 def guilty_candidate(candidates: Sequence[OperatorCandidate], labels: CaseLabels) -> int:
-    """The candidate the labels blame: same operator and rank, else same operator, else (for
-    faults whose operator is not scored) the first, i.e. highest-ranked, candidate on the guilty
-    rank; -1 for none.
+    """The candidate the labels blame: same operator and rank, else same operator on a rank
+    scoring takes for it (`equivalent_ranks`: a node's network fault shows alike on every rank
+    of the rings it touches), else (where scoring does not ask for the rank) same operator,
+    else (for faults whose operator is not scored) the first, i.e. highest-ranked, candidate on
+    the guilty rank or one of its equivalents; -1 for none.
 
     The operator is the one scoring asks for (`scored_operator`): a CPU quota or a co-tenant on the
     lab's host slows whichever operator runs, so teaching the pointer the label's `aten::mm` taught
@@ -55,11 +63,17 @@ def guilty_candidate(candidates: Sequence[OperatorCandidate], labels: CaseLabels
     was not a candidate."""
     op, rank = scored_operator(labels), labels.guilty_rank
     names = equivalent_operators(labels) if op else frozenset()  # a busy host: either launch call
+    ranks = equivalent_ranks(labels)
     rules = []
     if op is not None:
-        rules += [lambda c: c.operator in names and c.rank == rank, lambda c: c.operator in names]
+        rules += [
+            lambda c: c.operator in names and c.rank == rank,
+            lambda c: c.operator in names and c.rank in ranks,
+        ]
+        if not rank_scored(labels):  # a peer's candidate would teach a rank scoring calls wrong
+            rules.append(lambda c: c.operator in names)
     elif rank is not None:
-        rules.append(lambda c: c.rank == rank)
+        rules += [lambda c: c.rank == rank, lambda c: c.rank in ranks]
     for rule in rules:
         for i, candidate in enumerate(candidates):
             if rule(candidate):
