@@ -61,12 +61,11 @@ class OutsideTraining(ModelUnavailable):
 
 
 #: The shape of run the shipped model learned from (its README): engine steps with a batch
-#: composition, many of them, on a tensor-parallel group. Outside it, its step and rank inputs
-#: (neighbour steps, a step's z-score against its batch, peers' arrivals) are not what it saw,
-#: and the localizer, which compares whatever the run offers, answers instead.
+#: composition, many of them, on one GPU or many. Outside it, its step inputs (neighbour steps,
+#: a step's z-score against its batch) are not what it saw, and the localizer, which compares
+#: whatever the run offers, answers instead.
 TRAINED_STEP_KINDS = BATCHED_STEP_KINDS
 TRAINED_MIN_STEPS = 8
-TRAINED_MIN_RANKS = 2
 
 
 def outside_training(tree: CallTree) -> str | None:
@@ -81,8 +80,6 @@ def outside_training(tree: CallTree) -> str | None:
         gaps.append(
             f"{per_rank} step{'s' if per_rank != 1 else ''} per rank (it needs {TRAINED_MIN_STEPS})"
         )
-    if ranks < TRAINED_MIN_RANKS:
-        gaps.append("one rank")
     return ", ".join(gaps) if gaps else None
 
 
@@ -193,7 +190,7 @@ def unavailable_note(error: ModelUnavailable) -> str:
     if isinstance(error, OutsideTraining):
         return (
             f"{MODEL_UNAVAILABLE} for this run, which is outside what it was trained on "
-            f"(engine steps, at least {TRAINED_MIN_STEPS} per rank, {TRAINED_MIN_RANKS}+ ranks): "
+            f"(engine steps, at least {TRAINED_MIN_STEPS} per rank): "
             f"{error}. The verdict is the numeric localizer's, which compares the run's own "
             "steps, layers and ranks"
         )
