@@ -427,11 +427,14 @@ def test_scheduler_misconfig_labels_only_the_steps_its_limits_held_work_back():
 
 
 def test_a_scheduler_plan_is_held_back_by_lowered_limits_not_by_its_own_or_a_full_cache():
-    def plan(configured: EngineConfig, requests: int, **lowered: int):
+    def scheduler(configured: EngineConfig, requests: int) -> Scheduler:
         workload = WorkloadConfig(initial_requests=requests, prompt_sigma=0.0, rate_per_s=1e-3)
-        scheduler = Scheduler(configured, workload, np.random.default_rng(0), 0, 0)
-        scheduler.engine = dataclasses.replace(configured, **lowered)
-        return scheduler.plan(0, 0)
+        return Scheduler(configured, workload, np.random.default_rng(0), 0, 0)
+
+    def plan(configured: EngineConfig, requests: int, **lowered: int):
+        planner = scheduler(configured, requests)
+        planner.engine = dataclasses.replace(configured, **lowered)
+        return planner.plan(0, 0)
 
     assert not plan(EngineConfig(), 2).held_back  # two 512-token prompts fit a 2048 budget
     # a prompt cut in chunks by a lowered budget
@@ -441,12 +444,11 @@ def test_a_scheduler_plan_is_held_back_by_lowered_limits_not_by_its_own_or_a_ful
     assert not plan(EngineConfig(max_num_batched_tokens=256), 1).held_back
     assert not plan(EngineConfig(max_num_seqs=2), 4).held_back
     # lowered once the engine had filled its own seats: the two waiting had no seat anyway
-    workload = WorkloadConfig(initial_requests=4, prompt_sigma=0.0, rate_per_s=1e-3)
     configured = EngineConfig(max_num_seqs=2)
-    scheduler = Scheduler(configured, workload, np.random.default_rng(0), 0, 0)
-    assert len(scheduler.plan(0, 0).prefill) == 2
-    scheduler.engine = dataclasses.replace(configured, max_num_seqs=1)
-    assert not scheduler.plan(1, 0).held_back
+    saturated = scheduler(configured, 4)
+    assert len(saturated.plan(0, 0).prefill) == 2
+    saturated.engine = dataclasses.replace(configured, max_num_seqs=1)
+    assert not saturated.plan(1, 0).held_back
     # a cache too small for a third prompt leaves it waiting with budget and seats to spare
     full = plan(EngineConfig(kv_blocks=80), 4)
     assert len(full.prefill) == 2 and not full.held_back
