@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -363,6 +366,28 @@ def test_malformed_events_are_counted_not_dropped_silently(tmp_path: Path) -> No
 def test_reader_is_deterministic() -> None:
     path = real_trace("tracelens/sglang_Qwen3-8B_prefilldecode.json.gz")
     assert kineto.read(path).table.equals(kineto.read(path).table)
+
+
+def test_warnings_do_not_depend_on_the_interpreters_hash_seed(tmp_path: Path) -> None:
+    # several unknown categories, each warned on: in the order first seen, not a set's order
+    events = [
+        {"ph": "X", "cat": f"custom_{i}", "name": "x", "pid": 1, "tid": 1, "ts": i, "dur": 1}
+        for i in range(8)
+    ]
+    path = write_gz(tmp_path / "custom.json.gz", {"traceEvents": events})
+    code = "import sys; from teller.ingest import kineto; print(kineto.read(sys.argv[1]).warnings)"
+    said = {
+        subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in (1, 2, 3)
+    }
+    assert len(said) == 1
+    assert "custom_0" in next(iter(said))
 
 
 def test_a_merged_file_keeps_each_process_rank(tmp_path: Path) -> None:

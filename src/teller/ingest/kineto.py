@@ -579,7 +579,7 @@ class _KinetoEvents:
         self.string_ids: dict[str, int] = {}
         self.columns: dict[str, Sequence] = {}  # filled by run()
         self.flow_events: list[int] = []  # indices of launch-flow events, used only if needed
-        self.unknown_cats: set[str] = set()
+        self.unknown_cats: dict[str, None] = {}  # in the order first seen: warnings say so
         self.rank_from_comms: int | None = None
 
     # -- the pass -------------------------------------------------------------------------------
@@ -759,7 +759,7 @@ class _KinetoEvents:
         if ph == "X":
             code = _CATEGORY_CODE.get(cat)
             if code is None:
-                self.unknown_cats.add(cat)
+                self.unknown_cats[cat] = None
                 code = _CPU_OP
         else:
             code = _COUNTER if ph == "C" else _INSTANT
