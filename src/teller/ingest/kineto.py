@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from isal import isal_zlib
 from teller.errors import TraceError
 from teller.ingest.comm_names import collective_kind, is_comm_cpu_op, is_comm_kernel
 from teller.ingest.files import guard_reader, read_bytes
-from teller.ingest.schema import LAYER_CODE, EventTable, SourceInfo, build_table
+from teller.ingest.schema import LAYER_CODE, EventTable, SourceInfo, build_table, string_array
 
 #: Kineto category → layer. Legacy (pre-2021) names map to the same layers as today's.
 CATEGORY_LAYER: dict[str, str] = {
@@ -106,6 +106,7 @@ _RANK_IN_FILE_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _MERGED_RANK_PROCESS = re.compile(r"rank (\d+)")
 _FIRST_CONTENT = re.compile(rb"\s*\S")
 _RAW_TS = re.compile(rb'"ts"\s*:\s*(-?\d+)(?:\.(\d+))?')
+_RAW_TS_FRACTION = re.compile(rb'"ts"\s*:\s*-?\d+\.\d*[1-9]')
 _INT64_MAX = 2**63 - 1
 #: Microsecond times and durations beyond this do not fit int64 nanoseconds once a base time is
 #: added (about 146 years): such an event is skipped and counted, not wrapped to a negative value.
@@ -114,6 +115,24 @@ _MAX_US = 4.6e15
 MAX_JSON_DEPTH = 256
 #: Largest trace (JSON, after gunzip) read: beyond it the file is refused before memory runs out.
 MAX_TRACE_BYTES = 8 << 30
+#: Inflated text above this is decoded a slice of events at a time (`_read_in_slices`): below it
+#: the whole document's objects are small, and the cut scan would only add its compile to a first
+#: read.
+SLICED_ABOVE_BYTES = 32 << 20
+#: About how much text each slice holds (some 30k events).
+_SLICE_BYTES = 8 << 20
+#: How much text a sliced read takes in at a time: the window it keeps is about a slice and a
+#: piece, and each slice cut off copies what is left of the last piece.
+_PIECE_BYTES = 2 << 20
+#: A gzip file's text is at least this many times its size (traces compress 5-30x).
+_GZIP_LEAST_RATIO = 4
+#: How far back a search for a slice's end starts again once more text has arrived: a `},{`
+#: may straddle two pieces.
+_BOUNDARY_SPAN = 64
+#: A `},{` between two events, its comma the group: where a slice may end.
+_BETWEEN_EVENTS = re.compile(rb"\}\s*(,)\s*\{")
+#: Candidate ends of one slice tried before the document is read whole instead.
+_CUT_TRIES = 4
 #: A gzip stream inflating more than this many times its size, past `_RATIO_FLOOR_BYTES`, is
 #: refused: real traces compress 5-30x, a stream of zeros 1000x.
 MAX_GZIP_RATIO = 200
@@ -178,17 +197,198 @@ def read(path: str | Path, rank: int | None = None) -> EventTable:
     path = Path(path)
     with guard_reader(path, "a Kineto/Chrome trace (JSON)"):
         notes: list[str] = []
-        raw = _load_bytes(path, notes)
-        events, top, parse_notes, raw = _parse(path, raw)
-        reader = _KinetoEvents(path, events, top)
-        reader.source.warnings.extend(notes + parse_notes)
-        reader.run(raw)
+        raw = _load_file(path)
+        compressed = raw[:2] == b"\x1f\x8b"
+        reader = None
+        if _text_size_guess(raw, compressed) > SLICED_ABOVE_BYTES:
+            reader = _read_in_slices(path, _text_pieces(path, raw, compressed))
+        if reader is None:
+            text = _gunzip(path, raw, notes) if compressed else raw
+            del raw
+            events, top, parse_notes, text = _parse(path, text)
+            reader = _KinetoEvents(path, top)
+            notes += parse_notes
+            reader.place(events, text)
+            del events, text
+        else:
+            del raw
+        reader.source.warnings.extend(notes)
         if rank is not None:
             reader.source.rank, reader.source.rank_source = rank, "caller"
         return reader.finish()
 
 
-def _load_bytes(path: Path, notes: list[str]) -> bytes:
+def _read_in_slices(path: Path, pieces: Iterator[bytes | memoryview]) -> _KinetoEvents | None:
+    """The events decoded and placed a slice at a time as the text arrives (inflated, or read),
+    so that the columns, one slice's events and a window of text are held at once, never the
+    whole text or every event as a Python object (a 212 MB rank file peaked at 1.0 GB decoded
+    whole, for a 120 MB table).
+
+    A slice ends at a comma between two events, found as the next `},{` past `_SLICE_BYTES`
+    and confirmed by decoding: read from an event's start, the text decodes as a list closed
+    at that comma only if the comma separates two events of the list (inside a string, or in
+    an event's args, the list cannot close there). The last slice is decoded with the start
+    of the document, so that it also yields the document's other keys. None for anything but
+    a well-formed document (cut, lenient, wrong-shaped, a damaged gzip stream), which the
+    whole-document path then reads with its own warnings and errors."""
+    window = _TextWindow(pieces)
+    try:
+        while (first := _FIRST_CONTENT.match(window.text)) is None:
+            if not window.more():
+                return None
+        opens_at = first.end() - 1
+        is_list = window.text[opens_at] == ord("[")
+        head = b"["
+        if not is_list:
+            while (found := _EVENTS_KEY_BYTES.search(window.text)) is None:
+                if not window.more():
+                    return None
+            opens_at = found.end() - 1
+            head = bytes(window.text[: opens_at + 1])
+            _DOCUMENT.decode(head + b"]}")  # the document's own key, not a nested object's
+        window.drop(opens_at)  # from here the window starts at a bracket or a comma
+        reader = _KinetoEvents(path, {})
+        while (cut := _next_slice(window)) is not None:
+            events, end = cut
+            reader.place(events, memoryview(window.text)[: end + 1])
+            del events, cut
+            window.drop(end)
+        while window.more():
+            pass
+        tail = b"".join((head, memoryview(window.text)[1:]))
+        window.drop(len(window.text))
+        if not is_list and _EVENTS_KEY_BYTES.search(tail, len(head)) is not None:
+            return None  # a second events key (JSON keeps the last): the whole read decides
+        if is_list:
+            events, top = _EVENT_LIST.decode(tail), {}
+        else:
+            document = _DOCUMENT.decode(tail)
+            events = document.traceEvents
+            top = {
+                f: getattr(document, f) for f in document.__struct_fields__ if f != "traceEvents"
+            }
+        if not events:
+            return None
+        reader.place(events, tail)
+        reader.describe(top)
+        return reader
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, _NotSliceable):
+        return None
+
+
+class _NotSliceable(Exception):
+    """The text could not be cut or had no more to give: read the document whole."""
+
+
+class _TextWindow:
+    """The part of a document's text not yet decoded, refilled from the text's pieces."""
+
+    def __init__(self, pieces: Iterator[bytes | memoryview]) -> None:
+        self.pieces = pieces
+        self.text = bytearray()
+
+    def more(self) -> bool:
+        """The next piece appended; False once there is none."""
+        piece = next(self.pieces, None)
+        if piece is None:
+            return False
+        self.text += piece
+        return True
+
+    def drop(self, count: int) -> None:
+        """The first `count` bytes let go (a copy of the rest: a window is about a slice)."""
+        self.text = self.text[count:]
+
+
+def _next_slice(window: _TextWindow) -> tuple[list[_Event], int] | None:
+    """The events from the window's start (an opening bracket or the comma after an event) to
+    a comma some `_SLICE_BYTES` on, and that comma's position; None where no event boundary
+    lies past that before the text ends (the rest is the last slice)."""
+    search_from = _SLICE_BYTES
+    tries = 0
+    while True:
+        found = _BETWEEN_EVENTS.search(window.text, search_from)
+        if found is None:
+            searched = len(window.text)
+            if not window.more():
+                return None
+            search_from = max(search_from, searched - _BOUNDARY_SPAN)
+            continue
+        text, end = window.text, found.start(1)
+        opening, closing = text[0], text[end]
+        text[0], text[end] = ord("["), ord("]")
+        view = memoryview(text)
+        try:
+            events = _EVENT_LIST.decode(view[: end + 1])
+        except msgspec.DecodeError:  # the `},{` was inside a string or an event's args
+            tries += 1
+            if tries >= _CUT_TRIES:
+                raise _NotSliceable from None
+            search_from = found.end()
+            continue
+        finally:
+            view.release()  # the events' raw args keep their own view, not this one
+            text[0], text[end] = opening, closing
+        if not events:
+            raise _NotSliceable
+        return events, end
+
+
+def _text_pieces(path: Path, raw: bytes, compressed: bool) -> Iterator[bytes | memoryview]:
+    """A file's JSON text in pieces: inflated a piece at a time from gzip (with `_gunzip`'s
+    limits), or cut from the bytes read. A damaged stream raises `_NotSliceable`: the whole
+    read then says what is wrong, or keeps what a cut stream holds."""
+    if not compressed:
+        view = memoryview(raw)
+        for start in range(0, len(raw), _PIECE_BYTES):
+            yield view[start : start + _PIECE_BYTES]
+        return
+    try:
+        yield from _inflate(path, raw, _PIECE_BYTES)
+    except (EOFError, zlib.error, isal_zlib.error, TraceError):
+        raise _NotSliceable from None
+
+
+def _inflate(path: Path, raw: bytes, piece_bytes: int) -> Iterator[bytes]:
+    """A gzip file's text, at most `piece_bytes` at a time; EOFError where the stream ends
+    before its end-of-stream marker, TraceError where it inflates absurdly (`_check_expansion`).
+    """
+    # ISA-L's inflate is much faster than zlib's, and inflating is a large part of reading a trace.
+    # Input goes in by slices, so the bytes consumed (the ratio's denominator) are known exactly.
+    total = fed = 0
+    pending = b""  # input given to the inflater but not yet consumed, or the next member
+    decompressor = isal_zlib.decompressobj(wbits=31)
+    while True:
+        if not pending:
+            pending = raw[fed : fed + _INFLATE_INPUT]
+            fed += len(pending)
+        piece = decompressor.decompress(pending, piece_bytes)
+        total += len(piece)
+        pending = decompressor.unconsumed_tail
+        _check_expansion(path, total, max(fed - len(pending), 1))
+        if piece:
+            yield piece
+        if decompressor.eof:
+            pending = (decompressor.unused_data + raw[fed:]).lstrip(b"\x00")
+            fed = len(raw)
+            if not pending:
+                return
+            decompressor = isal_zlib.decompressobj(wbits=31)  # the next gzip member
+            continue
+        if not pending and not piece and fed >= len(raw):
+            raise EOFError("compressed file ended before the end-of-stream marker")
+
+
+def _text_size_guess(raw: bytes, compressed: bool) -> int:
+    """How large a file's JSON text is: a gzip stream states it in its last four bytes (modulo
+    4 GiB, and for its last member only), so never less than a low ratio's guess."""
+    if not compressed:
+        return len(raw)
+    return max(int.from_bytes(raw[-4:], "little"), len(raw) * _GZIP_LEAST_RATIO)
+
+
+def _load_file(path: Path) -> bytes:
+    """A trace file's bytes as stored (gzip or not), refused when too large or empty."""
     try:
         size = path.stat().st_size
     except OSError:
@@ -200,8 +400,6 @@ def _load_bytes(path: Path, notes: list[str]) -> bytes:
     raw = read_bytes(path, "a trace file")
     if _FIRST_CONTENT.match(raw) is None:
         raise TraceError(path, "empty file, expected a Kineto/Chrome trace (JSON)")
-    if raw[:2] == b"\x1f\x8b":
-        return _gunzip(path, raw, notes)
     return raw
 
 
@@ -210,32 +408,11 @@ def _gunzip(path: Path, raw: bytes, notes: list[str]) -> bytes:
 
     A stream cut short keeps what inflated, when that holds whole events (`_parse` reads up to
     the last one); a corrupt stream is refused, naming how much was readable."""
-    # ISA-L's inflate is much faster than zlib's, and inflating is a large part of reading a trace.
-    # Input goes in by slices, so the bytes consumed (the ratio's denominator) are known exactly.
     parts: list[bytes] = []
-    total = fed = 0
-    pending = b""  # input given to the inflater but not yet consumed, or the next member
-    decompressor = isal_zlib.decompressobj(wbits=31)
     error: Exception | None = None
     try:
-        while True:
-            if not pending:
-                pending = raw[fed : fed + _INFLATE_INPUT]
-                fed += len(pending)
-            piece = decompressor.decompress(pending, _INFLATE_CHUNK)
+        for piece in _inflate(path, raw, _INFLATE_CHUNK):
             parts.append(piece)
-            total += len(piece)
-            pending = decompressor.unconsumed_tail
-            _check_expansion(path, total, max(fed - len(pending), 1))
-            if decompressor.eof:
-                pending = (decompressor.unused_data + raw[fed:]).lstrip(b"\x00")
-                fed = len(raw)
-                if not pending:
-                    break
-                decompressor = isal_zlib.decompressobj(wbits=31)  # the next gzip member
-                continue
-            if not pending and not piece and fed >= len(raw):
-                raise EOFError("compressed file ended before the end-of-stream marker")
     except (EOFError, zlib.error, isal_zlib.error) as failure:
         error = failure
     data = b"".join(parts)
@@ -276,7 +453,8 @@ def _parse(path: Path, raw: bytes) -> tuple[list[_Event], dict, list[str], bytes
     """Typed fast path (msgspec); on anything unusual, a tolerant path that counts what it skips.
 
     Also returns the bytes the events came from: a truncated file's, up to its last whole event."""
-    is_list = raw.lstrip()[:1] == b"["
+    first = _FIRST_CONTENT.match(raw)
+    is_list = first is not None and raw[first.end() - 1] == ord("[")
     try:
         if is_list:
             return _EVENT_LIST.decode(raw), {}, [], raw
@@ -347,6 +525,7 @@ def _cut_after_events(
 
 
 _EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
+_EVENTS_KEY_BYTES = re.compile(_EVENTS_KEY.pattern.encode())
 
 
 def _complete_events(raw: bytes, is_list: bool) -> tuple[bytes, str] | None:
@@ -521,8 +700,8 @@ def _dumps(value: object) -> str:
         return json.dumps(value)
 
 
-#: The columns `_KinetoEvents.run` fills, one value per placed event. `ts_event_index` is the
-#: row's index in the file's event list, for the exact-timestamp re-read.
+#: The columns `_KinetoEvents.place` fills, one value per placed event. `ts_event_index` is the
+#: row's index in the slice's event list, for the exact-timestamp re-read.
 _ROW_FIELDS = (
     "pid",
     "tid",
@@ -554,42 +733,52 @@ _UNLINKED = frozenset({LAYER_CODE["python"], _INSTANT, _COUNTER, LAYER_CODE["pro
 
 
 class _KinetoEvents:
-    """One pass over a trace's events, filling plain lists that become Arrow columns."""
+    """One pass over a trace's events, a slice at a time: each slice fills plain lists, which
+    become arrays when the slice is done (`_seal`), and the arrays one table at the end."""
 
-    def __init__(self, path: Path, events: list, top: dict) -> None:
+    def __init__(self, path: Path, top: dict) -> None:
         self.path = path
-        self.events = events
-        self.top = top
-        distributed = (
-            top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
-        )
-        self.source = SourceInfo(
-            path=str(path),
-            format="kineto",
-            rank=-1,
-            rank_source="",
-            host=str(top.get("host_name", "") or ""),
-            world_size=_as_int(distributed.get("world_size"), 0),
-            distributed=distributed,
-        )
+        self.source = SourceInfo(path=str(path), format="kineto", rank=-1, rank_source="")
+        self.describe(top)
         self.names: dict[str, int] = {}
         self.cats: dict[str, int] = {}
         self.coll_names: dict[str, int] = {}
         self.groups: dict[str, int] = {}
         self.string_ids: dict[str, int] = {}
-        self.columns: dict[str, Sequence] = {}  # filled by run()
-        self.flow_events: list[int] = []  # indices of launch-flow events, used only if needed
+        self.columns: dict[str, Sequence] = {}  # the whole file's, filled by finish()
+        self.sealed: list[dict[str, Any]] = []  # per slice: its columns as arrays
+        # launch-flow events (ph, pid, tid, ts, id), used only if some launch lacks a correlation
+        self.flow_events: list[tuple] = []
         self.unknown_cats: dict[str, None] = {}  # in the order first seen: warnings say so
         self.rank_from_comms: int | None = None
+        self.events_seen = 0  # events of the slices placed so far
+        self.category_counts: dict[str, int] = {}
+        self.skipped: dict[str, int] = {}
+        self.first_bad: dict[str, int] = {}
+        # (ph, cat, name) -> (layer code, name id, cat id, on GPU, collective id or None, decode
+        # link args?): see _classify
+        self.kinds: dict[tuple, tuple] = {}
+        self.beyond_int64: dict[str, int] = dict.fromkeys(_ID_COLUMNS, 0)
+        self.rounded_timestamps = False  # some slice's sub-µs digits could not be recovered
+
+    def describe(self, top: dict) -> None:
+        """What the document's keys besides its events say (a sliced read learns them last)."""
+        self.top = top
+        distributed = (
+            top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
+        )
+        self.source.host = str(top.get("host_name", "") or "")
+        self.source.world_size = _as_int(distributed.get("world_size"), 0)
+        self.source.distributed = distributed
 
     # -- the pass -------------------------------------------------------------------------------
-    def run(self, raw: bytes) -> None:
-        """The one pass over the events. It is the reader's hot loop (a few hundred thousand
-        events per file), so everything decided by an event's (category, name) alone is decided
-        once per distinct pair and cached, flow events are only remembered by index, and each
-        placed event costs one append per column."""
+    def place(self, events: list[_Event], text: bytes) -> None:
+        """One slice's events into the columns. This is the reader's hot loop (a few hundred
+        thousand events per file), so everything decided by an event's (category, name) alone
+        is decided once per distinct pair and cached, flow events are only remembered, and each
+        placed event costs one append per column. `text` is the slice's JSON, for the exact
+        re-read of timestamps a float cannot hold."""
         columns: dict[str, list] = {field: [] for field in _ROW_FIELDS}
-        self.columns.update(columns)
         (
             pid_col,
             tid_col,
@@ -609,12 +798,10 @@ class _KinetoEvents:
             args_col,
             index_col,
         ) = (column.append for column in columns.values())
-        category_counts: dict[str, int] = {}
-        skipped: dict[str, int] = {}
-        first_bad: dict[str, int] = {}
-        # (ph, cat, name) -> (layer code, name id, cat id, on GPU, collective id or None, decode
-        # link args?): see _classify
-        kinds: dict[tuple, tuple] = {}
+        category_counts = self.category_counts
+        skipped = self.skipped
+        first_bad = self.first_bad
+        kinds = self.kinds
         classify = self._classify
         flow_events = self.flow_events
         pid_of = self._int_id
@@ -622,12 +809,13 @@ class _KinetoEvents:
         no_args = _NO_ARGS
         all_streams = _ALL_STREAMS
         max_us = _MAX_US
+        first_index = self.events_seen
 
         def skip(reason: str, index: int) -> None:
             skipped[reason] = skipped.get(reason, 0) + 1
-            first_bad.setdefault(reason, index)
+            first_bad.setdefault(reason, first_index + index)
 
-        for index, event in enumerate(self.events):
+        for index, event in enumerate(events):
             ph = event.ph
             if ph == "X" or ph == "i" or ph == "I" or ph == "C":
                 ts = event.ts
@@ -716,7 +904,7 @@ class _KinetoEvents:
                 cat = event.cat
                 category_counts[cat or "flow"] = category_counts.get(cat or "flow", 0) + 1
                 if cat in LAUNCH_FLOW_CATEGORIES:
-                    flow_events.append(index)
+                    flow_events.append((ph, event.pid, event.tid, event.ts, event.id))
                 else:
                     reason = f"{cat or 'uncategorised'} flow events (not launch links)"
                     skipped[reason] = skipped.get(reason, 0) + 1
@@ -727,28 +915,63 @@ class _KinetoEvents:
                 skip("unpaired B/E duration events (only complete X events are read)", index)
             else:
                 skip(f"event phase {ph!r} not understood", index)
-        self.source.events_by_category = category_counts
-        self.source.skipped = skipped
-        for reason, count in skipped.items():
-            where = f" (first at event {first_bad[reason]})" if reason in first_bad else ""
+        self.events_seen += len(events)
+        self._seal(columns, events, text)
+
+    def _seal(self, columns: dict[str, list], events: list[_Event], text: bytes) -> None:
+        """A slice's lists as arrays (ids as int64, times in ns), so that its events and their
+        Python values can go before the next slice is decoded."""
+        ts = np.asarray(columns["ts"], dtype=np.float64)
+        dur = np.asarray(columns["dur"], dtype=np.float64)
+        sealed: dict[str, Any] = {
+            "ts": ts,
+            "ts_ns": self._ts_ns(ts, columns["ts_event_index"], events, text),
+            "dur_ns": np.rint(dur * 1000.0).astype(np.int64),
+            "layer": np.asarray(columns["layer"], dtype=np.int8),
+            "args": string_array(columns["args"]),
+        }
+        for column in ("name", "cat", "coll_name", "group"):
+            sealed[column] = np.asarray(columns[column], dtype=np.int32)
+        for column in _ID_COLUMNS:
+            sealed[column] = self._int64_array(column, columns[column])
+        self.sealed.append(sealed)
+
+    def _end_pass(self) -> None:
+        """After the last slice: what the pass counted, said; the slices' arrays joined into the
+        file's columns; launch flows and the clock applied."""
+        self.source.events_by_category = self.category_counts
+        self.source.skipped = self.skipped
+        for reason, count in self.skipped.items():
+            where = (
+                f" (first at event {self.first_bad[reason]})" if reason in self.first_bad else ""
+            )
             self.source.warnings.append(f"skipped {count} events: {reason}{where}")
-        if self.unknown_cats and columns["ts"]:
-            cat_ids = np.asarray(self.columns["cat"])
-            duration = ~np.isin(np.asarray(self.columns["layer"]), [_INSTANT, _COUNTER])
+        sealed, self.sealed = self.sealed, []
+        for column in sealed[0] if sealed else ():
+            parts = [part[column] for part in sealed]
+            if column == "args":
+                self.columns[column] = parts[0] if len(parts) == 1 else pa.chunked_array(parts)
+            else:
+                self.columns[column] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        del sealed
+        placed = len(self.columns["ts_ns"]) if self.columns else 0
+        if self.unknown_cats and placed:
+            cat_ids = self.columns["cat"]
+            duration = ~np.isin(self.columns["layer"], [_INSTANT, _COUNTER])
             for cat in self.unknown_cats:
                 count = int(((cat_ids == self.cats[cat]) & duration).sum())
                 self.source.warnings.append(
                     f"{count} events of unknown category {cat!r} read as cpu_op"
                 )
-        if not columns["ts"]:
-            first = min(first_bad.values(), default=0)
+        if not placed:
+            first = min(self.first_bad.values(), default=0)
             raise TraceError(
                 self.path,
                 "no event could be placed: expected Chrome-trace events with ph, ts and dur",
                 where=f"event {first}",
             )
         self._apply_flows()
-        self._timestamps(raw)
+        self._clock()
 
     # -- helpers ---------------------------------------------------------------------------------
     def _classify(self, ph: str, cat: str, name: str) -> tuple:
@@ -839,44 +1062,56 @@ class _KinetoEvents:
         linked = [
             LAYER_CODE[name] for name in ("runtime", "kernel", "memcpy", "memset", "sync", "comm")
         ]
-        layer = np.asarray(columns["layer"])
-        host_comm = (layer == _COMM) & (np.asarray(columns["stream"]) < 0)  # no launch to link
-        missing = np.flatnonzero(
-            (np.asarray(corr) < 0) & np.isin(layer, linked) & ~host_comm
-        ).tolist()
-        if not missing:
+        layer = columns["layer"]
+        host_comm = (layer == _COMM) & (columns["stream"] < 0)  # no launch to link
+        missing = np.flatnonzero((corr < 0) & np.isin(layer, linked) & ~host_comm)
+        if not missing.size:
             return
         starts: dict[tuple, int] = {}
         ends: dict[tuple, int] = {}
-        for index in self.flow_events:
-            event = self.events[index]
-            target = starts if event.ph == "s" else ends
-            target[(event.pid, event.tid, event.ts)] = _as_int(event.id)
+        for ph, pid, tid, ts, flow_id in self.flow_events:
+            target = starts if ph == "s" else ends
+            target[(pid, tid, ts)] = _as_int(flow_id)
         raw_pids = {v: k for k, v in self.string_ids.items()}
-        for i in missing:
-            pid, tid = columns["pid"][i], columns["tid"][i]
-            key = (raw_pids.get(pid, pid), raw_pids.get(tid, tid), columns["ts"][i])
-            flows = starts if columns["layer"][i] == runtime_code else ends
+        for i, pid, tid, ts, code in zip(
+            missing.tolist(),
+            columns["pid"][missing].tolist(),
+            columns["tid"][missing].tolist(),
+            columns["ts"][missing].tolist(),
+            layer[missing].tolist(),
+            strict=True,
+        ):
+            key = (raw_pids.get(pid, pid), raw_pids.get(tid, tid), ts)
+            flows = starts if code == runtime_code else ends
             flow_id = flows.get(key, -1)
             if flow_id >= 0:
                 corr[i] = flow_id
 
-    def _timestamps(self, raw: bytes) -> None:
-        """Convert µs floats to int64 ns, exactly even where a float64 cannot hold the digits."""
-        ts = np.asarray(self.columns["ts"], dtype=np.float64)
-        dur = np.asarray(self.columns["dur"], dtype=np.float64)
-        self.columns["dur_ns"] = np.rint(dur * 1000.0).astype(np.int64)
+    def _ts_ns(
+        self, ts: np.ndarray, event_index: list[int], events: list[_Event], text: bytes
+    ) -> np.ndarray:
+        """µs floats as int64 ns, exactly even where a float64 cannot hold the digits."""
         whole = np.floor(ts)
         ts_ns = whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000.0).astype(np.int64)
-        if ts.size and np.abs(ts).max() > _FLOAT_EXACT_US and not np.all(ts == whole):
-            exact = self._exact_timestamps(raw)
+        if (
+            ts.size
+            and np.abs(ts).max() > _FLOAT_EXACT_US
+            and (not np.all(ts == whole) or _RAW_TS_FRACTION.search(text) is not None)
+        ):  # a slice's floats may all look whole where its text has digits they lost
+            exact = _exact_timestamps(text, events, event_index)
             if exact is not None:
-                ts_ns = exact
-            else:
-                self.source.warnings.append(
-                    "could not recover exact sub-microsecond timestamps; they are rounded to "
-                    "float64 precision (about 0.25 µs)"
-                )
+                return exact
+            self.rounded_timestamps = True
+        return ts_ns
+
+    def _clock(self) -> None:
+        """The file's clock: its base time added, and whether it is unix time."""
+        ts, ts_ns = self.columns["ts"], self.columns["ts_ns"]
+        if self.rounded_timestamps:
+            self.source.warnings.append(
+                "could not recover exact sub-microsecond timestamps; they are rounded to "
+                "float64 precision (about 0.25 µs)"
+            )
         base = _as_int(self.top.get("baseTimeNanoseconds"), 0)
         if base > 0 and ts_ns.size and int(ts_ns.max()) > _INT64_MAX - base:
             self.source.warnings.append(
@@ -897,30 +1132,15 @@ class _KinetoEvents:
             )
         self.columns["ts_ns"] = ts_ns
 
-    def _exact_timestamps(self, raw: bytes) -> np.ndarray | None:
-        """Re-read every top-level `"ts"` from the raw text, in order, to keep all ns digits."""
-        matches = _RAW_TS.findall(raw)
-        every_ts = [i for i, e in enumerate(self.events) if e.ts is not None]
-        if len(matches) != len(every_ts):
-            return None
-        position = {event_index: k for k, event_index in enumerate(every_ts)}
-        out = np.empty(len(self.columns["ts_event_index"]), dtype=np.int64)
-        for row, event_index in enumerate(self.columns["ts_event_index"]):
-            whole, frac = matches[position[event_index]]
-            frac = (frac + b"000")[:3]
-            value = int(whole) * 1000
-            out[row] = value - int(frac) if value < 0 else value + int(frac)
-        return out
-
-    def _int64_column(self, column: str) -> np.ndarray:
+    def _int64_array(self, column: str, values: list) -> np.ndarray:
         """An id column as int64; ids beyond int64 (a pid of 10**30) become -1, counted."""
-        values = self.columns[column]
         try:
             return np.asarray(values, dtype=np.int64)
         except OverflowError:
             fixed = [_as_int(v) for v in values]
-            bad = sum(1 for v, f in zip(values, fixed, strict=True) if v != f)
-            self.source.warnings.append(f"{bad} events had a {column} beyond int64 (read as -1)")
+            self.beyond_int64[column] += sum(
+                1 for v, f in zip(values, fixed, strict=True) if v != f
+            )
             return np.asarray(fixed, dtype=np.int64)
 
     def _merged_ranks(self) -> dict[int, int]:
@@ -934,6 +1154,7 @@ class _KinetoEvents:
         return ranks if len(ranks) > 1 else {}
 
     def finish(self) -> EventTable:
+        self._end_pass()
         source = self.source
         merged = self._merged_ranks()
         if merged and source.rank < 0:
@@ -956,8 +1177,11 @@ class _KinetoEvents:
     def _table(self, rank: np.ndarray) -> pa.Table:
         """The Arrow event table of the pass's columns, with `rank` per row."""
         self.columns["rank"] = rank
-        for column in _ID_COLUMNS:
-            self.columns[column] = self._int64_column(column)
+        for column, bad in self.beyond_int64.items():
+            if bad:
+                self.source.warnings.append(
+                    f"{bad} events had a {column} beyond int64 (read as -1)"
+                )
         return build_table(
             self.columns,
             names=list(self.names),
@@ -968,7 +1192,7 @@ class _KinetoEvents:
         )
 
     def _finish_merged(self, ranks: dict[int, int]) -> EventTable:
-        pids = np.asarray(self.columns["pid"], dtype=np.int64)
+        pids = self.columns["pid"]
         rank = np.zeros(len(pids), dtype=np.int32)
         for pid, r in ranks.items():
             rank[pids == pid] = r
@@ -985,6 +1209,26 @@ class _KinetoEvents:
                 f"{unplaced} events of processes not named 'rank N' were put on rank 0"
             )
         return EventTable(table=table, sources=sources)
+
+
+def _exact_timestamps(
+    text: bytes, events: list[_Event], event_index: list[int]
+) -> np.ndarray | None:
+    """Every top-level `"ts"` re-read from the raw text, in order, to keep all ns digits, for
+    the rows placed from `events` (their indices in `event_index`); None where the text's count
+    of timestamps does not match the events'."""
+    matches = _RAW_TS.findall(text)
+    every_ts = [i for i, e in enumerate(events) if e.ts is not None]
+    if len(matches) != len(every_ts):
+        return None
+    position = {index: k for k, index in enumerate(every_ts)}
+    out = np.empty(len(event_index), dtype=np.int64)
+    for row, index in enumerate(event_index):
+        whole, frac = matches[position[index]]
+        frac = (frac + b"000")[:3]
+        value = int(whole) * 1000
+        out[row] = value - int(frac) if value < 0 else value + int(frac)
+    return out
 
 
 def _first_input_bytes(args: dict) -> int:

@@ -182,7 +182,8 @@ def build_table(
     """Assemble an event table from per-column sequences (lists or numpy arrays).
 
     `name`, `cat`, `coll_name` and `group` arrive as integer ids into the given symbol lists (-1 =
-    null), `layer` as codes into LAYERS; this keeps readers to cheap integer appends.
+    null), `layer` as codes into LAYERS; this keeps readers to cheap integer appends. `args` may
+    arrive as strings or already as an Arrow string array (a reader that built it by slices).
     """
     n = len(columns["ts_ns"])  # type: ignore[arg-type]
 
@@ -221,7 +222,9 @@ def build_table(
         dictionary("group", groups),
         ints("seq", pa.int64()),
         ints("bytes", pa.int64()),
-        string_array(columns["args"]),  # type: ignore[arg-type]
+        args
+        if isinstance(args := columns["args"], pa.Array | pa.ChunkedArray)
+        else string_array(args),  # type: ignore[arg-type]
     ]
     return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA)
 
