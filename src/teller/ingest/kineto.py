@@ -203,19 +203,23 @@ def read(path: str | Path, rank: int | None = None) -> EventTable:
         if _text_size_guess(raw, compressed) > SLICED_ABOVE_BYTES:
             reader = _read_in_slices(path, _text_pieces(path, raw, compressed))
         if reader is None:
-            text = _gunzip(path, raw, notes) if compressed else raw
-            del raw
-            events, top, parse_notes, text = _parse(path, text)
-            reader = _KinetoEvents(path, top)
-            notes += parse_notes
-            reader.place(events, text)
-            del events, text
-        else:
-            del raw
+            reader = _read_whole(path, raw, compressed, notes)
+        del raw
         reader.source.warnings.extend(notes)
         if rank is not None:
             reader.source.rank, reader.source.rank_source = rank, "caller"
         return reader.finish()
+
+
+def _read_whole(path: Path, raw: bytes, compressed: bool, notes: list[str]) -> _KinetoEvents:
+    """The whole document decoded at once: small files, and whatever a sliced read gave up on
+    (its warnings for a cut or lenient file go to `notes`)."""
+    text = _gunzip(path, raw, notes) if compressed else raw
+    events, top, parse_notes, text = _parse(path, text)
+    notes += parse_notes
+    reader = _KinetoEvents(path, top)
+    reader.place(events, text)
+    return reader
 
 
 def _read_in_slices(path: Path, pieces: Iterator[bytes | memoryview]) -> _KinetoEvents | None:
@@ -263,10 +267,7 @@ def _read_in_slices(path: Path, pieces: Iterator[bytes | memoryview]) -> _Kineto
             events, top = _EVENT_LIST.decode(tail), {}
         else:
             document = _DOCUMENT.decode(tail)
-            events = document.traceEvents
-            top = {
-                f: getattr(document, f) for f in document.__struct_fields__ if f != "traceEvents"
-            }
+            events, top = document.traceEvents, _other_keys(document)
         if not events:
             return None
         reader.place(events, tail)
@@ -474,10 +475,15 @@ def _parse(path: Path, raw: bytes) -> tuple[list[_Event], dict, list[str], bytes
             return (*_parse_tolerant(path, _lenient_json(path, whole), [note]), whole)
     if document.traceEvents is None:
         return (*_parse_tolerant(path, _decode_any(path, raw), []), raw)
-    top = {f: getattr(document, f) for f in document.__struct_fields__ if f != "traceEvents"}
+    top = _other_keys(document)
     if not document.traceEvents:
         raise TraceError(path, "'traceEvents' is empty: the trace holds no events")
     return document.traceEvents, top, [], raw
+
+
+def _other_keys(document: _Document) -> dict:
+    """The document's keys besides its events, what `_KinetoEvents.describe` reads."""
+    return {f: getattr(document, f) for f in document.__struct_fields__ if f != "traceEvents"}
 
 
 def _cut_after_events(

@@ -325,10 +325,8 @@ class LoadedModel:
         ).inputs()
         chunks = [
             self._forward_rows(arrays.rows(slice(start, start + FORWARD_CHUNK_STEPS)))
-            for start in range(0, len(arrays), FORWARD_CHUNK_STEPS)
+            for start in range(0, max(len(arrays), 1), FORWARD_CHUNK_STEPS)
         ]
-        if len(chunks) == 1:
-            return chunks[0]
         members = [
             {key: torch.cat([chunk.members[m][key] for chunk in chunks]) for key in outputs}
             for m, outputs in enumerate(chunks[0].members)
