@@ -225,8 +225,8 @@ def _read_whole(path: Path, raw: bytes, compressed: bool, notes: list[str]) -> _
 def _read_in_slices(path: Path, pieces: Iterator[bytes | memoryview]) -> _KinetoEvents | None:
     """The events decoded and placed a slice at a time as the text arrives (inflated, or read),
     so that the columns, one slice's events and a window of text are held at once, never the
-    whole text or every event as a Python object (a 212 MB rank file peaked at 1.0 GB decoded
-    whole, for a 120 MB table).
+    whole text or every event as a Python object (an 8 x 800 rank file of 19.7 MB gzipped
+    peaked at 1.0 GB decoded whole: docs/benchmarks.md).
 
     A slice ends at a comma between two events, found as the next `},{` past `_SLICE_BYTES`
     and confirmed by decoding: read from an event's start, the text decodes as a list closed
