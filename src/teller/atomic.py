@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,4 +37,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def write_text_atomic(path: str | Path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_pieces_atomic(path: str | Path, pieces: Iterable[str]) -> Path:
+    """`write_text_atomic` for text that comes in pieces (a report encoded as it is written):
+    no piece is held after it is written, and an error while they come leaves no file."""
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as out:
+        out.writelines(pieces)
     return Path(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from teller.errors import TellerError, printable
@@ -169,9 +169,10 @@ def cmd_lab_dataset(args: argparse.Namespace) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from teller.analysis import Analysis
+    from teller.atomic import write_pieces_atomic
     from teller.ingest.parallel import default_jobs
     from teller.rca.diagnose import MODEL_UNAVAILABLE
-    from teller.report import format_for, render, write_atomic
+    from teller.report import format_for, render, render_pieces
     from teller.report.console import PLAIN, look_for
 
     if args.jobs is not None and args.jobs < 1:
@@ -193,23 +194,37 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
     verdict, tree, breakdown = analysis.diagnose(), analysis.tree, analysis.breakdown()
     screen = look_for(sys.stdout)
-    text = render(verdict, tree, fmt, breakdown, analysis.facts, PLAIN if args.out else screen)
+    # rendered as it is written: a long run's JSON is never held as one string
+    pieces = render_pieces(
+        verdict, tree, fmt, breakdown, analysis.facts, PLAIN if args.out else screen
+    )
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
         written = write_perfetto(verdict, tree, Path(args.perfetto), analysis.event_table)
         print(f"annotated trace written to {written}")
     if args.out:
-        path = write_atomic(Path(args.out), text)
+        path = write_pieces_atomic(Path(args.out), pieces)
         if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
             print(render(verdict, tree, "terminal", breakdown, look=screen), end="")
         print(f"report written to {path}")
     else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        _write_lines(pieces)
     for warning in verdict.warnings:  # the model's fallback is in the verdict text itself
         if not warning.startswith(MODEL_UNAVAILABLE):
             print(f"warning: {printable(warning)}", file=sys.stderr)
     return EXIT_OK
+
+
+def _write_lines(pieces: Iterable[str]) -> None:
+    """Text to stdout as it comes, ending in a newline."""
+    last = ""
+    for piece in pieces:
+        if piece:
+            sys.stdout.write(piece)
+            last = piece
+    if not last.endswith("\n"):
+        sys.stdout.write("\n")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -4,10 +4,11 @@ annotated Perfetto trace."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from teller.atomic import write_text_atomic
+from teller.atomic import write_pieces_atomic, write_text_atomic
 from teller.report.console import PLAIN, Look
 from teller.report.terminal import render_terminal
 
@@ -38,6 +39,22 @@ def render(
     (`facts`' arrivals) around it. JSON and terminal output carry where the time went
     (`breakdown`). Either is computed from `tree` when not given. Terminal text is laid out as
     `look` says (plain by default: a file or a pipe)."""
+    return "".join(render_pieces(verdict, tree, format, breakdown, facts, look))
+
+
+def render_pieces(
+    verdict: Verdict,
+    tree: CallTree,
+    format: str,
+    breakdown: RunBreakdown | None = None,
+    facts: RunFacts | None = None,
+    look: Look = PLAIN,
+) -> Iterator[str]:
+    """`render`'s text in pieces, for writing as they come.
+
+    Why: the JSON of a long run carries a row per rank and step (about 39 MB at 8 ranks × 800
+    steps); encoded as one string, it and the encoder's list of pieces were held together at
+    the end of the analysis, its peak. Piece by piece, only the verdict's dictionary is."""
     if breakdown is None:
         from teller.callchain.breakdown import run_breakdown
 
@@ -45,10 +62,12 @@ def render(
     if format == "html":
         from teller.report.html import render_html
 
-        return render_html(verdict, tree, breakdown, facts)
-    if format == "json":
-        return json.dumps({**verdict.to_json(), "breakdown": breakdown.to_json()}, indent=2)
-    return render_terminal(verdict, breakdown, look)
+        yield render_html(verdict, tree, breakdown, facts)
+    elif format == "json":
+        document = {**verdict.to_json(), "breakdown": breakdown.to_json()}
+        yield from json.JSONEncoder(indent=2).iterencode(document)
+    else:
+        yield render_terminal(verdict, breakdown, look)
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -64,4 +83,5 @@ def write_report(
     breakdown: RunBreakdown | None = None,
     facts: RunFacts | None = None,
 ) -> Path:
-    return write_atomic(path, render(verdict, tree, format_for(path, format), breakdown, facts))
+    pieces = render_pieces(verdict, tree, format_for(path, format), breakdown, facts)
+    return write_pieces_atomic(path, pieces)
