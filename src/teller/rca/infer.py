@@ -119,11 +119,14 @@ def step_threshold(meta: dict, config: ModelConfig) -> float:
 @dataclass(frozen=True)
 class ModelOutputs:
     """The members' outputs for a run's steps before any threshold decides which are flagged:
-    the encoded inputs, each member's raw outputs, and their averaged step probability, pointer
-    distribution and fault-type log-probabilities."""
+    the encoded inputs, and their averaged step probability, pointer distribution and
+    fault-type log-probabilities.
+
+    The members' own outputs are not kept: their tokens' hidden states, held for every step of
+    a long run, were most of what the model added to the analysis's peak, and the explanation
+    head reads them for the flagged steps only (`LoadedModel._token_outputs`)."""
 
     arrays: Batch[np.ndarray]
-    members: list[dict]
     probability: np.ndarray
     pointer: np.ndarray
     fault_logp: np.ndarray
@@ -255,7 +258,7 @@ class LoadedModel:
             return []
         if outputs is None:
             outputs = self.forward(records)
-        arrays, each = outputs.arrays, outputs.members
+        arrays = outputs.arrays
         probability, pointer, fault_logp = outputs.probability, outputs.pointer, outputs.fault_logp
         flagged = probability >= (self.threshold if threshold is None else threshold)
         flagged |= unmissable(records)
@@ -273,16 +276,16 @@ class LoadedModel:
             pointer = self._given_fault(pointer, arrays, faults, settled)
         mechanisms = np.zeros((len(records), len(MECHANISMS)))
         if flagged.any():  # the explanation head reads the pick and fault type settled above
-            rows = torch.from_numpy(np.flatnonzero(flagged))
-            pointed = torch.from_numpy(pointer.argmax(-1))
-            fault_of = torch.from_numpy(faults)[rows]
+            rows = np.flatnonzero(flagged)
+            pointed = torch.from_numpy(pointer[rows].argmax(-1))
+            fault_of = torch.from_numpy(faults[rows])
             chosen = []
             with torch.no_grad():
-                for member, o in zip(self.members, each, strict=True):
+                for member, o in zip(self.members, self._token_outputs(arrays, rows), strict=True):
                     read = member.read_pointed(o, pointed)["chosen"]
-                    logits = member.mechanism_logits(o["summary"][rows], read[rows], fault_of)
+                    logits = member.mechanism_logits(o["summary"], read, fault_of)
                     chosen.append(torch.softmax(logits, dim=-1))
-            mechanisms[rows.numpy()] = torch.stack(chosen).mean(0).numpy()
+            mechanisms[rows] = torch.stack(chosen).mean(0).numpy()
         out = []
         for b, record in enumerate(records):
             focus = arrays.focus_candidate[b]
@@ -327,17 +330,25 @@ class LoadedModel:
             self._forward_rows(arrays.rows(slice(start, start + FORWARD_CHUNK_STEPS)))
             for start in range(0, max(len(arrays), 1), FORWARD_CHUNK_STEPS)
         ]
-        members = [
-            {key: torch.cat([chunk.members[m][key] for chunk in chunks]) for key in outputs}
-            for m, outputs in enumerate(chunks[0].members)
-        ]
         return ModelOutputs(
             arrays,
-            members,
             np.concatenate([chunk.probability for chunk in chunks]),
             np.concatenate([chunk.pointer for chunk in chunks]),
             np.concatenate([chunk.fault_logp for chunk in chunks]),
         )
+
+    def _token_outputs(self, arrays: Batch[np.ndarray], rows: np.ndarray) -> list[dict]:
+        """Each member's outputs for the steps at `rows`, their tokens' hidden states with them
+        (what `forward` does not keep), read again a chunk at a time."""
+        chunks = []
+        with torch.no_grad():
+            for start in range(0, len(rows), FORWARD_CHUNK_STEPS):
+                batch = arrays.rows(rows[start : start + FORWARD_CHUNK_STEPS]).map(torch.from_numpy)
+                chunks.append([member(batch)[0] for member in self.members])
+        return [
+            {key: torch.cat([chunk[m][key] for chunk in chunks]) for key in chunks[0][m]}
+            for m in range(len(self.members))
+        ]
 
     def _forward_rows(self, arrays: Batch[np.ndarray]) -> ModelOutputs:
         """The members' forward pass over some steps' encoded inputs."""
@@ -357,7 +368,7 @@ class LoadedModel:
                 fault_logp.append(torch.log_softmax(o["fault_logits"], dim=-1))
             # the log of the members' mean probability
             fault_logp = torch.logsumexp(torch.stack(fault_logp), 0) - np.log(len(each))
-        return ModelOutputs(arrays, each, probability.numpy(), pointer.numpy(), fault_logp.numpy())
+        return ModelOutputs(arrays, probability.numpy(), pointer.numpy(), fault_logp.numpy())
 
     def _given_fault(
         self,
