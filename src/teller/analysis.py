@@ -231,6 +231,10 @@ class Analysis:
     # -- the verdict ---------------------------------------------------------------------------
     @cached_property
     def verdict(self) -> Verdict:
+        # where the time went is measured first, while the facts hold little beyond the tree:
+        # its per-node context is then not built beside the localizer's tables (which, held
+        # together, were a long run's peak)
+        self.breakdown()
         model, notes = None, []
         host = self.host
         notes += self.host_warnings
