@@ -169,3 +169,33 @@ def test_single_step_llm_trace_is_one_slice() -> None:
     assert_closed_and_faithful(tree, piece)
     assert piece.node_name(0).startswith("execute_8192_context_9(")
     assert len(piece) == int((tree.step == 0).sum())
+
+
+def _comm_rows_by_scan(tree: CallTree, picked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The collective rows of `picked` and their instances' last arrivers, found by scanning
+    the whole table (what `_comm_relations` did for every slice before the table kept its
+    lookups)."""
+    comm = tree.comm
+    rows = np.flatnonzero(np.isin(comm.node, picked))
+    by_start = np.lexsort((comm.start_ns, comm.instance))
+    last_of_instance = np.full(comm.num_instances, -1, dtype=np.int64)
+    last_of_instance[comm.instance[by_start]] = by_start
+    rows = rows[np.argsort(comm.node[rows], kind="stable")]
+    return rows, last_of_instance[comm.instance[rows]]
+
+
+@pytest.mark.parametrize("which", ["ddp", "two ranks"])
+def test_collective_members_of_every_step_slice_are_those_a_whole_table_scan_finds(
+    which: str, ddp_tree: CallTree, two_rank_tree: CallTree
+) -> None:
+    tree = ddp_tree if which == "ddp" else two_rank_tree
+    assert len(tree.comm) and len(tree.steps)
+    for row in range(len(tree.steps)):
+        piece = step_slice(tree, row)
+        rows, last_rows = _comm_rows_by_scan(tree, piece.tree_node)
+        comm = tree.comm
+        assert len(rows) == len(piece.comm)
+        assert np.array_equal(piece.tree_node[piece.comm.node], comm.node[rows])
+        assert np.array_equal(piece.comm.instance, comm.instance[rows])
+        assert np.array_equal(piece.comm.last_rank, comm.rank[last_rows])
+        assert np.array_equal(piece.comm.last_start_ns, comm.start_ns[last_rows])

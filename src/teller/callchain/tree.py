@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -58,6 +59,38 @@ class CommInstances:
     @property
     def num_instances(self) -> int:
         return int(self.instance.max()) + 1 if len(self.instance) else 0
+
+    # Built on first use and kept: a slice per step asks which of its nodes are collective
+    # members and who arrived last, and sorting the whole run's table for each step made the
+    # model's records grow with steps × collectives.
+    @cached_property
+    def last_arrival(self) -> np.ndarray:
+        """Per instance: the row of its member that arrived last (the latest start; of equal
+        starts, the last row)."""
+        by_start = np.lexsort((self.start_ns, self.instance))
+        last = np.full(self.num_instances, -1, dtype=np.int64)
+        last[self.instance[by_start]] = by_start  # later rows overwrite: latest start wins
+        return last
+
+    @cached_property
+    def rows_by_node(self) -> np.ndarray:
+        """Row numbers in the order of their nodes (rows of one node in row order)."""
+        return np.argsort(self.node, kind="stable")
+
+    @cached_property
+    def sorted_nodes(self) -> np.ndarray:
+        """`node` in `rows_by_node`'s order, for searching."""
+        return self.node[self.rows_by_node]
+
+    def rows_of_nodes(self, nodes: np.ndarray) -> np.ndarray:
+        """The rows whose node is one of `nodes` (ascending, distinct), in node order, rows of
+        one node in row order."""
+        low = np.searchsorted(self.sorted_nodes, nodes, "left")
+        counts = np.searchsorted(self.sorted_nodes, nodes, "right") - low
+        if not counts.any():
+            return np.zeros(0, dtype=np.int64)
+        starts = np.repeat(low - np.cumsum(counts) + counts, counts)
+        return self.rows_by_node[starts + np.arange(int(counts.sum()))]
 
     def to_arrow(self) -> pa.Table:
         return pa.table(

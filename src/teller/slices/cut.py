@@ -282,15 +282,10 @@ def _comm_relations(tree: CallTree, picked: np.ndarray) -> CommRelations:
     comm = tree.comm
     if not len(comm):
         return CommRelations.empty()
-    rows = np.flatnonzero(np.isin(comm.node, picked))
+    rows = comm.rows_of_nodes(picked)
     if not len(rows):
         return CommRelations.empty()
-    # the last arriver of each instance: the member with the latest start
-    by_start = np.lexsort((comm.start_ns, comm.instance))
-    last_of_instance = np.full(comm.num_instances, -1, dtype=np.int64)
-    last_of_instance[comm.instance[by_start]] = by_start  # later rows overwrite: latest start wins
-    rows = rows[np.argsort(comm.node[rows], kind="stable")]
-    last_rows = last_of_instance[comm.instance[rows]]
+    last_rows = comm.last_arrival[comm.instance[rows]]
     last_tree_node = comm.node[last_rows]
     position = np.searchsorted(picked, last_tree_node)
     inside = (position < len(picked)) & (
