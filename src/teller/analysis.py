@@ -231,9 +231,8 @@ class Analysis:
     # -- the verdict ---------------------------------------------------------------------------
     @cached_property
     def verdict(self) -> Verdict:
-        # where the time went is measured first, while the facts hold little beyond the tree:
-        # its per-node context is then not built beside the localizer's tables (which, held
-        # together, were a long run's peak)
+        # where the time went is measured first, while the facts hold little beyond the tree,
+        # so that its per-node context is not built beside the localizer's tables
         self.breakdown()
         model, notes = None, []
         host = self.host

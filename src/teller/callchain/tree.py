@@ -60,9 +60,9 @@ class CommInstances:
     def num_instances(self) -> int:
         return int(self.instance.max()) + 1 if len(self.instance) else 0
 
-    # Built on first use and kept: a slice per step asks which of its nodes are collective
-    # members and who arrived last, and sorting the whole run's table for each step made the
-    # model's records grow with steps × collectives.
+    # Built on first use and kept: every step's slice asks which of its nodes are collective
+    # members and who arrived last, and sorting the whole run's table for each step would grow
+    # as steps × collectives.
     @cached_property
     def last_arrival(self) -> np.ndarray:
         """Per instance: the row of its member that arrived last (the latest start; of equal

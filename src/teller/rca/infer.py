@@ -123,8 +123,8 @@ class ModelOutputs:
     fault-type log-probabilities.
 
     The members' own outputs are not kept: their tokens' hidden states, held for every step of
-    a long run, were most of what the model added to the analysis's peak, and the explanation
-    head reads them for the flagged steps only (`LoadedModel._token_outputs`)."""
+    a long run, would be most of what the model adds to the analysis's peak, and the
+    explanation head reads them for the flagged steps only (`LoadedModel._token_outputs`)."""
 
     arrays: Batch[np.ndarray]
     probability: np.ndarray

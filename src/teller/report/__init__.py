@@ -53,8 +53,8 @@ def render_pieces(
     """`render`'s text in pieces, for writing as they come.
 
     Why: the JSON of a long run carries a row per rank and step (about 39 MB at 8 ranks × 800
-    steps); encoded as one string, it and the encoder's list of pieces were held together at
-    the end of the analysis, its peak. Piece by piece, only the verdict's dictionary is."""
+    steps); encoded as one string, it and the encoder's list of pieces would be held together
+    at the end of the analysis. Piece by piece, only the verdict's dictionary is."""
     if breakdown is None:
         from teller.callchain.breakdown import run_breakdown
 
