@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 from dataclasses import replace
 
+from teller.callchain.render import format_ns
 from teller.cli import main
+from teller.rca.diagnose import worst_of
 from teller.rca.verdict import LogLine
 from teller.report.console import PLAIN, PLAIN_WIDTH, Look, look_for, table_lines, wrapped
 from teller.report.diff import distinct_short_names
@@ -112,3 +114,19 @@ def test_control_characters_from_a_trace_are_shown_not_acted_on():
         assert text.count("kernel\\x1b[2J\\x1b]0;title\\x07") == 2
         codes = {text[k : k + 4] for k in range(len(text)) if text[k] == "\x1b"}
         assert codes <= {"\x1b[1m", "\x1b[0m"}  # only the header's bold, and only in colour
+
+
+def test_the_worst_step_is_timed_on_the_rank_its_explanation_names(contention_analysis):
+    verdict = contention_analysis.diagnose()
+    assert verdict.findings and verdict.findings[0].rank is not None
+    # the step's slowest rank took longer than the named rank (a peer waiting for it, say)
+    findings = [replace(f, step_dur_ns=f.step_dur_ns + 987_654_321) for f in verdict.findings]
+    verdict = replace(verdict, findings=findings)
+    worst = worst_of(findings)
+    own = next(r for r in verdict.steps if (r.rank, r.step) == (worst.rank, worst.step))
+
+    text = render_terminal(verdict, contention_analysis.breakdown(), PLAIN)
+    headline = " ".join(text.split())  # the headline may wrap
+    took = f"{format_ns(own.dur_ns)} on rank {worst.rank}"
+    assert f"worst: step {worst.step} [{worst.step_kind}] {took}" in headline
+    assert format_ns(worst.step_dur_ns) not in headline

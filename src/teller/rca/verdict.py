@@ -9,6 +9,7 @@ the same fields and says which in `method`; the model's probabilities are null u
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 SCHEMA_VERSION = "teller.verdict/1"
 
@@ -88,3 +89,19 @@ class Verdict:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def on_its_rank(self, finding: Finding) -> tuple[int, int]:
+        """The finding's step duration and expected duration on the rank it names. Why: a
+        finding's own `step_dur_ns` is the step's slowest rank's, and where a peer waited for
+        the guilty rank that is the peer's, not the duration the explanation states. A finding
+        that names no rank keeps the slowest rank's."""
+        row = (
+            self._step_rows.get((finding.rank, finding.step)) if finding.rank is not None else None
+        )
+        if row is None:
+            return finding.step_dur_ns, finding.step_expected_ns
+        return row.dur_ns, row.expected_ns
+
+    @cached_property
+    def _step_rows(self) -> dict[tuple[int, int], StepRow]:
+        return {(row.rank, row.step): row for row in self.steps}

@@ -339,17 +339,13 @@ def _findings_table(verdict: Verdict) -> str:
     findings = verdict.findings
     if not findings:
         return "<p>None: every step took what its batch composition predicts.</p>"
-    durations = {(r.rank, r.step): r for r in verdict.steps}
     rows = [
         "<div class='scroll'><table id='findings'><tr><th>step</th><th>kind</th>"
         "<th>duration on the rank</th><th>expected</th><th>score</th><th>p(model)</th>"
         "<th>rank</th><th>operator</th><th>fault type</th><th>explanation</th></tr>"
     ]
     for f in findings:
-        own = durations.get((f.rank, f.step)) if f.rank is not None else None
-        dur_ns, expected_ns = (
-            (own.dur_ns, own.expected_ns) if own else (f.step_dur_ns, f.step_expected_ns)
-        )
+        dur_ns, expected_ns = verdict.on_its_rank(f)
         rows.append(
             f"<tr><td class='num'><a href='#finding-{f.step}'>{f.step}</a></td>"
             f"<td>{esc(f.step_kind)}</td>"

@@ -58,7 +58,7 @@ def render_terminal(
             wrapped(
                 "",
                 f"{noun} {step_ranges([f.step for f in group])}  ({len(group)} {noun}, worst: "
-                f"step {worst.step} [{worst.step_kind}] {_took(worst)})",
+                f"step {worst.step} [{worst.step_kind}] {_took(verdict, worst, say_rank=True)})",
                 look,
             )
         )
@@ -193,12 +193,17 @@ def _method_warnings(verdict: Verdict) -> list[str]:
     return [w for w in verdict.warnings if w.startswith(MODEL_UNAVAILABLE)]
 
 
-def _took(finding: Finding) -> str:
-    """A step's time, against what its batch predicts where it was slower than that (a step
-    flagged by one operator among its layers can take what its batch predicts)."""
-    took = format_ns(finding.step_dur_ns)
-    if finding.step_dur_ns > finding.step_expected_ns:
-        took += f" vs {format_ns(finding.step_expected_ns)} expected"
+def _took(verdict: Verdict, finding: Finding, say_rank: bool = False) -> str:
+    """A step's time on the finding's rank (the one its explanation states), against what its
+    batch predicts where it was slower than that (a step flagged by one operator among its
+    layers can take what its batch predicts). `say_rank` names the rank where the line does
+    not already."""
+    dur_ns, expected_ns = verdict.on_its_rank(finding)
+    took = format_ns(dur_ns)
+    if say_rank and finding.rank is not None:
+        took += f" on rank {finding.rank}"
+    if dur_ns > expected_ns:
+        took += f" vs {format_ns(expected_ns)} expected"
     return took
 
 
@@ -217,7 +222,7 @@ def render_findings(verdict: Verdict, top: int = 10) -> str:
             f"{short_name(f.operator, 60)} on rank {f.rank}" if f.operator else "no single operator"
         )
         lines.append(
-            f"step {f.step}  {certainty}  {_took(f)}  {f.fault_type or 'unknown'}: {where}"
+            f"step {f.step}  {certainty}  {_took(verdict, f)}  {f.fault_type or 'unknown'}: {where}"
         )
         lines.append(f"  {f.explanation}")
         for evidence in f.evidence[:1]:
