@@ -35,9 +35,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return Path(path)
+    return write_pieces_atomic(path, (text,))
 
 
 def write_pieces_atomic(path: str | Path, pieces: Iterable[str]) -> Path:

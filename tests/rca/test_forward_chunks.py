@@ -1,6 +1,6 @@
 """The members read a run's steps a chunk at a time (`FORWARD_CHUNK_STEPS`), so that a long
 run's activations are a chunk's, and the explanation head reads the flagged steps' tokens again
-(`LoadedModel._token_outputs`) instead of every step's being kept; a step's outputs must not
+(`LoadedModel._mechanisms`) instead of every step's being kept; a step's outputs must not
 depend on the chunking."""
 
 from __future__ import annotations

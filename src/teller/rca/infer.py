@@ -124,7 +124,7 @@ class ModelOutputs:
 
     The members' own outputs are not kept: their tokens' hidden states, held for every step of
     a long run, would be most of what the model adds to the analysis's peak, and the
-    explanation head reads them for the flagged steps only (`LoadedModel._token_outputs`)."""
+    explanation head reads them for the flagged steps only (`LoadedModel._mechanisms`)."""
 
     arrays: Batch[np.ndarray]
     probability: np.ndarray
@@ -277,15 +277,9 @@ class LoadedModel:
         mechanisms = np.zeros((len(records), len(MECHANISMS)))
         if flagged.any():  # the explanation head reads the pick and fault type settled above
             rows = np.flatnonzero(flagged)
-            pointed = torch.from_numpy(pointer[rows].argmax(-1))
-            fault_of = torch.from_numpy(faults[rows])
-            chosen = []
-            with torch.no_grad():
-                for member, o in zip(self.members, self._token_outputs(arrays, rows), strict=True):
-                    read = member.read_pointed(o, pointed)["chosen"]
-                    logits = member.mechanism_logits(o["summary"], read, fault_of)
-                    chosen.append(torch.softmax(logits, dim=-1))
-            mechanisms[rows] = torch.stack(chosen).mean(0).numpy()
+            mechanisms[rows] = self._mechanisms(
+                arrays, rows, pointer[rows].argmax(-1), faults[rows]
+            )
         out = []
         for b, record in enumerate(records):
             focus = arrays.focus_candidate[b]
@@ -337,18 +331,26 @@ class LoadedModel:
             np.concatenate([chunk.fault_logp for chunk in chunks]),
         )
 
-    def _token_outputs(self, arrays: Batch[np.ndarray], rows: np.ndarray) -> list[dict]:
-        """Each member's outputs for the steps at `rows`, their tokens' hidden states with them
-        (what `forward` does not keep), read again a chunk at a time."""
-        chunks = []
+    def _mechanisms(
+        self, arrays: Batch[np.ndarray], rows: np.ndarray, pointed: np.ndarray, faults: np.ndarray
+    ) -> np.ndarray:
+        """The members' mean mechanism probabilities for the steps at `rows`, each member
+        reading the `pointed` token under the fault type `faults` gives. The tokens' hidden
+        states (what `forward` does not keep) are read again a chunk at a time and dropped with
+        their chunk."""
+        out = []
         with torch.no_grad():
             for start in range(0, len(rows), FORWARD_CHUNK_STEPS):
-                batch = arrays.rows(rows[start : start + FORWARD_CHUNK_STEPS]).map(torch.from_numpy)
-                chunks.append([member(batch)[0] for member in self.members])
-        return [
-            {key: torch.cat([chunk[m][key] for chunk in chunks]) for key in chunks[0][m]}
-            for m in range(len(self.members))
-        ]
+                part = slice(start, start + FORWARD_CHUNK_STEPS)
+                batch = arrays.rows(rows[part]).map(torch.from_numpy)
+                chosen, fault_of = [], torch.from_numpy(faults[part])
+                for member in self.members:
+                    o = member(batch)[0]
+                    read = member.read_pointed(o, torch.from_numpy(pointed[part]))["chosen"]
+                    logits = member.mechanism_logits(o["summary"], read, fault_of)
+                    chosen.append(torch.softmax(logits, dim=-1))
+                out.append(torch.stack(chosen).mean(0).numpy())
+        return np.concatenate(out)
 
     def _forward_rows(self, arrays: Batch[np.ndarray]) -> ModelOutputs:
         """The members' forward pass over some steps' encoded inputs."""
