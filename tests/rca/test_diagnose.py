@@ -413,9 +413,9 @@ def test_a_finding_retyped_by_its_host_counters_states_that_cause(monkeypatch) -
     summary does."""
     import teller.rca.diagnose as diagnose
 
-    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, own_cpu: "straggler")
+    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: "straggler")
     tree = SimpleNamespace(comm=[], stream=np.array([], dtype=np.int64))
-    context = SimpleNamespace(tree=tree, context=lambda score, top, candidates: None)
+    context = SimpleNamespace(tree=tree, host=object(), context=lambda score, top, candidates: None)
     drafts = [_draft(s, [("aten::cat", 1, "compute")]) for s in (1, 2)]
     for draft in drafts:
         draft.fault, draft.state_cause = "cpu_contention", False

@@ -14,7 +14,7 @@ from teller.rca.host import (
     held_off_share,
     pooled_fault,
     readings,
-    retyped,
+    retyping_readings,
     stated_reading,
 )
 from teller.rca.infer import HELD_SHARE, HELD_SLOWER, held_off_cpu
@@ -86,13 +86,34 @@ def test_the_explanation_states_the_counter_and_drops_the_no_host_metrics_caveat
 def test_a_link_fault_is_retyped_only_by_a_quota_and_only_for_host_run_collectives() -> None:
     """gloo's transfers run on the throttled rank's threads, so its collectives look slow; its
     own CPU time names nothing there (a slow transfer keeps a thread busy too)."""
-    assert retyped("net_throttle", host_run_collectives=True)
-    assert not retyped("net_throttle", host_run_collectives=False)
-    assert retyped("straggler", host_run_collectives=False)
+    on_host = retyping_readings("net_throttle", host_run_collectives=True)
+    assert "cpu_ns" not in on_host and "run_delay_ns" in on_host
+    assert retyping_readings("net_throttle", host_run_collectives=False) == {
+        "throttled_ns",
+        "stopped_ns",
+    }
+    assert "cpu_ns" in retyping_readings("straggler", host_run_collectives=False)
     throttled = _context(throttled_ns=(200 * MS, 0))
-    assert pooled_fault([throttled], own_cpu=False) == "straggler"
+    assert pooled_fault([throttled], on_host) == "straggler"
     busy = _context(throttled_ns=(0, 0), cpu_ns=(250 * MS, 50 * MS))
-    assert pooled_fault([busy], own_cpu=False) is None
+    assert pooled_fault([busy], on_host) is None
+
+
+def test_any_learned_type_gives_way_to_a_rank_held_off_a_cpu_and_only_to_that() -> None:
+    """A learned type head can read a throttled rank's steps as an engine-wide fault (a
+    scheduler's small batches); the quota's throttled time is measured, so it names the cause.
+    A co-tenant's run queue or the rank's own busy CPU does not re-type such a finding: both
+    also rise under the faults the head may rightly have named."""
+    held_off = retyping_readings("scheduler_misconfig", host_run_collectives=False)
+    assert pooled_fault([_context(throttled_ns=(200 * MS, 0))], held_off) == "straggler"
+    assert pooled_fault([_context(throttled_ns=(0, 0), stopped_ns=(90 * MS, 0))], held_off) == (
+        "straggler"
+    )
+    queued = _context(throttled_ns=(0, 0), run_delay_ns=(150 * MS, 5 * MS))
+    busy = _context(throttled_ns=(0, 0), cpu_ns=(250 * MS, 50 * MS))
+    assert pooled_fault([queued], held_off) is None
+    assert pooled_fault([busy], held_off) is None
+    assert pooled_fault([queued]) == "cpu_contention"
 
 
 def test_a_slow_step_whose_rank_the_counters_show_held_off_a_cpu_is_flagged() -> None:

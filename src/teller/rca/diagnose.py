@@ -29,13 +29,13 @@ from teller.callchain.render import short_name
 from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.callchain.tree import CallTree
 from teller.errors import TellerError
-from teller.faults import FAULTS, HOST_SLOWDOWNS, view_of
+from teller.faults import FAULTS, view_of
 from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.collectives import own_share
 from teller.rca.context import Measured, RunContext
 from teller.rca.explain import choose_mechanism, compose
-from teller.rca.host import pooled_fault, retyped, stated_reading
+from teller.rca.host import pooled_fault, retyping_readings, stated_reading
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -390,19 +390,23 @@ CLEAR_STRAGGLER = 3.0
 
 
 def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
-    """The drafts of one host slowdown (or, with host-run collectives, one link fault) on one
-    rank take the fault their steps' host counters name together (`teller.rca.host`), where
-    they name one. The type then rests on measured counters, not on the layer a slower operator
-    ran on, so the explanation states its cause (`state_cause`) as the summary states the type."""
+    """The drafts of one fault type on one rank take the fault their steps' host counters name
+    together (`teller.rca.host`), where the readings that may re-type that type
+    (`retyping_readings`) name one: any reading for a host slowdown, and for other types the
+    time the rank was held off a CPU. The type then rests on measured counters, not on the layer
+    a slower operator ran on or on a learned head's reading of the steps' shape, so the
+    explanation states its cause (`state_cause`) as the summary states the type."""
+    if context.host is None:
+        return  # no counters were sampled beside the traces
     comm = context.tree.comm
     host_run = bool(len(comm)) and not (context.tree.stream[comm.node] >= 0).any()
     groups: dict[tuple[str, int], list[_Draft]] = {}
     for draft in drafts:
-        if draft.fault is not None and retyped(draft.fault, host_run) and draft.top is not None:
+        if draft.fault is not None and draft.top is not None:
             groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
     for (was, _), group in groups.items():
         steps = [context.context(d.score, d.top, [c for c, _ in d.ranked]) for d in group]
-        fault = pooled_fault(steps, own_cpu=was in HOST_SLOWDOWNS)
+        fault = pooled_fault(steps, retyping_readings(was, host_run))
         if fault is None:
             continue
         for draft in group:

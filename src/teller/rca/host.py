@@ -3,9 +3,10 @@
 A trace alone cannot tell a throttled rank from one sharing its core with another process, a
 pause inside the process or page faults (`teller.faults.HOST_SLOWDOWNS`): each stretches the
 same operators. The counters `teller collect` samples beside the trace can. The findings of one
-host slowdown on one rank are re-typed together by the counter that rose most over their steps
+fault type on one rank are re-typed together by the counter that rose most over their steps
 against the rank's normal steps, when that rise is a real share of those steps (a slow window
-has one cause, and it shows unevenly step by step); with no such rise the fault stays as the
+has one cause, and it shows unevenly step by step); a type other than a host slowdown is
+re-typed only by time the rank was held off a CPU. With no such rise the fault stays as the
 method named it. Each step's explanation then states the counter where it rose in that step.
 """
 
@@ -32,6 +33,10 @@ CAUSE_OF = {
     "major_faults": "memory_pressure",
     "cpu_ns": "host_stall",
 }
+#: The readings that count a rank held off a CPU it could have used: a CPU quota's throttling and
+#: the time the process was seen stopped. Neither runs in a healthy step, unlike the run delay
+#: of a busy host or the rank's own CPU time.
+HELD_OFF = ("throttled_ns", "stopped_ns")
 #: The faults of a slow link, which a host slowdown mimics where collectives run on the host.
 LINK_FAULTS = frozenset({"net_delay", "bandwidth_throttle", "net_throttle", "link_contention"})
 #: A time reading names the cause when it rose by this share of the rank's step time.
@@ -54,12 +59,9 @@ def readings(c: StepContext) -> dict[str, Measured]:
     return counters
 
 
-def cause_of(
-    counters: dict[str, Measured], step_ns: float, own_cpu: bool = True
-) -> tuple[str, str, Measured] | None:
-    """(fault, reading name, reading) the readings name over `step_ns` of the rank's time;
-    without `own_cpu`, the rank's own CPU time names nothing (a slow transfer keeps a host-run
-    collective's thread busy too)."""
+def cause_of(counters: dict[str, Measured], step_ns: float) -> tuple[str, str, Measured] | None:
+    """(fault, reading name, reading) the readings name over `step_ns` of the rank's time; a
+    caller leaves out the readings that may not name its finding's cause (`retyping_readings`)."""
     if not counters:
         return None
     floor = HOST_SHARE * step_ns
@@ -76,30 +78,41 @@ def cause_of(
     if faults is not None and faults.excess_ns >= MAJOR_FAULTS:
         return "memory_pressure", "major_faults", faults
     busy = counters.get("cpu_ns")
-    if own_cpu and busy is not None and busy.excess_ns >= floor:
+    if busy is not None and busy.excess_ns >= floor:
         return "host_stall", "cpu_ns", busy
     return None
 
 
-def retyped(fault: str | None, host_run_collectives: bool) -> bool:
-    """Whether the host counters may re-type a finding of `fault`: a host slowdown; and, where
-    the collectives run on the host (gloo), a link fault too, since a throttled rank's transfer
-    threads are throttled with it and its collectives look slow rather than late."""
-    return fault in HOST_SLOWDOWNS or (host_run_collectives and fault in LINK_FAULTS)
+def retyping_readings(fault: str | None, host_run_collectives: bool) -> frozenset[str]:
+    """The readings that may re-type a finding of `fault`. A host slowdown: every one. A link
+    fault where the collectives run on the host (gloo): all but the rank's own CPU time, since a
+    throttled rank's transfer threads are throttled with it, so its collectives look slow rather
+    than late, while a slow transfer keeps a thread busy too. Any other type: only the time the
+    rank was held off a CPU (`HELD_OFF`), which no healthy step has: a rank a quota throttled or
+    that was stopped through its slow steps has a measured cause, whatever type a learned head
+    made of the steps' shape (an engine-wide type such as scheduler_misconfig included)."""
+    if fault in HOST_SLOWDOWNS:
+        return frozenset(CAUSE_OF)
+    if host_run_collectives and fault in LINK_FAULTS:
+        return frozenset(CAUSE_OF) - {"cpu_ns"}
+    return frozenset(HELD_OFF)
 
 
-def pooled_fault(steps: Iterable[StepContext], own_cpu: bool = True) -> str | None:
-    """The host slowdown the readings of one rank's steps name together, or None."""
+def pooled_fault(steps: Iterable[StepContext], names: Iterable[str] = CAUSE_OF) -> str | None:
+    """The host slowdown the readings `names` of one rank's steps name together, or None."""
+    names = frozenset(names)
     summed: dict[str, Measured] = {}
     total_ns = 0.0
     for c in steps:
         total_ns += c.rank_dur_ns
         for name, reading in readings(c).items():
+            if name not in names:
+                continue
             was = summed.get(name, Measured(0.0, 0.0))
             summed[name] = Measured(
                 was.observed_ns + reading.observed_ns, was.normal_ns + reading.normal_ns
             )
-    found = cause_of(summed, total_ns, own_cpu)
+    found = cause_of(summed, total_ns)
     return found[0] if found is not None else None
 
 
@@ -111,12 +124,6 @@ def stated_reading(c: StepContext, fault: str | None) -> tuple[str, Measured] | 
     if found is None:
         return None
     return found[1], found[2]
-
-
-#: The readings that count a rank held off a CPU it could have used: a CPU quota's throttling and
-#: the time the process was seen stopped. Neither runs in a healthy step, unlike the run delay
-#: of a busy host or the rank's own CPU time.
-HELD_OFF = ("throttled_ns", "stopped_ns")
 
 
 def held_off_share(tree: CallTree, host: HostSteps) -> dict[int, float]:
