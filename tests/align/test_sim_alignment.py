@@ -143,3 +143,45 @@ def test_the_waiting_queue_is_the_simulators_step_by_step(fault: str) -> None:
         normal, _ = queues("none")
         assert all(waiting[s] >= 5 for s in late_window)
         assert all(normal[s] == 0 for s in late_window)
+
+
+def test_requests_no_traced_step_served_are_not_a_queue() -> None:
+    """A capture taken from a running service logs the finish of requests whose admission came
+    before it (arrival unknown) and serves some requests wholly between two captures; neither
+    kind waits at any traced step, or every step of the capture shows a queue the scheduler
+    never had (and reads as a capped scheduler)."""
+    import dataclasses
+
+    import numpy as np
+
+    from lab.test_sim_cases import case
+    from teller.align.align import align_tree
+
+    out, _, tree = case(fault="none", rank=0)
+    trees = align_tree(tree, sorted((out / "logs").glob("*.log"))).requests
+    before = trees.waiting(tree)
+    requests = trees.requests
+    start = int(tree.steps.start_ns.min())
+    end = int(tree.steps.start_ns.max())
+    extra = {  # finished before the capture's end, admitted by no traced step
+        "key": ["admitted-before-the-capture", "served-between-captures"],
+        "arrival_ns": [-1, start + 1],
+        "scheduled_ns": [-1, -1],
+        "first_token_ns": [-1, -1],
+        "finish_ns": [start + 2, start + 3],
+        "exact": [True, True],
+        "source": ["logs", "logs"],
+    }
+    grown = dataclasses.replace(
+        requests,
+        **{
+            name: (
+                getattr(requests, name) + values
+                if isinstance(values[0], str)
+                else np.concatenate([getattr(requests, name), np.asarray(values)])
+            )
+            for name, values in extra.items()
+        },
+    )
+    assert end > start + 3
+    assert dataclasses.replace(trees, requests=grown).waiting(tree) == before

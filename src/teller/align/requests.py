@@ -120,23 +120,35 @@ class RequestTrees:
         return sorted(self.step[self.request == index].tolist())
 
     def waiting(self, tree: CallTree) -> dict[int, int]:
-        """Step ordinal → requests that had arrived by the step's start (reference rank) and that
-        no step up to it had admitted: the queue the scheduler left waiting.
+        """Step ordinal → requests that had arrived by the step's start (reference rank), had not
+        finished by then, and that no step up to it had admitted: the queue the scheduler left
+        waiting.
 
         Only requests with ns-exact arrivals count (a log stamp to the second says nothing about
-        a step of milliseconds); a run without any gets no queue at all."""
-        exact = np.flatnonzero(self.requests.exact)
-        if not len(exact):
+        a step of milliseconds); a run without any gets no queue at all. A capture taken from a
+        running service holds requests whose admission it missed (only their finish was logged,
+        so their arrival is unknown) and requests served wholly between two captures; no traced
+        step admits either, and neither was waiting."""
+        requests = self.requests
+        known = np.flatnonzero(requests.exact & (requests.arrival_ns >= 0))
+        if not len(np.flatnonzero(requests.exact)):
             return {}
-        first = np.full(len(self.requests), np.iinfo(np.int64).max)
+        first = np.full(len(requests), np.iinfo(np.int64).max)
         np.minimum.at(first, self.request, self.step)
         steps = tree.steps
         rows = np.flatnonzero(steps.rank == self.reference_rank)
-        arrival = self.requests.arrival_ns[exact]
-        admitted = first[exact]
+        arrival = requests.arrival_ns[known]
+        finish = np.where(
+            requests.finish_ns[known] >= 0, requests.finish_ns[known], np.iinfo(np.int64).max
+        )
+        admitted = first[known]
         return {
             int(steps.index[row]): int(
-                np.count_nonzero((arrival <= steps.start_ns[row]) & (admitted > steps.index[row]))
+                np.count_nonzero(
+                    (arrival <= steps.start_ns[row])
+                    & (finish > steps.start_ns[row])
+                    & (admitted > steps.index[row])
+                )
             )
             for row in rows.tolist()
         }
