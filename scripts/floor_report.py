@@ -7,13 +7,17 @@ steps the verdict flags on the guilty rank, the steps it flags outside the label
 ranks other than the guilty one it names, and how many steps inside and outside the window
 each rule flags: the step head at the checkpoint's threshold, `teller.rca.infer.unmissable`
 (3x expected, robust z >= 4) and `teller.rca.infer.held_off_cpu` (host counters). Labelled steps
-left unflagged are listed with the step head's output and their time against expected.
+left unflagged are listed with the step head's output and their time against expected. The last
+line gives the quantiles of the unlabelled steps' time against expected over all cases: how far
+a normal step strays from what its batch predicts, which `HELD_SLOWER` must clear.
 docs/scoreboard.md and src/teller/rca/default_model/README.md quote its output.
 """
 
 from __future__ import annotations
 
 import sys
+
+import numpy as np
 
 from teller.analysis import Analysis
 from teller.labels import CaseLabels
@@ -26,6 +30,7 @@ from teller.rca.infer import LoadedModel, held_off_cpu, unmissable
 def main() -> int:
     model = LoadedModel.load()
     totals = {"head": [0, 0], "unmissable": [0, 0], "held_off_cpu": [0, 0]}
+    normal_ratios: list[float] = []
     for case in labelled_case_dirs(sys.argv[1:]):
         labels = CaseLabels.read(case)
         window = set(labels.steps)
@@ -57,6 +62,11 @@ def main() -> int:
             f"({share:.0%}) flagged on rank {labels.guilty_rank}; outside the window "
             f"{sorted(named - window)}; other ranks named {others}; {'; '.join(counts)}"
         )
+        normal_ratios += [
+            r.dur_ns / r.expected_ns
+            for r in records
+            if r.iteration not in window and r.expected_ns > 0
+        ]
         for r, p in zip(records, probability, strict=True):
             if r.iteration in window and r.iteration not in on_guilty:
                 ratio = r.dur_ns / max(r.expected_ns, 1)
@@ -67,6 +77,15 @@ def main() -> int:
             f"{name} {inside} in / {outside} out" for name, (inside, outside) in totals.items()
         )
     )
+    if normal_ratios:
+        quantiles = np.quantile(normal_ratios, [0.5, 0.95, 0.99, 1.0])
+        print(
+            f"unlabelled steps ({len(normal_ratios)}), time against expected: "
+            + ", ".join(
+                f"{name} {q:.2f}x"
+                for name, q in zip(("p50", "p95", "p99", "max"), quantiles, strict=True)
+            )
+        )
     return 0
 
 

@@ -178,8 +178,8 @@ def test_slow_steps_the_counters_show_throttled_are_flagged_whatever_the_step_he
     ran half again its expected time while the host counters show its rank throttled for a tenth
     of it beyond its usual is in the verdict."""
     from teller.analysis import Analysis
-    from teller.rca.host import held_off_share
-    from teller.rca.infer import HELD_SHARE, HELD_SLOWER
+    from teller.rca.host import HELD_SHARE, held_off_share
+    from teller.rca.infer import HELD_SLOWER
 
     analysis = Analysis(case)
     share = held_off_share(analysis.tree, analysis.host)
@@ -192,6 +192,31 @@ def test_slow_steps_the_counters_show_throttled_are_flagged_whatever_the_step_he
     }
     assert held_slow & set(CaseLabels.read(case).steps)
     assert held_slow <= {f["step"] for f in verdict["findings"]}
+
+
+@pytest.mark.parametrize("method", ["model", "localizer"])
+def test_a_step_with_one_rank_held_off_a_cpu_names_that_rank(case: Path, method: str):
+    """`teller.rca.diagnose.point_at_held_off_rank`: every finding on a step where the counters
+    show one rank held off a CPU for `HELD_SHARE` of its step time more than the others names
+    that rank, whichever rank the pointer or the lateness fell on."""
+    if method == "model" and not (DEFAULT_MODEL / "model.safetensors").is_file():
+        pytest.skip("no model")
+    from teller.analysis import Analysis
+    from teller.rca.host import HELD_SHARE, held_off_by_rank
+
+    analysis = Analysis(case)
+    held: dict[int, dict[int, float]] = {}
+    for (rank, step), share in held_off_by_rank(analysis.tree, analysis.host).items():
+        held.setdefault(step, {})[rank] = share
+    named = {}
+    for finding in _verdict(case, method)["findings"]:
+        ranks = held.get(finding["step"], {})
+        most = max(ranks, key=lambda r: ranks[r], default=None)
+        others = [s for r, s in ranks.items() if r != most]
+        if most is not None and others and ranks[most] >= max(others) + HELD_SHARE:
+            named[finding["step"]] = (finding["rank"], most)
+    assert named, "no finding on a step with a rank held off a CPU"
+    assert all(rank == most for rank, most in named.values()), named
 
 
 @pytest.mark.parametrize("method", ["model", "localizer"])

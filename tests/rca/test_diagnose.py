@@ -27,6 +27,7 @@ from teller.rca.diagnose import (
     _pattern,
     by_incident,
     one_incident_per_cause,
+    point_at_held_off_rank,
     pool_host_faults,
 )
 from teller.rca.infer import DEFAULT_MODEL
@@ -415,7 +416,7 @@ def test_a_finding_retyped_by_its_host_counters_states_that_cause(monkeypatch) -
 
     monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: "straggler")
     tree = SimpleNamespace(comm=[], stream=np.array([], dtype=np.int64))
-    context = SimpleNamespace(tree=tree, host=object(), context=lambda score, top, candidates: None)
+    context = SimpleNamespace(tree=tree, context=lambda score, top, candidates: None)
     drafts = [_draft(s, [("aten::cat", 1, "compute")]) for s in (1, 2)]
     for draft in drafts:
         draft.fault, draft.state_cause = "cpu_contention", False
@@ -430,3 +431,38 @@ def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it(
         ", host_stall or net_throttle"
     )
     assert _pattern(Counter(), 2) == ""
+
+
+def test_a_step_names_the_rank_its_host_counters_show_held_off_a_cpu(monkeypatch) -> None:
+    """Rank 2 was throttled through steps 1 and 2 (30% of its step time beyond its usual) while
+    the pointer named rank 0: step 1 names rank 2's candidate, step 2 (no candidate of rank 2)
+    its own share of the collective. Step 3's rank 0 was itself held off: it keeps its pick, as
+    does step 4, where no rank was held off by a real share."""
+    import teller.rca.diagnose as diagnose
+
+    held = {(0, 1): 0.0, (2, 1): 0.3, (0, 2): 0.02, (2, 2): 0.3}
+    held |= {(0, 3): 0.2, (2, 3): 0.35, (0, 4): 0.0, (2, 4): 0.05}
+    monkeypatch.setattr(diagnose, "held_off_by_rank", lambda tree, host: held)
+    share = OperatorCandidate(
+        2, 2, "gloo:all_reduce", 1e6, 9_000_000, 1_000_000, 9.0, 0, "own share", "transfer"
+    )
+    monkeypatch.setattr(diagnose, "own_share", lambda tree, arrivals, step, rank, normal: share)
+    context = SimpleNamespace(
+        tree=None,
+        host=object(),
+        facts=SimpleNamespace(arrivals=None),
+        normal_like=lambda iteration: [],
+    )
+    drafts = [
+        _draft(1, [("aten::mm", 0, "compute"), ("aten::cat", 2, "compute")]),
+        _draft(2, [("aten::mm", 0, "compute")]),
+        _draft(3, [("aten::mm", 0, "compute"), ("aten::cat", 2, "compute")]),
+        _draft(4, [("aten::mm", 0, "compute"), ("aten::cat", 2, "compute")]),
+    ]
+    point_at_held_off_rank(drafts, context)
+    assert [(d.top.operator, d.top.rank) for d in drafts] == [
+        ("aten::cat", 2),
+        ("gloo:all_reduce", 2),
+        ("aten::mm", 0),
+        ("aten::mm", 0),
+    ]

@@ -10,6 +10,7 @@ from teller.rca.context import Measured, StepContext
 from teller.rca.dataset import read_case_records
 from teller.rca.explain import compose
 from teller.rca.host import (
+    HELD_SHARE,
     cause_of,
     held_off_share,
     pooled_fault,
@@ -17,7 +18,7 @@ from teller.rca.host import (
     retyping_readings,
     stated_reading,
 )
-from teller.rca.infer import HELD_SHARE, HELD_SLOWER, held_off_cpu
+from teller.rca.infer import HELD_SLOWER, held_off_cpu
 from teller.rca.plans import parse
 
 from .conftest import small_case

@@ -35,7 +35,13 @@ from teller.localize import Localization, OperatorCandidate, StepExplanation, St
 from teller.localize.collectives import own_share
 from teller.rca.context import Measured, RunContext
 from teller.rca.explain import choose_mechanism, compose
-from teller.rca.host import pooled_fault, retyping_readings, stated_reading
+from teller.rca.host import (
+    HELD_SHARE,
+    held_off_by_rank,
+    pooled_fault,
+    retyping_readings,
+    stated_reading,
+)
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -134,9 +140,7 @@ def diagnose(
         produced_by = "localizer"
     normal = {s.iteration for s in localization.steps if s.iteration not in flagged}
     context = RunContext(tree, facts, normal, has_logs, host)
-    one_incident_per_cause(drafts, context)
-    if host is not None:
-        pool_host_faults(drafts, context)
+    apply_run_rules(drafts, context)
     findings = by_incident([_finding(tree, context, d) for d in drafts])
     _attach_logs(alignment, findings)
     return Verdict(
@@ -271,12 +275,10 @@ def _named(
     host: HostSteps | None,
 ) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
     """Each draft's candidates, the named one first, and explanation after the verdict's rules
-    (one incident per cause, then the host counters' fault type), as `diagnose` applies them."""
+    (`apply_run_rules`), as `diagnose` applies them."""
     normal = {s.iteration for s in localization.steps} - flagged
     context = RunContext(tree, facts, normal, has_logs, host)
-    one_incident_per_cause(drafts, context)
-    if host is not None:
-        pool_host_faults(drafts, context)
+    apply_run_rules(drafts, context)
     out = {}
     for draft in drafts:
         finding = _finding(tree, context, draft)
@@ -389,6 +391,58 @@ OWN_LATENESS = 0.5
 CLEAR_STRAGGLER = 3.0
 
 
+def apply_run_rules(drafts: list[_Draft], context: RunContext) -> None:
+    """The rules that read the run's flagged steps together, in order: one incident per cause
+    (lateness), then, where host counters were sampled, the rank they show held off a CPU
+    and the fault type they name."""
+    one_incident_per_cause(drafts, context)
+    if context.host is not None:
+        point_at_held_off_rank(drafts, context)
+        pool_host_faults(drafts, context)
+
+
+def point_at_held_off_rank(drafts: list[_Draft], context: RunContext) -> None:
+    """A step of several ranks whose named rank the host counters show held off a CPU for less
+    than `HELD_SHARE` of its step time beyond its usual, while another of its ranks was held off
+    for that share or more (the most held-off one, by at least `HELD_SHARE` more than the named
+    rank), names that rank: its best candidate in the step, or where it has none, its own share
+    of the step's collective that grew most (`own_share`). Why: in a lock-stepped group a
+    throttled rank slows its peers too (a CPU-run collective's transfer waits on its threads),
+    so a learned pointer or the lateness can fall on a peer, while the counters measure which
+    rank lost the CPU. The fault type then follows from the counters (`pool_host_faults`)."""
+    held: dict[int, dict[int, float]] = {}
+    for (rank, iteration), share in held_off_by_rank(context.tree, context.host).items():
+        held.setdefault(iteration, {})[rank] = share
+    for draft in drafts:
+        top = draft.top
+        ranks = held.get(draft.score.iteration)
+        if top is None or draft.score.kind == "unfinished" or not ranks or len(ranks) < 2:
+            continue
+        named = ranks.get(top.rank, 0.0)
+        most = max(ranks, key=lambda r: ranks[r])
+        if most != top.rank and named < HELD_SHARE and ranks[most] >= named + HELD_SHARE:
+            _point_at_rank(draft, most, context)
+
+
+def _point_at_rank(draft: _Draft, rank: int, context: RunContext) -> None:
+    """Re-point `draft` at `rank`: its best candidate in the step, or where it has none, its
+    own share of the step's collective that grew most (`own_share`); unchanged without either."""
+    theirs = [i for i, (c, _) in enumerate(draft.ranked) if c.rank == rank]
+    if theirs:
+        draft.chosen = theirs[0]
+        return
+    share = own_share(
+        context.tree,
+        context.facts.arrivals,
+        draft.score.iteration,
+        rank,
+        context.normal_like(draft.score.iteration),
+    )
+    if share is not None:
+        draft.ranked.append((share, None))
+        draft.chosen = len(draft.ranked) - 1
+
+
 def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
     """The drafts of one fault type on one rank take the fault their steps' host counters name
     together (`teller.rca.host`), where the readings that may re-type that type
@@ -396,8 +450,6 @@ def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
     time the rank was held off a CPU. The type then rests on measured counters, not on the layer
     a slower operator ran on or on a learned head's reading of the steps' shape, so the
     explanation states its cause (`state_cause`) as the summary states the type."""
-    if context.host is None:
-        return  # no counters were sampled beside the traces
     comm = context.tree.comm
     host_run = bool(len(comm)) and not (context.tree.stream[comm.node] >= 0).any()
     groups: dict[tuple[str, int], list[_Draft]] = {}
@@ -457,20 +509,7 @@ def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
             late, wait = context.lateness_and_wait([draft.score.iteration]).get(rank, (0.0, 0.0))
             if late - wait >= OWN_LATENESS * max(draft.score.dur_ns - draft.score.expected_ns, 0):
                 continue
-            theirs = [i for i, (c, _) in enumerate(draft.ranked) if c.rank == straggler]
-            if theirs:
-                draft.chosen = theirs[0]
-                continue
-            share = own_share(
-                context.tree,
-                context.facts.arrivals,
-                draft.score.iteration,
-                straggler,
-                context.normal_like(draft.score.iteration),
-            )
-            if share is not None:
-                draft.ranked.append((share, None))
-                draft.chosen = len(draft.ranked) - 1
+            _point_at_rank(draft, straggler, context)
 
 
 def _candidate(c: OperatorCandidate, probability: float | None = None) -> dict:

@@ -37,6 +37,10 @@ CAUSE_OF = {
 #: the time the process was seen stopped. Neither runs in a healthy step, unlike the run delay
 #: of a busy host or the rank's own CPU time.
 HELD_OFF = ("throttled_ns", "stopped_ns")
+#: A rank held off a CPU for this share of its step time beyond its usual has a measured cause
+#: in that step: the verdict flags the step where it is also slow (`teller.rca.infer.held_off_cpu`)
+#: and names that rank (`teller.rca.diagnose.point_at_held_off_rank`).
+HELD_SHARE = 0.1
 #: The faults of a slow link, which a host slowdown mimics where collectives run on the host.
 LINK_FAULTS = frozenset({"net_delay", "bandwidth_throttle", "net_throttle", "link_contention"})
 #: A time reading names the cause when it rose by this share of the rank's step time.
@@ -126,12 +130,10 @@ def stated_reading(c: StepContext, fault: str | None) -> tuple[str, Measured] | 
     return found[1], found[2]
 
 
-def held_off_share(tree: CallTree, host: HostSteps) -> dict[int, float]:
-    """Per step iteration, the largest share of a rank's step time that the counters show it held
+def held_off_by_rank(tree: CallTree, host: HostSteps) -> dict[tuple[int, int], float]:
+    """(rank, step iteration) → the share of the rank's step time that the counters show it held
     off a CPU beyond what that rank usually is (its median over its steps, so a rank throttled
-    in every step counts only what a step adds). The verdict's floor reads it
-    (`teller.rca.infer.held_off_cpu`): a slow step whose rank was held off a CPU for a real share
-    of it has a measured cause, whatever a learned score makes of its shape."""
+    in every step counts only what a step adds); only where the rank has counters."""
     steps = tree.steps
     held = np.zeros(len(steps))
     known = np.zeros(len(steps), dtype=bool)
@@ -145,8 +147,21 @@ def held_off_share(tree: CallTree, host: HostSteps) -> dict[int, float]:
     for rank in np.unique(steps.rank[known]):
         rows = np.flatnonzero((steps.rank == rank) & known)
         share[rows] = share[rows] - np.median(share[rows])
+    rows = np.flatnonzero(known)
+    return {
+        (int(r), int(i)): float(v)
+        for r, i, v in zip(
+            steps.rank[rows].tolist(), steps.index[rows].tolist(), share[rows].tolist(), strict=True
+        )
+    }
+
+
+def held_off_share(tree: CallTree, host: HostSteps) -> dict[int, float]:
+    """Per step iteration, the largest share of a rank's step time that the counters show it held
+    off a CPU beyond that rank's usual (`held_off_by_rank`). The verdict's floor reads it
+    (`teller.rca.infer.held_off_cpu`): a slow step whose rank was held off a CPU for a real share
+    of it has a measured cause, whatever a learned score makes of its shape."""
     out: dict[int, float] = {}
-    for row in np.flatnonzero(known):
-        iteration = int(steps.index[row])
-        out[iteration] = max(out.get(iteration, 0.0), float(share[row]))
+    for (_, iteration), share in held_off_by_rank(tree, host).items():
+        out[iteration] = max(out.get(iteration, 0.0), share)
     return out

@@ -30,7 +30,7 @@ from teller.faults import FAULT_FREE
 from teller.ingest.files import guard_reader
 from teller.localize import OperatorCandidate
 from teller.rca.dataset import StepRecord, case_records, encode
-from teller.rca.host import held_off_share
+from teller.rca.host import HELD_SHARE, held_off_share
 from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, STEP, Batch
 from teller.rca.model import ModelConfig, RootCauseModel
 from teller.rca.plans import MECHANISMS
@@ -76,8 +76,7 @@ def unmissable(records: Sequence[StepRecord]) -> np.ndarray:
 
 #: A step at least `HELD_SLOWER` times what its batch predicts, on which the host counters show a
 #: rank held off a CPU (a quota's throttling, a stop) for `HELD_SHARE` of its time beyond that
-#: rank's usual, is flagged whatever the step head says (`held_off_cpu`).
-HELD_SHARE = 0.1
+#: rank's usual (`teller.rca.host`), is flagged whatever the step head says (`held_off_cpu`).
 HELD_SLOWER = 1.5
 #: The fault type settles the pointer (`pointer_kinds`) only where the flagged steps give it at
 #: least this probability on average: more likely than not.
