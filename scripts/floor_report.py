@@ -7,7 +7,8 @@ steps the verdict flags on the guilty rank, the steps it flags outside the label
 ranks other than the guilty one it names, and how many steps inside and outside the window
 each rule flags: the step head at the checkpoint's threshold, `teller.rca.infer.unmissable`
 (3x expected, robust z >= 4) and `teller.rca.infer.held_off_cpu` (host counters). Labelled steps
-left unflagged are listed with the step head's output and their time against expected. The last
+left unflagged are listed with the step head's output, their time against expected and the
+largest share of a rank's step time the counters show it held off a CPU beyond its usual. The last
 line gives the quantiles of the unlabelled steps' time against expected over all cases: how far
 a normal step strays from what its batch predicts, which `HELD_SLOWER` must clear.
 docs/scoreboard.md and src/teller/rca/default_model/README.md quote its output.
@@ -39,12 +40,11 @@ def main() -> int:
         records = case_records(analysis.tree, "", None, analysis.alignment, analysis.facts)
         probability = model.forward(records).probability
         host = analysis.host
+        held = held_off_share(analysis.tree, host) if host is not None else {}
         rules = {
             "head": probability >= model.threshold,
             "unmissable": unmissable(records),
-            "held_off_cpu": held_off_cpu(
-                records, held_off_share(analysis.tree, host) if host is not None else {}
-            ),
+            "held_off_cpu": held_off_cpu(records, held),
         }
         counts = []
         for name, flagged in rules.items():
@@ -70,7 +70,10 @@ def main() -> int:
         for r, p in zip(records, probability, strict=True):
             if r.iteration in window and r.iteration not in on_guilty:
                 ratio = r.dur_ns / max(r.expected_ns, 1)
-                print(f"    missed step {r.iteration}: head {p:.2f}, {ratio:.2f}x expected")
+                print(
+                    f"    missed step {r.iteration}: head {p:.2f}, {ratio:.2f}x expected, "
+                    f"held off a CPU {held.get(r.iteration, 0.0):.0%} of the step beyond usual"
+                )
     print(
         "total: "
         + "; ".join(
