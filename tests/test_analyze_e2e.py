@@ -202,12 +202,10 @@ def test_a_step_with_one_rank_held_off_a_cpu_names_that_rank(case: Path, method:
     if method == "model" and not (DEFAULT_MODEL / "model.safetensors").is_file():
         pytest.skip("no model")
     from teller.analysis import Analysis
-    from teller.rca.host import HELD_SHARE, held_off_by_rank
+    from teller.rca.host import HELD_SHARE, held_off_by_step
 
     analysis = Analysis(case)
-    held: dict[int, dict[int, float]] = {}
-    for (rank, step), share in held_off_by_rank(analysis.tree, analysis.host).items():
-        held.setdefault(step, {})[rank] = share
+    held = held_off_by_step(analysis.tree, analysis.host)
     named = {}
     for finding in _verdict(case, method)["findings"]:
         ranks = held.get(finding["step"], {})

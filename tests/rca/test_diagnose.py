@@ -440,9 +440,8 @@ def test_a_step_names_the_rank_its_host_counters_show_held_off_a_cpu(monkeypatch
     does step 4, where no rank was held off by a real share."""
     import teller.rca.diagnose as diagnose
 
-    held = {(0, 1): 0.0, (2, 1): 0.3, (0, 2): 0.02, (2, 2): 0.3}
-    held |= {(0, 3): 0.2, (2, 3): 0.35, (0, 4): 0.0, (2, 4): 0.05}
-    monkeypatch.setattr(diagnose, "held_off_by_rank", lambda tree, host: held)
+    held = {1: {0: 0.0, 2: 0.3}, 2: {0: 0.02, 2: 0.3}, 3: {0: 0.2, 2: 0.35}, 4: {0: 0.0, 2: 0.05}}
+    monkeypatch.setattr(diagnose, "held_off_by_step", lambda tree, host: held)
     share = OperatorCandidate(
         2, 2, "gloo:all_reduce", 1e6, 9_000_000, 1_000_000, 9.0, 0, "own share", "transfer"
     )

@@ -130,17 +130,16 @@ class RequestTrees:
         so their arrival is unknown) and requests served wholly between two captures; no traced
         step admits either, and neither was waiting."""
         requests = self.requests
-        known = np.flatnonzero(requests.exact & (requests.arrival_ns >= 0))
-        if not len(np.flatnonzero(requests.exact)):
+        if not requests.exact.any():
             return {}
-        first = np.full(len(requests), np.iinfo(np.int64).max)
+        never = np.iinfo(np.int64).max
+        known = requests.exact & (requests.arrival_ns >= 0)
+        first = np.full(len(requests), never)
         np.minimum.at(first, self.request, self.step)
         steps = tree.steps
         rows = np.flatnonzero(steps.rank == self.reference_rank)
         arrival = requests.arrival_ns[known]
-        finish = np.where(
-            requests.finish_ns[known] >= 0, requests.finish_ns[known], np.iinfo(np.int64).max
-        )
+        finish = np.where(requests.finish_ns[known] >= 0, requests.finish_ns[known], never)
         admitted = first[known]
         return {
             int(steps.index[row]): int(

@@ -37,7 +37,7 @@ from teller.rca.context import Measured, RunContext
 from teller.rca.explain import choose_mechanism, compose
 from teller.rca.host import (
     HELD_SHARE,
-    held_off_by_rank,
+    held_off_by_step,
     pooled_fault,
     retyping_readings,
     stated_reading,
@@ -410,13 +410,11 @@ def point_at_held_off_rank(drafts: list[_Draft], context: RunContext) -> None:
     throttled rank slows its peers too (a CPU-run collective's transfer waits on its threads),
     so a learned pointer or the lateness can fall on a peer, while the counters measure which
     rank lost the CPU. The fault type then follows from the counters (`pool_host_faults`)."""
-    held: dict[int, dict[int, float]] = {}
-    for (rank, iteration), share in held_off_by_rank(context.tree, context.host).items():
-        held.setdefault(iteration, {})[rank] = share
+    held = held_off_by_step(context.tree, context.host)
     for draft in drafts:
         top = draft.top
-        ranks = held.get(draft.score.iteration)
-        if top is None or draft.score.kind == "unfinished" or not ranks or len(ranks) < 2:
+        ranks = held.get(draft.score.iteration, {})
+        if top is None or draft.score.kind == "unfinished" or len(ranks) < 2:
             continue
         named = ranks.get(top.rank, 0.0)
         most = max(ranks, key=lambda r: ranks[r])

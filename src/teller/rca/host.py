@@ -130,10 +130,10 @@ def stated_reading(c: StepContext, fault: str | None) -> tuple[str, Measured] | 
     return found[1], found[2]
 
 
-def held_off_by_rank(tree: CallTree, host: HostSteps) -> dict[tuple[int, int], float]:
-    """(rank, step iteration) → the share of the rank's step time that the counters show it held
+def held_off_by_step(tree: CallTree, host: HostSteps) -> dict[int, dict[int, float]]:
+    """Step iteration → rank → the share of the rank's step time that the counters show it held
     off a CPU beyond what that rank usually is (its median over its steps, so a rank throttled
-    in every step counts only what a step adds); only where the rank has counters."""
+    in every step counts only what a step adds); only the ranks with counters."""
     steps = tree.steps
     held = np.zeros(len(steps))
     known = np.zeros(len(steps), dtype=bool)
@@ -148,20 +148,20 @@ def held_off_by_rank(tree: CallTree, host: HostSteps) -> dict[tuple[int, int], f
         rows = np.flatnonzero((steps.rank == rank) & known)
         share[rows] = share[rows] - np.median(share[rows])
     rows = np.flatnonzero(known)
-    return {
-        (int(r), int(i)): float(v)
-        for r, i, v in zip(
-            steps.rank[rows].tolist(), steps.index[rows].tolist(), share[rows].tolist(), strict=True
-        )
-    }
+    out: dict[int, dict[int, float]] = {}
+    for rank, iteration, value in zip(
+        steps.rank[rows].tolist(), steps.index[rows].tolist(), share[rows].tolist(), strict=True
+    ):
+        out.setdefault(iteration, {})[rank] = value
+    return out
 
 
 def held_off_share(tree: CallTree, host: HostSteps) -> dict[int, float]:
     """Per step iteration, the largest share of a rank's step time that the counters show it held
-    off a CPU beyond that rank's usual (`held_off_by_rank`). The verdict's floor reads it
+    off a CPU beyond that rank's usual (`held_off_by_step`). The verdict's floor reads it
     (`teller.rca.infer.held_off_cpu`): a slow step whose rank was held off a CPU for a real share
     of it has a measured cause, whatever a learned score makes of its shape."""
-    out: dict[int, float] = {}
-    for (_, iteration), share in held_off_by_rank(tree, host).items():
-        out[iteration] = max(out.get(iteration, 0.0), share)
-    return out
+    return {
+        iteration: max(0.0, *ranks.values())
+        for iteration, ranks in held_off_by_step(tree, host).items()
+    }
