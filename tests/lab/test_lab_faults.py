@@ -88,16 +88,18 @@ class Case:
         return np.asarray(sizes), self.tree.dur[nodes]
 
 
-_CASES: dict[tuple[str, float], Case] = {}
+_CASES: dict[tuple[str, float, int, int], Case] = {}
 
 
-def record(tmp_root: Path, fault: str, intensity: float = 0.75, **workload) -> Case:
-    """Record (once per module) and read back a 2-rank case with `fault` on rank 1."""
-    key = (fault, intensity)
+def record(
+    tmp_root: Path, fault: str, intensity: float = 0.75, tp: int = 2, rank: int = GUILTY, **workload
+) -> Case:
+    """Record (once per module) and read back a `tp`-rank case with `fault` on `rank`."""
+    key = (fault, intensity, tp, rank)
     if key not in _CASES:
-        spec = CaseSpec(fault, GUILTY, intensity, WINDOW_S, tp=2, seed=3, duration_s=4.0)
+        spec = CaseSpec(fault, rank, intensity, WINDOW_S, tp=tp, seed=3, duration_s=4.0)
         spec.rate_per_s = workload.get("rate_per_s", 8.0)
-        result = run_case(spec, tmp_root / f"{fault}-{intensity}")
+        result = run_case(spec, tmp_root / f"{fault}-{intensity}-tp{tp}-r{rank}")
         events = read_run([result.case_dir / "traces"])
         labels = result.labels
         t0_ns = labels.params["t0_ns"]
@@ -291,6 +293,16 @@ def test_memory_pressure_faults_weight_pages_back_in_on_the_guilty_rank(lab_root
     # stretch too; without the fault ~1x
     assert guilty_mm >= 1.5 * case.mean_us("aten::mm", PEER)
     assert guilty_mm >= 1.5 * case.mean_us("aten::mm", GUILTY, inside=False)
+
+
+@needs_root
+def test_memory_pressure_acts_on_a_smaller_shard_of_three_ranks(lab_root):
+    # a TP 3 shard's weights (~14 MiB) were smaller than the room a fixed headroom left above
+    # the heap, so the limit never bound and the recording was a fault-free run labelled faulty
+    case = record(lab_root, "memory_pressure", 0.8, tp=3, rank=2, rate_per_s=3.0)
+    guilty_mm = case.mean_us("aten::mm", 2)
+    assert guilty_mm >= 1.5 * case.mean_us("aten::mm", 0)
+    assert guilty_mm >= 1.5 * case.mean_us("aten::mm", 2, inside=False)
 
 
 def test_workload_shift_lengthens_prefill_but_not_per_token_time(lab_root, baseline):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from teller.cli import main
 from teller.errors import TellerError
 from teller.lab import netns
 from teller.lab.cgroups import cgroup_version
-from teller.lab.run import CaseSpec, parse_window, run_case
+from teller.lab.run import CaseSpec, _check_fault_acted, parse_window, run_case
 
 
 def test_faults_needing_root_are_refused_with_a_reason(monkeypatch, tmp_path):
@@ -27,6 +28,35 @@ def test_faults_needing_root_are_refused_with_a_reason(monkeypatch, tmp_path):
         with pytest.raises(TellerError, match="needs root"):
             run_case(CaseSpec(fault=fault), tmp_path / fault)
         assert not (tmp_path / fault).exists()
+
+
+def _host_file(case_dir: Path, rank: int, faults: list[int], t0_ns: int = 10**18) -> None:
+    host = case_dir / "host"
+    host.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for k, count in enumerate(faults):
+        sample = {"t_ns": t0_ns + k * 10**8, "cpu_ns": k * 10**7, "run_delay_ns": 0}
+        sample |= {"throttled_ns": -1, "memory_stall_ns": -1, "major_faults": count}
+        lines.append(json.dumps(sample | {"stopped": False}))
+    (host / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_fault_whose_counter_did_not_rise_in_its_window_is_refused(tmp_path):
+    spec = CaseSpec("memory_pressure", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
+    window_ns = (10**18 + 2 * 10**8, 10**18 + 6 * 10**8)
+    _host_file(tmp_path / "flat", 2, [0, 0, 0, 0, 0, 0, 0, 3])  # a fault only after the window
+    with pytest.raises(
+        TellerError, match=r"memory_pressure on rank 2 did not act: its major_faults"
+    ):
+        _check_fault_acted(spec, tmp_path / "flat", window_ns)
+    _host_file(tmp_path / "rose", 2, [0, 0, 0, 4, 9, 9, 9, 9])
+    _check_fault_acted(spec, tmp_path / "rose", window_ns)
+    # a counter that was not readable (-1: no cgroup quota file) gives nothing to check against
+    quota = CaseSpec("straggler", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
+    _check_fault_acted(quota, tmp_path / "flat", window_ns)
+    # nor do faults without a counter of their own, nor a run without host counters
+    _check_fault_acted(CaseSpec("slow_operator", rank=2, tp=3), tmp_path / "flat", window_ns)
+    _check_fault_acted(spec, tmp_path / "nothing", window_ns)
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
@@ -83,3 +113,13 @@ def test_an_interrupted_run_removes_namespaces_cgroups_and_helpers(tmp_path, sig
     assert [pid for pid in helpers if alive(pid)] == []
     assert not out.exists() and not partial.exists()
     assert (tmp_path / "case.failed").is_dir()  # what was recorded stays inspectable
+
+
+@pytest.mark.lab
+@pytest.mark.skipif(not netns.is_root(), reason="needs root: a per-rank CPU cgroup to read")
+def test_a_recorded_fault_that_never_acted_leaves_no_case(tmp_path):
+    # a quota of a whole CPU never throttles a rank that runs one thread of work at a time
+    spec = CaseSpec("straggler", rank=1, intensity=0.0, window_s=(1.0, 3.0), duration_s=3.0)
+    with pytest.raises(TellerError, match="straggler on rank 1 did not act: its throttled_ns"):
+        run_case(spec, tmp_path / "case")
+    assert not (tmp_path / "case").exists()

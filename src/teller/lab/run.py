@@ -30,8 +30,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from teller.errors import TellerError
 from teller.faults import FAULTS
+from teller.ingest.host import read_host_file
 from teller.lab import netns
 from teller.lab.cgroups import cgroup_version, rank_cgroups
 from teller.lab.faults.catalog import LAB_FAULTS, explanation
@@ -159,6 +162,7 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
                     f"see {out}.failed/logs: {_log_tail(partial)}"
                 )
             labels = _labels(spec, partial, out.name, injector)
+            _check_fault_acted(spec, partial, labels.window_ns)
         labels.write(partial)
         if out.exists():
             out.rmdir()
@@ -238,6 +242,30 @@ def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjecto
             "requested_rank": spec.rank,
         },
     )
+
+
+def _check_fault_acted(spec: CaseSpec, case_dir: Path, window_ns: tuple[int, int] | None) -> None:
+    """Refuse a recording whose fault left no trace in the counter it must raise on the guilty
+    rank (`FaultKind.shows_in`): a memory limit above what the rank uses, or a CPU quota above
+    what it asks for, changes nothing, and labelling its window would teach and score a fault
+    that never acted. Where the counter was not sampled or not readable there is nothing to
+    check against, and the recording stands."""
+    counter = LAB_FAULTS[spec.fault].shows_in
+    path = case_dir / "host" / f"rank{spec.rank}.jsonl"
+    if counter is None or window_ns is None or not path.exists():
+        return
+    series, _ = read_host_file(path, spec.rank)
+    inside = (series.t_ns >= window_ns[0]) & (series.t_ns <= window_ns[1])
+    values = series.counters[counter][inside]
+    if len(values) < 2 or np.isnan(values).any():
+        return
+    if values[-1] <= values[0]:
+        start_s, end_s = spec.window_s
+        raise TellerError(
+            f"{spec.fault} on rank {spec.rank} did not act: its {counter} did not rise in the "
+            f"window {start_s}:{end_s} s ({path}); at --intensity {spec.intensity} the fault "
+            "changed nothing, so the case is not labelled; try a higher --intensity"
+        )
 
 
 def _log_tail(case_dir: Path, lines: int = 3) -> str:

@@ -29,6 +29,10 @@ class FaultKind:
     needs_root: bool
     guilty_operator: str | None
     explanation: str  # a format string over rank, intensity and the fault's parameters
+    #: The host counter (`teller.ingest.host.COUNTERS`) that rises on the guilty rank while the
+    #: fault acts; a recording in which it does not rise inside the window is refused
+    #: (`teller.lab.run`), since its labels would name a fault that never acted.
+    shows_in: str | None = None
 
 
 LAB_FAULTS: dict[str, FaultKind] = {
@@ -42,6 +46,7 @@ LAB_FAULTS: dict[str, FaultKind] = {
             "aten::mm",
             "Busy processes pinned to rank {rank}'s core took CPU time from it, so its matmuls "
             "stretched and the other ranks waited for it at the all-reduces.",
+            shows_in="run_delay_ns",
         ),
         FaultKind(
             "straggler",
@@ -50,6 +55,7 @@ LAB_FAULTS: dict[str, FaultKind] = {
             "aten::mm",
             "Rank {rank} was throttled to {cpu_percent:.0f}% of a CPU, so it reached every "
             "all-reduce late and its peers' all-reduce time was inflated while its own was short.",
+            shows_in="throttled_ns",
         ),
         FaultKind(
             "net_throttle",
@@ -91,6 +97,7 @@ LAB_FAULTS: dict[str, FaultKind] = {
             "aten::mm",
             "Rank {rank}'s memory was capped just above its heap, so the kernel reclaimed its "
             "mapped files and page faults slowed its host operators.",
+            shows_in="major_faults",
         ),
         FaultKind(
             "workload_shift",
