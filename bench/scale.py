@@ -51,6 +51,12 @@ GPUS_PER_NODE = 4
 ANALYZE_ENTRY = """
 import sys
 from teller.cli import main
+try:  # as the console script starts (teller.cli.run); an anchor's sources may not have it
+    from teller.heap import give_freed_arrays_back
+except ImportError:
+    pass
+else:
+    give_freed_arrays_back()
 peak_file, argv = sys.argv[1], sys.argv[2:]
 try:
     status = main(argv)

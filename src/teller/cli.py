@@ -864,6 +864,9 @@ EXIT_INTERNAL = 70
 
 def run() -> None:
     """Console-script entry point."""
+    from teller.heap import give_freed_arrays_back
+
+    give_freed_arrays_back()
     try:
         status = main()
     except Exception:

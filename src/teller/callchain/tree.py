@@ -15,6 +15,7 @@ one pass each. One function builds it all and keeps one stack per (rank, pid, ti
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -283,35 +284,45 @@ def join_forests(
 ) -> CallTree:
     """The run's call-chain forest from its files' forests, in file order: nodes in the order
     one table of all the files would give them (CPU rows first, by rank, thread and time, then
-    GPU rows), names as one symbol table, then steps and collective instances across ranks."""
+    GPU rows), names as one symbol table, then steps and collective instances across ranks.
+
+    The forests' node arrays are taken: each is emptied once its joined array is built, so the
+    join holds the run's nodes about once, not once in the forests and again in the tree."""
     names, name_maps = _joined_names([f.names for f in forests])
     row_base = np.cumsum([0] + [f.table_rows for f in forests[:-1]])
     node_base = np.cumsum([0] + [len(f) for f in forests[:-1]])
 
-    def joined(field: str) -> np.ndarray:
-        return np.concatenate([getattr(f, field) for f in forests])
+    def taken(
+        field: str, each: Callable[[np.ndarray, int], np.ndarray] | None = None
+    ) -> np.ndarray:
+        parts = []
+        for index, forest in enumerate(forests):
+            array = getattr(forest, field)
+            parts.append(array if each is None else each(array, index))
+            setattr(forest, field, array[:0].copy())
+        joined = np.concatenate(parts)
+        del parts
+        return joined
 
-    rank, pid, tid, stream = joined("rank"), joined("pid"), joined("tid"), joined("stream")
-    start, dur, layer = joined("start"), joined("dur"), joined("layer")
-    name = np.concatenate([m[f.name] for f, m in zip(forests, name_maps, strict=True)])
-    rows = np.concatenate([f.row + base for f, base in zip(forests, row_base, strict=True)])
-    parent = np.concatenate(
-        [
-            np.where(f.parent >= 0, f.parent + base, -1)
-            for f, base in zip(forests, node_base, strict=True)
-        ]
-    )
-    edge = joined("edge")
+    rank, pid, tid, stream = taken("rank"), taken("pid"), taken("tid"), taken("stream")
+    start, dur, layer = taken("start"), taken("dur"), taken("layer")
+    name = taken("name", lambda ids, i: name_maps[i][ids])
+    rows = taken("row", lambda row, i: row + row_base[i])
+    parent = taken("parent", lambda up, i: np.where(up >= 0, up + node_base[i], -1))
+    edge = taken("edge")
     if len(forests) > 1:  # one file is already in this order
         order = np.lexsort((layer, -dur, start, tid, pid, rank, stream >= 0))
+        del pid, tid
         position = np.empty_like(order)
         position[order] = np.arange(len(order))
         rank, stream, start, dur = rank[order], stream[order], start[order], dur[order]
         layer, name, rows, edge = layer[order], name[order], rows[order], edge[order]
         parent = parent[order]
         parent = np.where(parent >= 0, position[np.maximum(parent, 0)], -1)
+        del order
     else:
         position = np.arange(len(rank))
+        del pid, tid
     count = len(rank)
 
     warnings: list[str] = []

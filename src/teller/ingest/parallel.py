@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from teller.errors import TellerError, TraceError
+from teller.heap import give_freed_arrays_back
 from teller.ingest.on_ray import ENGINES, read_on_ray
 from teller.ingest.worker import read_one
 
@@ -60,6 +61,8 @@ def read_each(
                 yield error
         return
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
+    workers = min(jobs, len(files))
+    # teller's own processes: each array a worker frees goes back (`teller.heap`)
+    with ProcessPoolExecutor(workers, context, initializer=give_freed_arrays_back) as pool:
         for result in pool.map(read_one, [read] * len(files), files):
             yield TraceError(*result) if isinstance(result, tuple) else result
