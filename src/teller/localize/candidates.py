@@ -23,7 +23,7 @@ from functools import cached_property
 
 import numpy as np
 
-from teller.callchain.facts import Arrivals, RunFacts, StepNodes, packed_keys
+from teller.callchain.facts import Arrivals, RunFacts, StepNodes, narrowest, packed_keys
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import COMPUTE_CODES
 from teller.localize.collectives import collective_candidates
@@ -100,10 +100,14 @@ class SelfTimeHistory:
     One table per engine (`callchain.engines`): a rank runs its own engine's iterations only, so
     one table of every key by every iteration would be mostly NaN, and would grow as ranks ×
     engines × steps (at 64 ranks of 16 engines and 2,000 steps, 45 GB). A key whose rank ran
-    steps of several engines puts the whole run in one table, as one engine would."""
+    steps of several engines puts the whole run in one table, as one engine would.
+
+    The tables hold float32, half of float64's bytes for what is the localizer's largest table;
+    a self time is exact in it up to 16.7 ms and within 1 ns per 16.7 ms beyond, and every
+    slice is read back as float64 before medians are taken."""
 
     key_of: np.ndarray  # per position in `nodes`: its key's row
-    blocks: list[np.ndarray]  # per engine: (its keys, its iterations) float64
+    blocks: list[np.ndarray]  # per engine: (its keys, its iterations) float32
     block_iterations: list[np.ndarray]  # per engine: its iterations, ascending
     first_key: np.ndarray  # per engine: its first key row (its keys are contiguous)
     engine_of: np.ndarray  # per key row: its engine's table
@@ -124,7 +128,7 @@ class SelfTimeHistory:
             engine = np.zeros(count, dtype=np.int64)  # a rank in several engines: one table
         keys = packed_keys(engine, nodes.rank, nodes.name, nodes.ordinal, nodes.on_gpu)
         _, first, key_of = np.unique(keys, return_index=True, return_inverse=True)
-        key_of = key_of.reshape(-1)
+        key_of = key_of.reshape(-1).astype(narrowest(len(first)))
         engine_of = engine[first]
         first_key = np.searchsorted(engine_of, np.arange(int(engine_of.max()) + 1))
         blocks, block_iterations = [], []
@@ -132,7 +136,7 @@ class SelfTimeHistory:
             mine = engine == e
             iterations, column = np.unique(nodes.iteration[mine], return_inverse=True)
             end = first_key[e + 1] if e + 1 < len(first_key) else len(first)
-            table = np.full((end - first_key[e], len(iterations)), np.nan)
+            table = np.full((end - first_key[e], len(iterations)), np.nan, dtype=np.float32)
             table[key_of[mine] - first_key[e], column.reshape(-1)] = nodes.self_ns[mine]
             blocks.append(table)
             block_iterations.append(iterations)
@@ -177,7 +181,7 @@ class SelfTimeHistory:
             if not len(columns):
                 continue
             local = keys[mine] - self.first_key[engine]
-            values = self.blocks[engine][local][:, columns]
+            values = self.blocks[engine][local][:, columns].astype(np.float64)
             counts[mine] = (~np.isnan(values)).sum(axis=1)
             some = counts[mine] > 0
             if some.any():
@@ -200,7 +204,7 @@ class SelfTimeHistory:
                 continue
             ran = (peers >= 0) & ~own & (self.engine_of[np.maximum(peers, 0)] == engine)
             local = np.where(ran, peers - self.first_key[engine], 0)
-            values = np.where(ran, self.blocks[engine][local, column[0]], values)
+            values = np.where(ran, self.blocks[engine][local, column[0]].astype(np.float64), values)
         some = (~np.isnan(values)).any(axis=1)
         if some.any():
             out[some] = np.nanmedian(values[some], axis=1)
