@@ -3,10 +3,11 @@
 Every rank's weights are file-mapped (`teller.lab.serve.model.map_weights_from_disk`), as
 mmap-loaded checkpoints are. The limit leaves the rank's heap its current size but keeps
 `EVICTED_AT_FULL` x intensity of its file pages out, so the kernel evicts weight pages and the
-rank faults them back in from disk inside its matmuls: page-fault time lands in `aten::mm`. A thread re-tightens the
-limit as the heap grows (the profiler's buffers grow all run), which is what cgroup v2's
-`memory.high` does by itself; on v2 that file is used, on v1 the hard `memory.limit_in_bytes` with
-the group's OOM killer off, so a burst over the limit stalls the rank instead of killing it.
+rank faults them back in from disk inside its matmuls: page-fault time lands in `aten::mm`. A
+thread re-tightens the limit as the heap grows (the profiler's buffers grow all run), which is
+what cgroup v2's `memory.high` does by itself; on v2 that file is used, on v1 the hard
+`memory.limit_in_bytes` with the group's OOM killer off, so a burst over the limit stalls the
+rank instead of killing it.
 
 No fixed headroom is added above the heap: a shard's weights are a few MiB to tens of MiB (less the
 more ranks share the model), and any fixed room as large as the file pages leaves the limit above
@@ -23,8 +24,8 @@ from teller.errors import TellerError
 from teller.lab.faults.os_fault import RankTarget
 
 #: The share of the rank's weight pages kept out at intensity 1. A pass over the weights faults
-#: back in what was evicted, each fault a disk read: on the lab machine 1% of a shard's pages kept
-#: out doubled a TP 3 rank's step time, 4% tripled it, 24% made it 5x and 80% about 20x.
+#: back in what was evicted, each fault a disk read: on the lab machine 0.8% of a shard's pages
+#: kept out made a TP 3 rank's steps 1.9x as long, 4% 3.3x, 24% about 5x and 80% about 20x.
 EVICTED_AT_FULL = 0.1
 RETIGHTEN_S = 0.1
 _BACKOFF_TRIES = 6
