@@ -29,7 +29,6 @@ def two_engines(seed: int) -> tuple[StepNodes, np.ndarray]:
         name=name.astype(np.int32),
         ordinal=ordinal.astype(np.int64),
         self_ns=self_ns.astype(np.int64),
-        dur_ns=self_ns.astype(np.int64),
         layer=np.zeros(count, np.int8),
         on_gpu=np.ones(count, bool),
     )

@@ -275,7 +275,6 @@ class StepNodes(StepKeyed):
     name: np.ndarray  # name id
     ordinal: np.ndarray  # occurrence of this name within (rank, iteration), in time order
     self_ns: np.ndarray
-    dur_ns: np.ndarray
     layer: np.ndarray
     on_gpu: np.ndarray
 
@@ -311,7 +310,6 @@ def step_nodes(tree: CallTree) -> StepNodes:
         name=name,
         ordinal=run_ordinals(rank, iteration, name, on_gpu).astype(rows),
         self_ns=tree.self_ns[inside],
-        dur_ns=tree.dur[inside],
         layer=tree.layer[inside],
         on_gpu=on_gpu,
     )
