@@ -28,7 +28,7 @@ STAGE_RANK = {
     "report": 7,
     "analysis": 8,
 }
-COMMON = {"errors", "atomic", "faults", "labels", "layout"}
+COMMON = {"errors", "atomic", "heap", "faults", "labels", "layout"}
 #: Beside the pipeline: they may import it, it never imports them.
 BESIDE = {"collect", "lab", "eval", "watch", "cli", "__init__", "__main__"}
 
