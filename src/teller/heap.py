@@ -16,7 +16,6 @@ allocator alone. Elsewhere than glibc it does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 #: glibc's `M_MMAP_THRESHOLD` parameter of `mallopt` (malloc.h).
 M_MMAP_THRESHOLD = -3
@@ -26,12 +25,8 @@ MMAP_THRESHOLD_BYTES = 128 * 1024
 
 def give_freed_arrays_back() -> bool:
     """Fix glibc's mmap threshold; False where there is no glibc `mallopt` to call."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+    try:  # the process's own symbols: libc is loaded already, no library search needed
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

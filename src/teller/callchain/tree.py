@@ -300,9 +300,7 @@ def join_forests(
             array = getattr(forest, field)
             parts.append(array if each is None else each(array, index))
             setattr(forest, field, array[:0].copy())
-        joined = np.concatenate(parts)
-        del parts
-        return joined
+        return np.concatenate(parts)
 
     rank, pid, tid, stream = taken("rank"), taken("pid"), taken("tid"), taken("stream")
     start, dur, layer = taken("start"), taken("dur"), taken("layer")
