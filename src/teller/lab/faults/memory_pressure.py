@@ -24,8 +24,8 @@ from teller.errors import TellerError
 from teller.lab.faults.os_fault import RankTarget
 
 #: The share of the rank's weight pages kept out at intensity 1. A pass over the weights faults
-#: back in what was evicted, each fault a disk read: on the lab machine 0.8% of a shard's pages
-#: kept out made a TP 3 rank's steps 1.9x as long, 4% 3.3x, 24% about 5x and 80% about 20x.
+#: back in what was evicted, each fault a disk read, so a few percent already stretch a step
+#: several times over.
 EVICTED_AT_FULL = 0.1
 RETIGHTEN_S = 0.1
 _BACKOFF_TRIES = 6
