@@ -169,6 +169,14 @@ def test_straggler_inflates_the_peers_allreduce_and_slows_the_guilty_rank(lab_ro
     own = case.own_work_us(GUILTY)
     assert own >= 1.5 * case.own_work_us(PEER)
     assert own >= 1.5 * case.own_work_us(GUILTY, inside=False)
+    # the labels name the window steps in which the quota throttled the rank: its peer waited
+    # in those steps' all-reduces
+    labels = case.labels
+    assert labels.params["steps_from"] == "throttled_ns"
+    assert 0 < len(labels.steps) <= labels.params["window_steps"]
+    assert _allreduce_ms(case, PEER, labels.steps) >= 2 * _allreduce_ms(
+        case, PEER, _outside(case, PEER)
+    )
 
 
 def test_cpu_contention_stretches_the_guilty_ranks_matmuls(lab_root, baseline):
@@ -197,6 +205,37 @@ def test_net_throttle_makes_allreduce_time_grow_with_message_size(lab_root, base
     size_effect_outside = mean_ms(False, True) / mean_ms(False, False)
     assert size_effect_inside >= 2 * size_effect_outside
     assert case.labels.guilty_operator == "gloo:all_reduce"
+    # the labels name the window steps whose transfers the bucket held back, as the qdiscs
+    # counted them while the limit was on; their all-reduces took far longer than a step's
+    # outside the window
+    labels = case.labels
+    assert labels.params["steps_from"] == "link_overlimits"
+    assert 0 < len(labels.steps) <= labels.params["window_steps"]
+    samples = (case.case_dir / "run" / "link_overlimits.jsonl").read_text().splitlines()
+    counts = [json.loads(line)["overlimits"] for line in samples]
+    assert len(counts) > 10 and counts[-1] > counts[0]
+    assert _allreduce_ms(case, GUILTY, labels.steps) >= 3 * _allreduce_ms(
+        case, GUILTY, _outside(case, GUILTY)
+    )
+
+
+def _step_ordinals(case: Case, rows: np.ndarray) -> list[int]:
+    return case.tree.steps.index[rows].tolist()
+
+
+def _outside(case: Case, rank: int) -> list[int]:
+    return _step_ordinals(case, case.steps(rank, inside=False))
+
+
+def _allreduce_ms(case: Case, rank: int, ordinals: list[int]) -> float:
+    """Median over the given steps of `rank` of the time its all-reduces took per step."""
+    tree = case.tree
+    steps = tree.steps
+    rows = np.flatnonzero((steps.rank == rank) & np.isin(steps.index, ordinals))
+    reduces = (tree.name == tree.names.index("gloo:all_reduce")) & (tree.step >= 0)
+    per_step = np.bincount(tree.step[reduces], weights=tree.dur[reduces], minlength=len(steps))
+    assert len(rows), f"no step of rank {rank} among {ordinals}"
+    return float(np.median(per_step[rows])) / 1e6
 
 
 def test_slow_operator_slows_attention_on_the_guilty_rank_only(lab_root):

@@ -16,9 +16,11 @@ import pytest
 from lab.lab_procs import alive, descendants
 from teller.cli import main
 from teller.errors import TellerError
+from teller.faults import FAULTS
 from teller.lab import netns
 from teller.lab.cgroups import cgroup_version
 from teller.lab.run import CaseSpec, _check_fault_acted, parse_window, run_case
+from teller.labels import CaseLabels
 
 
 def test_faults_needing_root_are_refused_with_a_reason(monkeypatch, tmp_path):
@@ -30,33 +32,60 @@ def test_faults_needing_root_are_refused_with_a_reason(monkeypatch, tmp_path):
         assert not (tmp_path / fault).exists()
 
 
-def _host_file(case_dir: Path, rank: int, faults: list[int], t0_ns: int = 10**18) -> None:
+def _host_file(case_dir: Path, rank: int, counts: list[int], counter: str, t0_ns: int) -> None:
     host = case_dir / "host"
     host.mkdir(parents=True, exist_ok=True)
     lines = []
-    for k, count in enumerate(faults):
+    for k, count in enumerate(counts):
         sample = {"t_ns": t0_ns + k * 10**8, "cpu_ns": k * 10**7, "run_delay_ns": 0}
-        sample |= {"throttled_ns": -1, "memory_stall_ns": -1, "major_faults": count}
-        lines.append(json.dumps(sample | {"stopped": False}))
+        sample |= {"throttled_ns": -1, "memory_stall_ns": -1, "major_faults": 0}
+        lines.append(json.dumps(sample | {counter: count, "stopped": False}))
     (host / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def _labels(spec: CaseSpec, window_ns: tuple[int, int], steps: list[int]) -> CaseLabels:
+    return CaseLabels(
+        case_id="c",
+        source="lab",
+        fault=spec.fault,
+        view=FAULTS[spec.fault],
+        guilty_rank=spec.rank,
+        guilty_operator=None,
+        window_ns=window_ns,
+        steps=steps,
+        intensity=spec.intensity,
+        seed=0,
+        explanation="",
+    )
+
+
 def test_a_fault_whose_counter_did_not_rise_in_its_window_is_refused(tmp_path):
-    spec = CaseSpec("memory_pressure", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
-    window_ns = (10**18 + 2 * 10**8, 10**18 + 6 * 10**8)
-    _host_file(tmp_path / "flat", 2, [0, 0, 0, 0, 0, 0, 0, 3])  # a fault only after the window
+    t0_ns = 10**18
+    window_ns = (t0_ns + 2 * 10**8, t0_ns + 6 * 10**8)
+    # a counter that stays flat on a healthy rank names the steps it rose in: none, refused
+    memory = CaseSpec("memory_pressure", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
+    _host_file(tmp_path / "faults", 2, [0, 0, 0, 4, 9, 9, 9, 9], "major_faults", t0_ns)
     with pytest.raises(
         TellerError, match=r"memory_pressure on rank 2 did not act: its major_faults"
     ):
-        _check_fault_acted(spec, tmp_path / "flat", window_ns)
-    _host_file(tmp_path / "rose", 2, [0, 0, 0, 4, 9, 9, 9, 9])
-    _check_fault_acted(spec, tmp_path / "rose", window_ns)
+        _check_fault_acted(memory, tmp_path / "faults", _labels(memory, window_ns, []))
+    _check_fault_acted(memory, tmp_path / "faults", _labels(memory, window_ns, [3]))
+    # run delay rises on every rank of a machine with fewer cores than ranks: the window as a
+    # whole must see it rise
+    busy = CaseSpec("cpu_contention", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
+    busy_labels = _labels(busy, window_ns, [3, 4])
+    _host_file(tmp_path / "late", 2, [0, 0, 0, 0, 0, 0, 0, 3], "run_delay_ns", t0_ns)
+    with pytest.raises(TellerError, match=r"cpu_contention on rank 2 did not act: its run_delay"):
+        _check_fault_acted(busy, tmp_path / "late", busy_labels)
+    _host_file(tmp_path / "rose", 2, [0, 0, 0, 4, 9, 9, 9, 9], "run_delay_ns", t0_ns)
+    _check_fault_acted(busy, tmp_path / "rose", busy_labels)
     # a counter that was not readable (-1: no cgroup quota file) gives nothing to check against
     quota = CaseSpec("straggler", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
-    _check_fault_acted(quota, tmp_path / "flat", window_ns)
+    _check_fault_acted(quota, tmp_path / "faults", _labels(quota, window_ns, []))
     # nor do faults without a counter of their own, nor a run without host counters
-    _check_fault_acted(CaseSpec("slow_operator", rank=2, tp=3), tmp_path / "flat", window_ns)
-    _check_fault_acted(spec, tmp_path / "nothing", window_ns)
+    slow = CaseSpec("slow_operator", rank=2, tp=3)
+    _check_fault_acted(slow, tmp_path / "faults", _labels(slow, window_ns, []))
+    _check_fault_acted(memory, tmp_path / "nothing", _labels(memory, window_ns, []))
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):

@@ -2,7 +2,9 @@
 
 `teller lab run` and `teller lab serve` both use it: it waits for every rank's pid file and for
 t0 (rank 0's end of warm-up, `run/t0_ns`), applies the fault to the guilty rank A seconds after
-t0 and reverts it at B, or at once when stopped. In-process faults need no thread: the ranks
+t0 and reverts it at B, or at once when stopped. While a rate limit is on it also samples how
+often the limit held packets back (`teller.lab.faults.link_counters`), which no host counter of the
+rank shows, for the labels to name the steps it delayed. In-process faults need no thread: the ranks
 switch those themselves on the same clock (`teller.lab.faults.inprocess`).
 """
 
@@ -15,6 +17,8 @@ from pathlib import Path
 
 from teller.lab.cgroups import RankCgroup
 from teller.lab.faults.catalog import LAB_FAULTS, os_fault
+from teller.lab.faults.link_counters import FILE_NAME as LINK_FILE
+from teller.lab.faults.link_counters import LinkOverlimits
 from teller.lab.faults.os_fault import RankTarget
 from teller.lab.netns import LabNetwork
 from teller.lab.serve.config import ServeConfig
@@ -55,6 +59,7 @@ class FaultInjector:
         self.reverted_ns: int | None = None
         self._stop = threading.Event()
         self._fault = None
+        self.link_counters: LinkOverlimits | None = None
         self._thread = threading.Thread(target=self._run, name="fault-injector", daemon=True)
 
     def start(self) -> None:
@@ -80,6 +85,9 @@ class FaultInjector:
                 return
             self._fault.apply()
             self.applied_ns = time.time_ns()
+            if LAB_FAULTS[self.plan.fault].shows_in == "link_overlimits":
+                self.link_counters = LinkOverlimits(target, self.run_dir / LINK_FILE)
+                self.link_counters.start()
             self._stop.wait(self._seconds_until(end_s))
             self._revert()
         except BaseException as error:  # reported by the caller after the run
@@ -121,4 +129,8 @@ class FaultInjector:
     def _revert(self) -> None:
         if self._fault is not None and self.applied_ns is not None and self.reverted_ns is None:
             self.reverted_ns = time.time_ns()
+            if self.link_counters is not None:
+                self.link_counters.stop()
+                if self.link_counters.error is not None and self.error is None:
+                    self.error = self.link_counters.error
             self._fault.revert()

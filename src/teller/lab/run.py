@@ -7,7 +7,9 @@ configuration (run/serve.json, t0_ns, pids) and labels.json (`teller.labels.Case
 The fault window `A:B` is in **seconds after serve start** (t0: the moment rank 0 finishes warm-up,
 before the first request arrives); OS faults are applied and reverted by a thread here at those
 times, in-process faults switch themselves on the same clock. The labels carry the window in unix
-ns and the step ordinals it covers, found by reading the recorded traces back with `build_tree`.
+ns and the step ordinals of the guilty rank it covers, found by reading the recorded traces back
+with `build_tree`; where the fault's counter tells step by step when it acted, only the window
+steps it acted on (`teller.lab.acted`).
 
 As root each rank gets its own network namespace and cgroup; without root ranks share loopback and
 faults that need root are refused. The case is written to a temporary sibling folder and renamed
@@ -34,8 +36,8 @@ import numpy as np
 
 from teller.errors import TellerError
 from teller.faults import FAULTS
-from teller.ingest.host import read_host_file
 from teller.lab import netns
+from teller.lab.acted import fault_counter, steps_acted_on
 from teller.lab.cgroups import cgroup_version, rank_cgroups
 from teller.lab.faults.catalog import LAB_FAULTS, explanation
 from teller.lab.guard import PARENT_PID_ENV, guarded
@@ -162,7 +164,7 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
                     f"see {out}.failed/logs: {_log_tail(partial)}"
                 )
             labels = _labels(spec, partial, out.name, injector)
-            _check_fault_acted(spec, partial, labels.window_ns)
+            _check_fault_acted(spec, partial, labels)
         labels.write(partial)
         if out.exists():
             out.rmdir()
@@ -217,7 +219,14 @@ def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjecto
     steps = tree.steps
     step_rank = spec.rank if spec.fault != "scheduler_misconfig" else 0
     end_ns = steps.start_ns + steps.dur_ns
-    covered = (steps.rank == step_rank) & (steps.start_ns < window[1]) & (end_ns > window[0])
+    on_rank = steps.rank == step_rank
+    covered = on_rank & (steps.start_ns < window[1]) & (end_ns > window[0])
+    labelled, steps_from = covered, "window"
+    counter = fault_counter(case_dir, spec.fault, spec.rank) if kind.marks_steps else None
+    if counter is not None:
+        acted = np.zeros(len(covered), dtype=bool)
+        acted[on_rank] = steps_acted_on(steps.start_ns[on_rank], end_ns[on_rank], counter)
+        labelled, steps_from = covered & acted, counter.name
     view = FAULTS[spec.fault]
     is_fault = view != "-"
     return CaseLabels(
@@ -228,7 +237,7 @@ def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjecto
         guilty_rank=(step_rank if is_fault else None),
         guilty_operator=kind.guilty_operator,
         window_ns=window if spec.fault != "none" else None,
-        steps=steps.index[covered].tolist() if spec.fault != "none" else [],
+        steps=steps.index[labelled].tolist() if spec.fault != "none" else [],
         intensity=spec.intensity,
         seed=spec.seed,
         explanation=explanation(spec.fault, spec.rank, spec.intensity),
@@ -240,31 +249,35 @@ def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjecto
             "t0_ns": t0_ns,
             "netns": netns.is_root(),
             "requested_rank": spec.rank,
+            "window_steps": int(covered.sum()) if spec.fault != "none" else 0,
+            "steps_from": steps_from,
         },
     )
 
 
-def _check_fault_acted(spec: CaseSpec, case_dir: Path, window_ns: tuple[int, int] | None) -> None:
+def _check_fault_acted(spec: CaseSpec, case_dir: Path, labels: CaseLabels) -> None:
     """Refuse a recording whose fault left no trace in the counter it must raise on the guilty
-    rank (`FaultKind.shows_in`): a memory limit above what the rank uses, or a CPU quota above
-    what it asks for, changes nothing, and labelling its window would teach and score a fault
-    that never acted. Where the counter was not sampled or not readable there is nothing to
-    check against, and the recording stands."""
-    counter = LAB_FAULTS[spec.fault].shows_in
-    path = case_dir / "host" / f"rank{spec.rank}.jsonl"
-    if counter is None or window_ns is None or not path.exists():
+    rank (`FaultKind.shows_in`): a memory limit above what the rank uses, a CPU quota above
+    what it asks for, or a rate limit whose bucket holds every transfer changes nothing, and
+    labelling its window would teach and score a fault that never acted. Where the counter was
+    not sampled or not readable there is nothing to check against, and the recording stands."""
+    window_ns = labels.window_ns
+    counter = fault_counter(case_dir, spec.fault, spec.rank)
+    if counter is None or window_ns is None:
         return
-    series, _ = read_host_file(path, spec.rank)
-    inside = (series.t_ns >= window_ns[0]) & (series.t_ns <= window_ns[1])
-    values = series.counters[counter][inside]
-    if len(values) < 2 or np.isnan(values).any():
-        return
-    if values[-1] <= values[0]:
+    if LAB_FAULTS[spec.fault].marks_steps:
+        acted = bool(labels.steps)
+    else:
+        inside = (counter.t_ns >= window_ns[0]) & (counter.t_ns <= window_ns[1])
+        values = counter.values[inside]
+        acted = len(values) < 2 or values[-1] > values[0]
+    if not acted:
         start_s, end_s = spec.window_s
         raise TellerError(
-            f"{spec.fault} on rank {spec.rank} did not act: its {counter} did not rise in the "
-            f"window {start_s}:{end_s} s ({path}); at --intensity {spec.intensity} the fault "
-            "changed nothing, so the case is not labelled; try a higher --intensity"
+            f"{spec.fault} on rank {spec.rank} did not act: its {counter.name} did not rise in "
+            f"any step of the window {start_s}:{end_s} s ({case_dir}); at --intensity "
+            f"{spec.intensity} the fault changed nothing, so the case is not labelled; try a "
+            "higher --intensity"
         )
 
 

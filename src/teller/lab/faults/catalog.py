@@ -29,10 +29,15 @@ class FaultKind:
     needs_root: bool
     guilty_operator: str | None
     explanation: str  # a format string over rank, intensity and the fault's parameters
-    #: The host counter (`teller.ingest.host.COUNTERS`) that rises on the guilty rank while the
-    #: fault acts; a recording in which it does not rise inside the window is refused
-    #: (`teller.lab.run`), since its labels would name a fault that never acted.
+    #: The counter that rises on the guilty rank while the fault acts: a host counter
+    #: (`teller.ingest.host.COUNTERS`), or the rate limit's `link_overlimits`
+    #: (`teller.lab.faults.link_counters`). A recording in which it does not rise inside the
+    #: window is refused (`teller.lab.run`), since its labels would name a fault that never acted.
     shows_in: str | None = None
+    #: Whether that counter stays flat on a healthy rank, so that the labels can name the window
+    #: steps in which it rose (`teller.lab.acted`). Not so for run delay: on a machine with fewer
+    #: cores than ranks every rank waits for a CPU in every step.
+    marks_steps: bool = False
 
 
 LAB_FAULTS: dict[str, FaultKind] = {
@@ -56,6 +61,7 @@ LAB_FAULTS: dict[str, FaultKind] = {
             "Rank {rank} was throttled to {cpu_percent:.0f}% of a CPU, so it reached every "
             "all-reduce late and its peers' all-reduce time was inflated while its own was short.",
             shows_in="throttled_ns",
+            marks_steps=True,
         ),
         FaultKind(
             "net_throttle",
@@ -64,6 +70,8 @@ LAB_FAULTS: dict[str, FaultKind] = {
             "gloo:all_reduce",
             "Rank {rank}'s network link was rate-limited to {rate_mbit:.0f} Mbit/s, so all-reduce "
             "transfer time rose with message size, most on prefill steps.",
+            shows_in="link_overlimits",
+            marks_steps=True,
         ),
         FaultKind(
             "slow_operator",
@@ -98,6 +106,7 @@ LAB_FAULTS: dict[str, FaultKind] = {
             "Rank {rank}'s memory was capped just above its heap, so the kernel reclaimed its "
             "mapped files and page faults slowed its host operators.",
             shows_in="major_faults",
+            marks_steps=True,
         ),
         FaultKind(
             "workload_shift",

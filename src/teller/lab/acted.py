@@ -1,0 +1,98 @@
+"""Which steps of a lab fault's window the fault acted on, read from the counter it raises.
+
+A fault that is on is not a fault that acts. A CPU quota throttles the rank only in the periods
+where it asks for more than its share; a rate limit delays only the transfers its bucket cannot
+absorb; a memory limit slows only the steps that touch evicted pages. A window step in which
+none of that happened ran as a healthy step runs, and labelling it would score every method
+for missing a fault that was not there (and teach a model to flag healthy steps). Where the
+fault's counter stays flat on a healthy rank (`FaultKind.marks_steps`), the labels therefore
+name the window steps in which it rose, on the guilty rank, between the end of that rank's
+previous step and the end of the step: a rank held back between steps arrives late at the
+step's first collective, which is where its peers wait.
+
+How a rise maps onto time depends on the counter. Page faults and held-back packets are
+counted as they happen, so a rise between two samples happened somewhere between them. A CPU
+quota's throttled time is added when the throttling ends (the kernel adds the whole throttled
+stretch on unthrottle), so a rise of d at a sample covers the d before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from teller.errors import TellerError
+from teller.ingest.host import read_host_file
+from teller.lab.faults.catalog import LAB_FAULTS
+from teller.lab.faults.link_counters import read_link_overlimits
+
+#: Counters that grow by the length of a stretch when that stretch ends.
+ADDED_WHEN_ENDED = frozenset({"throttled_ns"})
+
+
+@dataclass(frozen=True)
+class FaultCounter:
+    """One cumulative counter of the guilty rank, sampled through a recording."""
+
+    name: str
+    t_ns: np.ndarray  # int64, wall clock
+    values: np.ndarray  # float64, cumulative
+
+    def acting(self) -> tuple[np.ndarray, np.ndarray]:
+        """The stretches (start, end ns) in which the counter shows the fault acting."""
+        rises = np.diff(self.values)
+        rose = np.flatnonzero(rises > 0)
+        ends = self.t_ns[rose + 1].astype(np.float64)
+        if self.name in ADDED_WHEN_ENDED:
+            starts = ends - rises[rose]
+        else:
+            starts = self.t_ns[rose].astype(np.float64)
+        return starts, ends
+
+
+def fault_counter(case_dir: Path, fault: str, rank: int) -> FaultCounter | None:
+    """The counter `fault` raises on `rank` as the recording in `case_dir` sampled it; None where
+    the fault has none, or it was not sampled or not readable (no cgroup controller)."""
+    name = LAB_FAULTS[fault].shows_in
+    if name is None:
+        return None
+    if name == "link_overlimits":
+        samples = read_link_overlimits(case_dir)
+        if samples is None or len(samples[0]) < 2:
+            return None
+        t_ns, counts = samples
+        return FaultCounter(name, np.asarray(t_ns, np.int64), np.asarray(counts, np.float64))
+    path = case_dir / "host" / f"rank{rank}.jsonl"
+    if not path.exists():
+        return None
+    try:
+        series, _ = read_host_file(path, rank)
+    except TellerError:
+        return None
+    values = series.counters[name]
+    if len(values) < 2 or np.isnan(values).any():
+        return None
+    return FaultCounter(name, series.t_ns, values)
+
+
+def steps_acted_on(start_ns: np.ndarray, end_ns: np.ndarray, counter: FaultCounter) -> np.ndarray:
+    """Per step of one rank (in time order), whether the counter shows the fault acting between
+    the end of the rank's previous step and the step's end."""
+    if len(start_ns) == 0:
+        return np.zeros(0, dtype=bool)
+    order = np.argsort(start_ns, kind="stable")
+    begins = np.empty(len(order), dtype=np.float64)
+    begins[order] = np.concatenate([[start_ns[order[0]]], end_ns[order[:-1]]])
+    begins = np.minimum(begins, start_ns)
+    starts, ends = counter.acting()
+    if len(starts) == 0:
+        return np.zeros(len(start_ns), dtype=bool)
+    # a stretch overlaps [begin, end) when it starts before the end and ends after the begin
+    by_start = np.argsort(starts, kind="stable")
+    sorted_starts, ends_by_start = starts[by_start], ends[by_start]
+    latest_end = np.maximum.accumulate(ends_by_start)
+    before_end = np.searchsorted(sorted_starts, end_ns.astype(np.float64), side="left")
+    reaches = np.where(before_end > 0, latest_end[np.maximum(before_end - 1, 0)], -np.inf)
+    return reaches > begins

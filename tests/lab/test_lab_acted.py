@@ -1,0 +1,60 @@
+"""The lab labels the window steps its fault acted on, as the fault's own counter tells."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from teller.lab.acted import FaultCounter, fault_counter, steps_acted_on
+from teller.lab.faults.link_counters import FILE_NAME
+
+MS = 1_000_000
+
+
+def _steps(*spans_ms: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.array([a for a, _ in spans_ms], dtype=np.int64) * MS
+    ends = np.array([b for _, b in spans_ms], dtype=np.int64) * MS
+    return starts, ends
+
+
+def test_throttled_time_covers_the_stretch_before_the_sample_that_added_it():
+    # the kernel adds a throttled stretch when it ends: 15 ms added by the sample at 30 ms
+    # means the rank was held from 15 to 30 ms, not somewhere between 20 and 30
+    counter = FaultCounter(
+        "throttled_ns", np.array([0, 10, 20, 30, 40]) * MS, np.array([0, 0, 0, 15, 15]) * MS
+    )
+    starts, ends = _steps((0, 12), (13, 16), (17, 30), (31, 40))
+    assert steps_acted_on(starts, ends, counter).tolist() == [False, True, True, False]
+    # a step's span runs from the end of the rank's previous step: held back between steps, the
+    # rank reaches the step's first collective late
+    starts, ends = _steps((0, 12), (31, 40))
+    assert steps_acted_on(starts, ends, counter).tolist() == [False, True]
+
+
+def test_counted_events_mark_every_step_between_the_two_samples():
+    counter = FaultCounter("major_faults", np.array([0, 10, 20, 30]) * MS, np.array([0, 0, 7, 7.0]))
+    starts, ends = _steps((0, 9), (9, 12), (12, 20), (21, 29))
+    assert steps_acted_on(starts, ends, counter).tolist() == [False, True, True, False]
+    # the steps may come in any order: each is matched with its own predecessor in time
+    order = [2, 0, 3, 1]
+    acted = steps_acted_on(starts[order], ends[order], counter)
+    assert acted.tolist() == [True, False, False, True]
+
+
+def test_a_flat_counter_marks_no_step():
+    counter = FaultCounter("major_faults", np.array([0, 10, 20]) * MS, np.zeros(3))
+    starts, ends = _steps((0, 5), (5, 20))
+    assert not steps_acted_on(starts, ends, counter).any()
+    assert len(steps_acted_on(starts[:0], ends[:0], counter)) == 0
+
+
+def test_the_rate_limits_counter_is_read_from_the_recording(tmp_path):
+    (tmp_path / "run").mkdir()
+    assert fault_counter(tmp_path, "net_throttle", 1) is None  # not sampled: the window stands
+    rows = [{"t_ns": 100 + 10 * k, "overlimits": n} for k, n in enumerate([0, 0, 5, 9])]
+    (tmp_path / "run" / FILE_NAME).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counter = fault_counter(tmp_path, "net_throttle", 1)
+    assert counter is not None and counter.name == "link_overlimits"
+    assert counter.values.tolist() == [0, 0, 5, 9]
+    assert fault_counter(tmp_path, "slow_operator", 1) is None  # a fault without a counter
