@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from teller.errors import TellerError
-from teller.ingest.host import read_host_file, read_host_files
+from teller.ingest.host import cumulative_at, read_host_file, read_host_files
 
 
 def _sample(t_ns: int, throttled: int, stopped: bool = False) -> str:
@@ -62,3 +62,19 @@ def test_a_file_not_named_after_a_rank_is_left_out(tmp_path: Path) -> None:
     path.write_text(_sample(0, 0))
     series, warnings = read_host_files([path])
     assert series == [] and "not a rank's host counters" in warnings[0]
+
+
+def test_time_the_kernel_adds_when_a_stretch_ends_is_placed_before_its_sample() -> None:
+    ms = 1_000_000
+    t_ns = np.array([0, 10, 20, 30, 40]) * ms
+    values = np.array([0, 0, 0, 25, 25], dtype=np.float64) * ms  # 25 ms added at 30 ms
+    at = np.array([0, 5, 10, 20, 30, 40]) * ms
+    # throttled time: the 25 ms ran from 5 to 30 ms, one ms per ms
+    throttled = cumulative_at("throttled_ns", t_ns, values, at) / ms
+    assert throttled.tolist() == [0, 0, 5, 15, 25, 25]
+    # a counter that grows as things happen is spread over the interval between its samples
+    faults = cumulative_at("major_faults", t_ns, values / ms, at)
+    assert faults.tolist() == [0, 0, 0, 0, 25, 25]
+    # an unreadable counter stays unknown
+    unknown = cumulative_at("throttled_ns", t_ns, np.full(5, np.nan), at)
+    assert np.isnan(unknown).all()

@@ -3,7 +3,9 @@
 The counters are sampled on the host's wall clock (`teller.ingest.host`), the clock each rank's
 trace was recorded on; the tree may have moved a rank onto the reference rank's clock
 (`teller.align.clock`), so a step's window is moved back by that rank's offset before the
-counters are read at its ends (linear between samples, which are 10 ms apart). A step outside
+counters are read at its ends (`teller.ingest.host.cumulative_at`: between samples, which are
+10 ms apart, linear, or for the times the kernel adds when they end, placed before the sample that
+shows them). A step outside
 the sampled span, or a counter the host could not read, is NaN.
 """
 
@@ -16,7 +18,7 @@ import numpy as np
 
 from teller.align.clock import ClockOffsets
 from teller.callchain.tree import CallTree
-from teller.ingest.host import COUNTERS, HostSeries, read_host_files
+from teller.ingest.host import COUNTERS, HostSeries, cumulative_at, read_host_files
 
 #: What a step is measured by: the sampled counters and the time the process was seen stopped.
 MEASURES = (*COUNTERS, "stopped_ns")
@@ -49,14 +51,12 @@ def host_steps(
         rows, start, end = rows[inside], start[inside], end[inside]
         if not len(rows):
             continue
-        t = one.t_ns.astype(np.float64)
         cumulative = {**one.counters, "stopped_ns": one.stopped_ns}
         for name, values in cumulative.items():
-            known = ~np.isnan(values)
-            if known.sum() < 2:
+            if (~np.isnan(values)).sum() < 2:
                 continue
-            at_start = np.interp(start, t[known], values[known])
-            at_end = np.interp(end, t[known], values[known])
+            at_start = cumulative_at(name, one.t_ns, values, start)
+            at_end = cumulative_at(name, one.t_ns, values, end)
             added[name][rows] = np.maximum(at_end - at_start, 0.0)
     return HostSteps(added, frozenset(by_rank))
 

@@ -21,6 +21,10 @@ from teller.errors import TellerError
 
 #: The counters a sample holds, each cumulative since the process started.
 COUNTERS = ("cpu_ns", "run_delay_ns", "throttled_ns", "memory_stall_ns", "major_faults")
+#: Counters the kernel adds a stretch to when the stretch ends: a CPU quota's throttled time on
+#: unthrottle, the time a task waited runnable when it next runs (`sched_info_arrive`). A rise of
+#: d at a sample is time that ran up to it, not time spread since the sample before.
+ADDED_WHEN_ENDED = frozenset({"throttled_ns", "run_delay_ns"})
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
 
 
@@ -49,6 +53,35 @@ def _cumulative(raw: list[float]) -> np.ndarray:
     out = np.concatenate([[0.0], np.cumsum(rises)]) if len(values) else values
     out[np.isnan(values)] = np.nan
     return out
+
+
+def cumulative_at(name: str, t_ns: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Counter `name` (cumulative samples `values` at `t_ns`, NaN where unreadable) as it stood at
+    the times `at`. Between samples a counter is taken to grow evenly, except the ones the kernel
+    adds a stretch to when it ends (`ADDED_WHEN_ENDED`): a rise of d at a sample is placed on the
+    d before that sample, so a throttled stretch that ended just after a step is that step's,
+    not the next one's. Why it matters: a quota's throttled stretches are tens of ms, as long as
+    a decode step; spread over the sample interval after them, they land on the wrong step."""
+    known = ~np.isnan(values)
+    t, v = t_ns[known].astype(np.float64), values[known]
+    at = np.asarray(at, dtype=np.float64)
+    if len(t) < 2:
+        return np.full(at.shape, np.nan)
+    if name not in ADDED_WHEN_ENDED:
+        return np.interp(at, t, v)
+    rises = np.diff(v)
+    rose = rises > 0
+    ends, lengths = t[1:][rose], rises[rose]
+    begins = ends - lengths
+    # accrued(x) = sum over stretches of clip(x - begin, 0, length)
+    #            = sum_{begin < x} (x - begin) - sum_{end < x} (x - end)
+    begins_sorted, ends_sorted = np.sort(begins), np.sort(ends)
+    begun = np.searchsorted(begins_sorted, at, side="left")
+    ended = np.searchsorted(ends_sorted, at, side="left")
+    begun_sum = np.concatenate([[0.0], np.cumsum(begins_sorted)])[begun]
+    ended_sum = np.concatenate([[0.0], np.cumsum(ends_sorted)])[ended]
+    accrued = (begun * at - begun_sum) - (ended * at - ended_sum)
+    return v[0] + accrued
 
 
 def read_host_files(paths: list[Path]) -> tuple[list[HostSeries], list[str]]:

@@ -10,10 +10,9 @@ name the window steps in which it rose, on the guilty rank, between the end of t
 previous step and the end of the step: a rank held back between steps arrives late at the
 step's first collective, which is where its peers wait.
 
-How a rise maps onto time depends on the counter. Page faults and held-back packets are
-counted as they happen, so a rise between two samples happened somewhere between them. A CPU
-quota's throttled time is added when the throttling ends (the kernel adds the whole throttled
-stretch on unthrottle), so a rise of d at a sample covers the d before it.
+Where between two samples a rise happened is read as the analysis reads it
+(`teller.ingest.host.cumulative_at`): a quota's throttled time is added when the throttled stretch
+ends, so a rise covers the time just before its sample.
 """
 
 from __future__ import annotations
@@ -24,12 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from teller.errors import TellerError
-from teller.ingest.host import read_host_file
+from teller.ingest.host import cumulative_at, read_host_file
 from teller.lab.faults.catalog import LAB_FAULTS
 from teller.lab.faults.link_counters import read_link_overlimits
-
-#: Counters that grow by the length of a stretch when that stretch ends.
-ADDED_WHEN_ENDED = frozenset({"throttled_ns"})
 
 
 @dataclass(frozen=True)
@@ -39,17 +35,6 @@ class FaultCounter:
     name: str
     t_ns: np.ndarray  # int64, wall clock
     values: np.ndarray  # float64, cumulative
-
-    def acting(self) -> tuple[np.ndarray, np.ndarray]:
-        """The stretches (start, end ns) in which the counter shows the fault acting."""
-        rises = np.diff(self.values)
-        rose = np.flatnonzero(rises > 0)
-        ends = self.t_ns[rose + 1].astype(np.float64)
-        if self.name in ADDED_WHEN_ENDED:
-            starts = ends - rises[rose]
-        else:
-            starts = self.t_ns[rose].astype(np.float64)
-        return starts, ends
 
 
 def fault_counter(case_dir: Path, fault: str, rank: int) -> FaultCounter | None:
@@ -86,13 +71,6 @@ def steps_acted_on(start_ns: np.ndarray, end_ns: np.ndarray, counter: FaultCount
     begins = np.empty(len(order), dtype=np.float64)
     begins[order] = np.concatenate([[start_ns[order[0]]], end_ns[order[:-1]]])
     begins = np.minimum(begins, start_ns)
-    starts, ends = counter.acting()
-    if len(starts) == 0:
-        return np.zeros(len(start_ns), dtype=bool)
-    # a stretch overlaps [begin, end) when it starts before the end and ends after the begin
-    by_start = np.argsort(starts, kind="stable")
-    sorted_starts, ends_by_start = starts[by_start], ends[by_start]
-    latest_end = np.maximum.accumulate(ends_by_start)
-    before_end = np.searchsorted(sorted_starts, end_ns.astype(np.float64), side="left")
-    reaches = np.where(before_end > 0, latest_end[np.maximum(before_end - 1, 0)], -np.inf)
-    return reaches > begins
+    at_begin = cumulative_at(counter.name, counter.t_ns, counter.values, begins)
+    at_end = cumulative_at(counter.name, counter.t_ns, counter.values, end_ns)
+    return at_end - at_begin > 0
