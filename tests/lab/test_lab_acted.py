@@ -22,7 +22,10 @@ def test_throttled_time_covers_the_stretch_before_the_sample_that_added_it():
     # the kernel adds a throttled stretch when it ends: 15 ms added by the sample at 30 ms
     # means the rank was held from 15 to 30 ms, not somewhere between 20 and 30
     counter = FaultCounter(
-        "throttled_ns", np.array([0, 10, 20, 30, 40]) * MS, np.array([0, 0, 0, 15, 15]) * MS
+        "throttled_ns",
+        np.array([0, 10, 20, 30, 40]) * MS,
+        np.array([0, 0, 0, 15, 15]) * MS,
+        "host/rank0.jsonl",
     )
     starts, ends = _steps((0, 12), (13, 16), (17, 30), (31, 40))
     assert steps_acted_on(starts, ends, counter).tolist() == [False, True, True, False]
@@ -33,7 +36,8 @@ def test_throttled_time_covers_the_stretch_before_the_sample_that_added_it():
 
 
 def test_counted_events_mark_every_step_between_the_two_samples():
-    counter = FaultCounter("major_faults", np.array([0, 10, 20, 30]) * MS, np.array([0, 0, 7, 7.0]))
+    times, counts = np.array([0, 10, 20, 30]) * MS, np.array([0, 0, 7, 7.0])
+    counter = FaultCounter("major_faults", times, counts, "host/rank0.jsonl")
     starts, ends = _steps((0, 9), (9, 12), (12, 20), (21, 29))
     assert steps_acted_on(starts, ends, counter).tolist() == [False, True, True, False]
     # the steps may come in any order: each is matched with its own predecessor in time
@@ -43,7 +47,9 @@ def test_counted_events_mark_every_step_between_the_two_samples():
 
 
 def test_a_flat_counter_marks_no_step():
-    counter = FaultCounter("major_faults", np.array([0, 10, 20]) * MS, np.zeros(3))
+    counter = FaultCounter(
+        "major_faults", np.array([0, 10, 20]) * MS, np.zeros(3), "host/rank0.jsonl"
+    )
     starts, ends = _steps((0, 5), (5, 20))
     assert not steps_acted_on(starts, ends, counter).any()
     assert len(steps_acted_on(starts[:0], ends[:0], counter)) == 0
@@ -56,5 +62,6 @@ def test_the_rate_limits_counter_is_read_from_the_recording(tmp_path):
     (tmp_path / "run" / FILE_NAME).write_text("".join(json.dumps(r) + "\n" for r in rows))
     counter = fault_counter(tmp_path, "net_throttle", 1)
     assert counter is not None and counter.name == "link_overlimits"
+    assert counter.source == f"run/{FILE_NAME}"
     assert counter.values.tolist() == [0, 0, 5, 9]
     assert fault_counter(tmp_path, "slow_operator", 1) is None  # a fault without a counter

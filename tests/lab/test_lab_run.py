@@ -65,10 +65,12 @@ def test_a_fault_whose_counter_did_not_rise_in_its_window_is_refused(tmp_path):
     # a counter that stays flat on a healthy rank names the steps it rose in: none, refused
     memory = CaseSpec("memory_pressure", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
     _host_file(tmp_path / "faults", 2, [0, 0, 0, 4, 9, 9, 9, 9], "major_faults", t0_ns)
+    kept = tmp_path / "case.failed"
     with pytest.raises(
-        TellerError, match=r"memory_pressure on rank 2 did not act: its major_faults"
+        TellerError,
+        match=rf"memory_pressure on rank 2 did not act: its major_faults .*\({kept}/host/rank2",
     ):
-        _check_fault_acted(memory, tmp_path / "faults", _labels(memory, window_ns, []))
+        _check_fault_acted(memory, tmp_path / "faults", _labels(memory, window_ns, []), kept)
     _check_fault_acted(memory, tmp_path / "faults", _labels(memory, window_ns, [3]))
     # run delay rises on every rank of a machine with fewer cores than ranks: the window as a
     # whole must see it rise
@@ -149,6 +151,11 @@ def test_an_interrupted_run_removes_namespaces_cgroups_and_helpers(tmp_path, sig
 def test_a_recorded_fault_that_never_acted_leaves_no_case(tmp_path):
     # a quota of a whole CPU never throttles a rank that runs one thread of work at a time
     spec = CaseSpec("straggler", rank=1, intensity=0.0, window_s=(1.0, 3.0), duration_s=3.0)
-    with pytest.raises(TellerError, match="straggler on rank 1 did not act: its throttled_ns"):
+    # the error names the counter's file in the folder the refused recording is kept in
+    kept = tmp_path / "case.failed" / "host" / "rank1.jsonl"
+    with pytest.raises(
+        TellerError, match=rf"straggler on rank 1 did not act: its throttled_ns .*\({kept}\)"
+    ):
         run_case(spec, tmp_path / "case")
     assert not (tmp_path / "case").exists()
+    assert kept.exists()

@@ -25,6 +25,7 @@ import numpy as np
 from teller.errors import TellerError
 from teller.ingest.host import cumulative_at, read_host_file
 from teller.lab.faults.catalog import LAB_FAULTS
+from teller.lab.faults.link_counters import FILE_NAME as LINK_FILE
 from teller.lab.faults.link_counters import read_link_overlimits
 
 
@@ -35,6 +36,7 @@ class FaultCounter:
     name: str
     t_ns: np.ndarray  # int64, wall clock
     values: np.ndarray  # float64, cumulative
+    source: str  # the file it was read from, relative to the case directory
 
 
 def fault_counter(case_dir: Path, fault: str, rank: int) -> FaultCounter | None:
@@ -48,8 +50,12 @@ def fault_counter(case_dir: Path, fault: str, rank: int) -> FaultCounter | None:
         if samples is None or len(samples[0]) < 2:
             return None
         t_ns, counts = samples
-        return FaultCounter(name, np.asarray(t_ns, np.int64), np.asarray(counts, np.float64))
-    path = case_dir / "host" / f"rank{rank}.jsonl"
+        source = f"run/{LINK_FILE}"
+        return FaultCounter(
+            name, np.asarray(t_ns, np.int64), np.asarray(counts, np.float64), source
+        )
+    source = f"host/rank{rank}.jsonl"
+    path = case_dir / source
     if not path.exists():
         return None
     try:
@@ -59,7 +65,7 @@ def fault_counter(case_dir: Path, fault: str, rank: int) -> FaultCounter | None:
     values = series.counters[name]
     if len(values) < 2 or np.isnan(values).any():
         return None
-    return FaultCounter(name, series.t_ns, values)
+    return FaultCounter(name, series.t_ns, values, source)
 
 
 def steps_acted_on(start_ns: np.ndarray, end_ns: np.ndarray, counter: FaultCounter) -> np.ndarray:

@@ -164,7 +164,7 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
                     f"see {out}.failed/logs: {_log_tail(partial)}"
                 )
             labels = _labels(spec, partial, out.name, injector)
-            _check_fault_acted(spec, partial, labels)
+            _check_fault_acted(spec, partial, labels, kept_at=failed)
         labels.write(partial)
         if out.exists():
             out.rmdir()
@@ -255,12 +255,15 @@ def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjecto
     )
 
 
-def _check_fault_acted(spec: CaseSpec, case_dir: Path, labels: CaseLabels) -> None:
+def _check_fault_acted(
+    spec: CaseSpec, case_dir: Path, labels: CaseLabels, kept_at: Path | None = None
+) -> None:
     """Refuse a recording whose fault left no trace in the counter it must raise on the guilty
     rank (`FaultKind.shows_in`): a memory limit above what the rank uses, a CPU quota above
     what it asks for, or a rate limit whose bucket holds every transfer changes nothing, and
     labelling its window would teach and score a fault that never acted. Where the counter was
-    not sampled or not readable there is nothing to check against, and the recording stands."""
+    not sampled or not readable there is nothing to check against, and the recording stands.
+    The error names the counter's file where the refused recording is kept (`kept_at`)."""
     window_ns = labels.window_ns
     counter = fault_counter(case_dir, spec.fault, spec.rank)
     if counter is None or window_ns is None:
@@ -273,9 +276,10 @@ def _check_fault_acted(spec: CaseSpec, case_dir: Path, labels: CaseLabels) -> No
         acted = len(values) < 2 or values[-1] > values[0]
     if not acted:
         start_s, end_s = spec.window_s
+        where = (kept_at or case_dir) / counter.source
         raise TellerError(
             f"{spec.fault} on rank {spec.rank} did not act: its {counter.name} did not rise in "
-            f"any step of the window {start_s}:{end_s} s ({case_dir}); at --intensity "
+            f"any step of the window {start_s}:{end_s} s ({where}); at --intensity "
             f"{spec.intensity} the fault changed nothing, so the case is not labelled; try a "
             "higher --intensity"
         )
