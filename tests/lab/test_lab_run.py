@@ -18,6 +18,7 @@ from teller.cli import main
 from teller.errors import TellerError
 from teller.faults import FAULTS
 from teller.lab import netns
+from teller.lab.acted import fault_counter
 from teller.lab.cgroups import cgroup_version
 from teller.lab.run import CaseSpec, _check_fault_acted, parse_window, run_case
 from teller.labels import CaseLabels
@@ -66,28 +67,33 @@ def test_a_fault_whose_counter_did_not_rise_in_its_window_is_refused(tmp_path):
     memory = CaseSpec("memory_pressure", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
     _host_file(tmp_path / "faults", 2, [0, 0, 0, 4, 9, 9, 9, 9], "major_faults", t0_ns)
     kept = tmp_path / "case.failed"
+
+    def check(spec: CaseSpec, case_dir: Path, labels: CaseLabels) -> None:
+        counter = fault_counter(case_dir, spec.fault, spec.rank)
+        _check_fault_acted(spec, counter, labels, kept)
+
     with pytest.raises(
         TellerError,
         match=rf"memory_pressure on rank 2 did not act: its major_faults .*\({kept}/host/rank2",
     ):
-        _check_fault_acted(memory, tmp_path / "faults", _labels(memory, window_ns, []), kept)
-    _check_fault_acted(memory, tmp_path / "faults", _labels(memory, window_ns, [3]))
+        check(memory, tmp_path / "faults", _labels(memory, window_ns, []))
+    check(memory, tmp_path / "faults", _labels(memory, window_ns, [3]))
     # run delay rises on every rank of a machine with fewer cores than ranks: the window as a
     # whole must see it rise
     busy = CaseSpec("cpu_contention", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
     busy_labels = _labels(busy, window_ns, [3, 4])
     _host_file(tmp_path / "late", 2, [0, 0, 0, 0, 0, 0, 0, 3], "run_delay_ns", t0_ns)
     with pytest.raises(TellerError, match=r"cpu_contention on rank 2 did not act: its run_delay"):
-        _check_fault_acted(busy, tmp_path / "late", busy_labels)
+        check(busy, tmp_path / "late", busy_labels)
     _host_file(tmp_path / "rose", 2, [0, 0, 0, 4, 9, 9, 9, 9], "run_delay_ns", t0_ns)
-    _check_fault_acted(busy, tmp_path / "rose", busy_labels)
+    check(busy, tmp_path / "rose", busy_labels)
     # a counter that was not readable (-1: no cgroup quota file) gives nothing to check against
     quota = CaseSpec("straggler", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
-    _check_fault_acted(quota, tmp_path / "faults", _labels(quota, window_ns, []))
+    check(quota, tmp_path / "faults", _labels(quota, window_ns, []))
     # nor do faults without a counter of their own, nor a run without host counters
     slow = CaseSpec("slow_operator", rank=2, tp=3)
-    _check_fault_acted(slow, tmp_path / "faults", _labels(slow, window_ns, []))
-    _check_fault_acted(memory, tmp_path / "nothing", _labels(memory, window_ns, []))
+    check(slow, tmp_path / "faults", _labels(slow, window_ns, []))
+    check(memory, tmp_path / "nothing", _labels(memory, window_ns, []))
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):

@@ -55,9 +55,8 @@ def host_steps(
         for name, values in cumulative.items():
             if (~np.isnan(values)).sum() < 2:
                 continue
-            at_start = cumulative_at(name, one.t_ns, values, start)
-            at_end = cumulative_at(name, one.t_ns, values, end)
-            added[name][rows] = np.maximum(at_end - at_start, 0.0)
+            at = cumulative_at(name, one.t_ns, values, np.concatenate([start, end]))
+            added[name][rows] = np.maximum(at[len(start) :] - at[: len(start)], 0.0)
     return HostSteps(added, frozenset(by_rank))
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from teller.errors import TellerError
 from teller.ingest.host import cumulative_at, read_host_file
 from teller.lab.faults.catalog import LAB_FAULTS
+from teller.lab.faults.link_counters import COUNTER as LINK_COUNTER
 from teller.lab.faults.link_counters import FILE_NAME as LINK_FILE
 from teller.lab.faults.link_counters import read_link_overlimits
 
@@ -45,7 +46,7 @@ def fault_counter(case_dir: Path, fault: str, rank: int) -> FaultCounter | None:
     name = LAB_FAULTS[fault].shows_in
     if name is None:
         return None
-    if name == "link_overlimits":
+    if name == LINK_COUNTER:
         samples = read_link_overlimits(case_dir)
         if samples is None or len(samples[0]) < 2:
             return None
@@ -77,6 +78,5 @@ def steps_acted_on(start_ns: np.ndarray, end_ns: np.ndarray, counter: FaultCount
     begins = np.empty(len(order), dtype=np.float64)
     begins[order] = np.concatenate([[start_ns[order[0]]], end_ns[order[:-1]]])
     begins = np.minimum(begins, start_ns)
-    at_begin = cumulative_at(counter.name, counter.t_ns, counter.values, begins)
-    at_end = cumulative_at(counter.name, counter.t_ns, counter.values, end_ns)
-    return at_end - at_begin > 0
+    at = cumulative_at(counter.name, counter.t_ns, counter.values, np.concatenate([begins, end_ns]))
+    return at[len(begins) :] - at[: len(begins)] > 0

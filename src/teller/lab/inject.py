@@ -17,6 +17,7 @@ from pathlib import Path
 
 from teller.lab.cgroups import RankCgroup
 from teller.lab.faults.catalog import LAB_FAULTS, os_fault
+from teller.lab.faults.link_counters import COUNTER as LINK_COUNTER
 from teller.lab.faults.link_counters import FILE_NAME as LINK_FILE
 from teller.lab.faults.link_counters import LinkOverlimits
 from teller.lab.faults.os_fault import RankTarget
@@ -85,7 +86,7 @@ class FaultInjector:
                 return
             self._fault.apply()
             self.applied_ns = time.time_ns()
-            if LAB_FAULTS[self.plan.fault].shows_in == "link_overlimits":
+            if LAB_FAULTS[self.plan.fault].shows_in == LINK_COUNTER:
                 self.link_counters = LinkOverlimits(target, self.run_dir / LINK_FILE)
                 self.link_counters.start()
             self._stop.wait(self._seconds_until(end_s))

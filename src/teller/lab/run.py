@@ -37,7 +37,7 @@ import numpy as np
 from teller.errors import TellerError
 from teller.faults import FAULTS
 from teller.lab import netns
-from teller.lab.acted import fault_counter, steps_acted_on
+from teller.lab.acted import FaultCounter, fault_counter, steps_acted_on
 from teller.lab.cgroups import cgroup_version, rank_cgroups
 from teller.lab.faults.catalog import LAB_FAULTS, explanation
 from teller.lab.guard import PARENT_PID_ENV, guarded
@@ -163,8 +163,9 @@ def run_case(spec: CaseSpec, out: str | Path) -> CaseResult:
                     f"serving run failed with exit status {result.exit_code}; "
                     f"see {out}.failed/logs: {_log_tail(partial)}"
                 )
-            labels = _labels(spec, partial, out.name, injector)
-            _check_fault_acted(spec, partial, labels, kept_at=failed)
+            counter = fault_counter(partial, spec.fault, spec.rank)
+            labels = _labels(spec, partial, out.name, injector, counter)
+            _check_fault_acted(spec, counter, labels, kept_at=failed)
         labels.write(partial)
         if out.exists():
             out.rmdir()
@@ -199,7 +200,13 @@ def _serve_config(spec: CaseSpec, run_dir: Path, network: LabNetwork | None) -> 
     return config
 
 
-def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjector) -> CaseLabels:
+def _labels(
+    spec: CaseSpec,
+    case_dir: Path,
+    case_id: str,
+    injector: FaultInjector,
+    counter: FaultCounter | None,
+) -> CaseLabels:
     from teller.callchain.tree import build_tree
     from teller.ingest import read_run
 
@@ -222,8 +229,7 @@ def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjecto
     on_rank = steps.rank == step_rank
     covered = on_rank & (steps.start_ns < window[1]) & (end_ns > window[0])
     labelled, steps_from = covered, "window"
-    counter = fault_counter(case_dir, spec.fault, spec.rank) if kind.marks_steps else None
-    if counter is not None:
+    if counter is not None and kind.marks_steps:
         acted = np.zeros(len(covered), dtype=bool)
         acted[on_rank] = steps_acted_on(steps.start_ns[on_rank], end_ns[on_rank], counter)
         labelled, steps_from = covered & acted, counter.name
@@ -256,7 +262,7 @@ def _labels(spec: CaseSpec, case_dir: Path, case_id: str, injector: FaultInjecto
 
 
 def _check_fault_acted(
-    spec: CaseSpec, case_dir: Path, labels: CaseLabels, kept_at: Path | None = None
+    spec: CaseSpec, counter: FaultCounter | None, labels: CaseLabels, kept_at: Path
 ) -> None:
     """Refuse a recording whose fault left no trace in the counter it must raise on the guilty
     rank (`FaultKind.shows_in`): a memory limit above what the rank uses, a CPU quota above
@@ -265,7 +271,6 @@ def _check_fault_acted(
     not sampled or not readable there is nothing to check against, and the recording stands.
     The error names the counter's file where the refused recording is kept (`kept_at`)."""
     window_ns = labels.window_ns
-    counter = fault_counter(case_dir, spec.fault, spec.rank)
     if counter is None or window_ns is None:
         return
     if LAB_FAULTS[spec.fault].marks_steps:
@@ -276,7 +281,7 @@ def _check_fault_acted(
         acted = len(values) < 2 or values[-1] > values[0]
     if not acted:
         start_s, end_s = spec.window_s
-        where = (kept_at or case_dir) / counter.source
+        where = kept_at / counter.source
         raise TellerError(
             f"{spec.fault} on rank {spec.rank} did not act: its {counter.name} did not rise in "
             f"any step of the window {start_s}:{end_s} s ({where}); at --intensity "

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from teller.lab.faults.cpu_contention import CpuContention
+from teller.lab.faults.link_counters import COUNTER as LINK_COUNTER
 from teller.lab.faults.memory_pressure import MemoryPressure
 from teller.lab.faults.net_throttle import NetThrottle, rate_mbit
 from teller.lab.faults.straggler import Straggler
@@ -70,7 +71,7 @@ LAB_FAULTS: dict[str, FaultKind] = {
             "gloo:all_reduce",
             "Rank {rank}'s network link was rate-limited to {rate_mbit:.0f} Mbit/s, so all-reduce "
             "transfer time rose with message size, most on prefill steps.",
-            shows_in="link_overlimits",
+            shows_in=LINK_COUNTER,
             marks_steps=True,
         ),
         FaultKind(

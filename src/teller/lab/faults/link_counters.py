@@ -13,7 +13,6 @@ moment the fault is applied until it is reverted, and written as one JSON line p
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import threading
@@ -27,7 +26,8 @@ from teller.lab.faults.os_fault import RankTarget
 
 #: The file, under the case's `run/`, that holds the samples.
 FILE_NAME = "link_overlimits.jsonl"
-_CLONE_NEWNET = 0x40000000
+#: The counter's name, as `FaultKind.shows_in` names it.
+COUNTER = "link_overlimits"
 
 
 class LinkOverlimits:
@@ -102,30 +102,22 @@ def _netlink_in(namespace: str, make_socket):
     """A netlink socket opened inside `namespace`. Why not pyroute2's NetNS: it forks a copy of
     this process, which inherits the collector's signal handlers, and the SIGTERM that ends
     that copy reaches the served command's process group through them. A socket stays in the
-    namespace it was opened in, so this thread enters it for the socket's creation only."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    namespace it was opened in, so this thread enters it (`setns` without a fork) for the
+    socket's creation only."""
+    from pyroute2.netns import setns
+
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        target = os.open(f"/var/run/netns/{namespace}", os.O_RDONLY)
-    except OSError as error:
-        os.close(own)
-        raise TellerError(f"network namespace {namespace}: {error.strerror}") from None
-    try:
-        if libc.setns(target, _CLONE_NEWNET) != 0:
-            raise TellerError(
-                f"cannot enter network namespace {namespace}: {os.strerror(ctypes.get_errno())}"
-            )
+        try:
+            setns(namespace, flags=0, fork=False)
+        except OSError as error:
+            raise TellerError(f"cannot enter network namespace {namespace}: {error}") from None
         try:
             return make_socket()
         finally:
-            if libc.setns(own, _CLONE_NEWNET) != 0:
-                raise TellerError(
-                    "cannot return to this process's network namespace: "
-                    f"{os.strerror(ctypes.get_errno())}"
-                )
+            setns(own, fork=False)
     finally:
         os.close(own)
-        os.close(target)
 
 
 def read_link_overlimits(case_dir: Path) -> tuple[list[int], list[int]] | None:
