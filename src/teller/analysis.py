@@ -31,12 +31,13 @@ from teller.errors import TellerError
 from teller.ingest import find_trace_files, read_run
 from teller.ingest.schema import EventTable, SourceInfo, ranks_of, traced_pids, warnings_of
 from teller.layout import CaseDir
-from teller.localize import Localization, NumericLocalizer
+from teller.localize import SCORING_TABLES, Localization, NumericLocalizer
 from teller.rca.diagnose import (
     METHODS,
     ModelUnavailable,
     RunInputs,
     diagnose,
+    model_records,
     run_model,
     unavailable_note,
 )
@@ -240,9 +241,12 @@ class Analysis:
         if self.method == "model":
             case_id = self.paths[0].name if len(self.paths) == 1 else ""
             try:
-                model = run_model(
-                    self.tree, self.alignment, self.model_dir, case_id, self.facts, host
-                )
+                records = model_records(self.tree, self.alignment, case_id, self.facts)
+                # both scorings of the run are done before torch loads, and their per-node
+                # tables let go, so the forward pass does not hold torch beside them
+                self.localization  # noqa: B018
+                self.facts.release(*SCORING_TABLES)
+                model = run_model(records, self.tree, self.model_dir, host)
             except ModelUnavailable as error:
                 notes.append(unavailable_note(error))
         return diagnose(

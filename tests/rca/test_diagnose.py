@@ -18,6 +18,7 @@ from teller.callchain.facts import Arrivals
 from teller.cli import main
 from teller.errors import TellerError
 from teller.labels import CaseLabels
+from teller.localize.candidates import CANDIDATE_TABLES
 from teller.localize.collectives import OWN_SHARE_REFERENCE
 from teller.localize.results import OperatorCandidate, StepScore
 from teller.rca.diagnose import (
@@ -33,6 +34,7 @@ from teller.rca.diagnose import (
 from teller.rca.infer import DEFAULT_MODEL
 from teller.rca.plans import operator_text
 from teller.rca.verdict import Finding
+from teller.report import render
 
 from .conftest import small_case
 
@@ -100,10 +102,10 @@ def test_analysis_aligns_logs_and_spans_once_and_the_model_reads_that_alignment(
     """The model's log modality is the alignment the verdict's log lines come from, spans
     included: `teller analyze` aligns once."""
     import teller.align.align as align
-    import teller.rca.dataset.records as records
+    import teller.rca.diagnose as diagnose
 
     calls, read = [], []
-    align_tree, case_records = align.align_tree, records.case_records
+    align_tree, case_records = align.align_tree, diagnose.case_records
 
     def counted(tree, log_paths, span_paths=(), *args, **kwargs):
         calls.append([Path(p).parent.name for p in [*log_paths, *span_paths]])
@@ -114,11 +116,46 @@ def test_analysis_aligns_logs_and_spans_once_and_the_model_reads_that_alignment(
         return case_records(tree, case_id, labels, alignment, facts)
 
     monkeypatch.setattr(align, "align_tree", counted)
-    monkeypatch.setattr("teller.rca.infer.case_records", reading)
+    monkeypatch.setattr(diagnose, "case_records", reading)
     run = Analysis(small_case("straggler", rank=1, seed=11))
     assert run.diagnose().method == "model:default"
     assert calls == [["logs", "otlp"]]  # the simulator writes OTLP spans beside its logs
     assert read == [run.alignment]
+
+
+def test_the_scorings_tables_are_let_go_before_the_model_loads_torch(monkeypatch):
+    """The model's forward pass runs after both scorings of the run, with their per-node tables
+    released (they are the analysis's largest after the tree, and torch adds its own few hundred
+    MB), nothing builds them again, and the verdict is the one the held tables give."""
+    import teller.analysis as analysis
+    import teller.callchain.facts as facts_module
+
+    case = small_case("straggler", rank=1, seed=11)
+    kept = Analysis(case)
+    monkeypatch.setattr(kept.facts, "release", lambda *names: None)
+    expected = render(kept.diagnose(), kept.tree, "json")
+
+    built, held_at_forward = Counter(), []
+    step_nodes, run_model = facts_module.step_nodes, analysis.run_model
+
+    def counted_step_nodes(tree):
+        built["step_nodes"] += 1
+        return step_nodes(tree)
+
+    def checked_run_model(records, tree, *args, **kwargs):
+        missing = object()
+        held = run.facts.derived(CANDIDATE_TABLES, lambda: missing) is not missing
+        run.facts.release(CANDIDATE_TABLES)
+        held_at_forward.append(held or "step_nodes" in vars(run.facts))
+        return run_model(records, tree, *args, **kwargs)
+
+    monkeypatch.setattr(facts_module, "step_nodes", counted_step_nodes)
+    monkeypatch.setattr(analysis, "run_model", checked_run_model)
+    run = Analysis(case)
+    assert render(run.diagnose(), run.tree, "json") == expected
+    assert held_at_forward == [False]
+    assert built == {"step_nodes": 1}
+    assert "step_nodes" not in vars(run.facts)
 
 
 def test_localizer_method_leaves_the_model_out():

@@ -396,6 +396,15 @@ class RunFacts:
             self._derived[name] = compute()
         return self._derived[name]  # type: ignore[return-value]
 
+    def release(self, *names: str) -> None:
+        """Forget the facts and derived tables of these `names`; a later use computes them
+        again. Why: once every scoring of a run is done, its per-node tables (`step_nodes`, the
+        localizer's candidate tables) are the largest things the analysis holds after the tree,
+        and what comes next (the model's forward pass, which loads torch) reads none of them."""
+        for name in names:
+            self.__dict__.pop(name, None)
+            self._derived.pop(name, None)
+
     @classmethod
     def of(cls, tree: CallTree, known: RunFacts | None = None) -> RunFacts:
         """`known` where the caller already has the tree's facts, else new ones."""

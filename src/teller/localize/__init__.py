@@ -4,7 +4,13 @@ The public names other stages import; the modules below hold one job each (`loca
 them into `NumericLocalizer`).
 """
 
-from teller.localize.candidates import FRESH, NEW_OPERATOR, SUBSTITUTED, keep_top
+from teller.localize.candidates import (
+    FRESH,
+    NEW_OPERATOR,
+    SCORING_TABLES,
+    SUBSTITUTED,
+    keep_top,
+)
 from teller.localize.features import median_mad, robust_z
 from teller.localize.hang import HANG_NS, hang_explanation, unfinished_step
 from teller.localize.localizer import NumericLocalizer
@@ -16,6 +22,7 @@ __all__ = [
     "FRESH",
     "HANG_NS",
     "NEW_OPERATOR",
+    "SCORING_TABLES",
     "SUBSTITUTED",
     "Localization",
     "NumericLocalizer",

@@ -211,6 +211,13 @@ class SelfTimeHistory:
         return out
 
 
+#: The run's facts keep its `RunTables` under this name, for every scoring of the run to share.
+CANDIDATE_TABLES = "candidate_tables"
+#: What the scorings of a run share and nothing after them reads (`RunFacts.release`): each
+#: step's nodes keyed, and the candidate tables built on them.
+SCORING_TABLES = ("step_nodes", CANDIDATE_TABLES)
+
+
 def propose(
     facts: RunFacts,
     proposed: set[int],
@@ -236,7 +243,7 @@ def propose(
     for s in steps:
         if not s.anomalous:
             normal_of_engine.setdefault(engine_of.get(s.iteration, 0), []).append(s.iteration)
-    tables = facts.derived("candidate_tables", lambda: RunTables.of(facts))
+    tables = facts.derived(CANDIDATE_TABLES, lambda: RunTables.of(facts))
     out: dict[int, list[OperatorCandidate]] = {}
     for iteration in sorted(proposed):
         normal_iterations = normal_of_engine.get(engine_of.get(iteration, 0), [])

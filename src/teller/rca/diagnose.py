@@ -15,6 +15,7 @@ is never mistaken for a verdict with logs.
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,10 +35,12 @@ from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.collectives import own_share
 from teller.rca.context import Measured, RunContext
+from teller.rca.dataset import StepRecord, case_records
 from teller.rca.explain import choose_mechanism, compose
 from teller.rca.host import (
     HELD_SHARE,
     held_off_by_step,
+    held_off_share,
     pooled_fault,
     retyping_readings,
     stated_reading,
@@ -156,24 +159,39 @@ def diagnose(
     )
 
 
-def run_model(
+def model_records(
     tree: CallTree,
     alignment: AlignResult | None,
-    model_dir: Path | None = None,
     case_id: str = "",
     facts: RunFacts | None = None,
-    host: HostSteps | None = None,
-) -> ModelOutcome:
-    """The model's diagnosis of every step; `ModelUnavailable` when it cannot run. `alignment`:
-    the run's logs and spans on its steps, the one the verdict attaches its log lines from.
+) -> list[StepRecord]:
+    """The model's inputs, one record per step; `ModelUnavailable` where the model cannot answer
+    the run. `alignment`: the run's logs and spans on its steps, the one the verdict attaches its
+    log lines from.
 
-    torch is imported here and only here, so commands that never diagnose (`teller info`) and
-    installs without torch keep working."""
+    Built without torch (`run_model` imports it), so a caller can score the run and let go of
+    the scorings' per-node tables before torch's own few hundred MB are loaded beside them."""
     if not len(tree.steps):
         raise ModelUnavailable("the trace has no engine steps for it to diagnose")
     gap = outside_training(tree)
     if gap is not None:
         raise OutsideTraining(gap)
+    if importlib.util.find_spec("torch") is None:
+        raise ModelUnavailable("cannot import torch: it is not installed")
+    return case_records(tree, case_id, None, alignment, facts)
+
+
+def run_model(
+    records: Sequence[StepRecord],
+    tree: CallTree,
+    model_dir: Path | None = None,
+    host: HostSteps | None = None,
+) -> ModelOutcome:
+    """The model's diagnosis of every step (`model_records`); `ModelUnavailable` when it cannot
+    run. `host`: the host counters on the tree's steps, where `teller collect` sampled them.
+
+    torch is imported here and only here, so commands that never diagnose (`teller info`) and
+    installs without torch keep working."""
     try:
         from teller.rca.infer import DEFAULT_MODEL, LoadedModel
     except (ImportError, OSError) as error:  # torch or safetensors missing or broken
@@ -183,8 +201,9 @@ def run_model(
     except (OSError, RuntimeError, TellerError) as error:
         raise ModelUnavailable(str(error)) from None
     name = "default" if model.path.resolve() == DEFAULT_MODEL.resolve() else model.path.name
+    held = held_off_share(tree, host) if host is not None else None
     try:
-        return ModelOutcome(name, model.diagnose(tree, alignment, case_id, facts, host))
+        return ModelOutcome(name, model.diagnose_records(records, held_share=held))
     except RuntimeError as error:  # torch's own failures: a checkpoint that does not fit
         raise ModelUnavailable(f"{model.path}: {error}") from None
 
