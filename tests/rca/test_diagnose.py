@@ -30,6 +30,7 @@ from teller.rca.diagnose import (
     one_incident_per_cause,
     point_at_held_off_rank,
     pool_host_faults,
+    type_by_transfer,
 )
 from teller.rca.infer import DEFAULT_MODEL
 from teller.rca.plans import operator_text
@@ -459,6 +460,78 @@ def test_a_finding_retyped_by_its_host_counters_states_that_cause(monkeypatch) -
         draft.fault, draft.state_cause = "cpu_contention", False
     pool_host_faults(drafts, context)
     assert [(d.fault, d.view, d.state_cause) for d in drafts] == [("straggler", "H", True)] * 2
+
+
+def _link_drafts() -> list[_Draft]:
+    """Rank 1's steps typed a host stall: in step 1 its own all-reduce time grew by 18 of the
+    step's 20 ms excess (a transfer), in step 2 a compute operator grew by 1 ms."""
+    transfer = OperatorCandidate(
+        1, 1, "gloo:all_reduce", 1e6, 19_000_000, 1_000_000, 9.0, 0, "own time", "transfer"
+    )
+    stalled = _Draft(
+        score=StepScore(1, "decode", 60_000_000, 40_000_000, 5.0, True),
+        ranked=[(transfer, 0.5)],
+        fault="host_stall",
+        view="V",
+    )
+    other = _draft(2, [("aten::cat", 1, "compute")])
+    other.fault = "host_stall"
+    return [stalled, other]
+
+
+class _Comm:
+    node = np.array([0])
+
+    def __len__(self) -> int:
+        return 1
+
+
+def _run_of(host: object | None, on_gpu: bool = False) -> SimpleNamespace:
+    tree = SimpleNamespace(comm=_Comm(), stream=np.array([0 if on_gpu else -1]))
+    return SimpleNamespace(tree=tree, host=host, context=lambda score, top, candidates: None)
+
+
+def test_a_host_slowdown_whose_excess_is_the_ranks_own_transfer_is_a_slow_link(monkeypatch):
+    """The type head called rank 1's steps a host stall, but most of their excess is its own
+    all-reduce time and the sampled host counters name no host cause: the incident is a slow
+    link. The step whose excess lies in a compute operator keeps its measurements without the
+    link's cause sentence."""
+    import teller.rca.diagnose as diagnose
+
+    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: None)
+    drafts = _link_drafts()
+    type_by_transfer(drafts, _run_of(host=object()))
+    assert [(d.fault, d.view, d.state_cause) for d in drafts] == [
+        ("net_throttle", "H", True),
+        ("net_throttle", "H", False),
+    ]
+
+
+def test_a_transfer_is_not_called_a_slow_link_where_nothing_can_tell_it_from_a_starved_host(
+    monkeypatch,
+):
+    """Collectives on the host without host counters (a rank starved of CPU runs its transfer
+    threads slowly too), counters that name a host cause, or transfers holding under half of the
+    excess: the head's type stands. On the GPU the transfer is the link's without counters."""
+    import teller.rca.diagnose as diagnose
+
+    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: None)
+    drafts = _link_drafts()
+    type_by_transfer(drafts, _run_of(host=None))
+    assert [d.fault for d in drafts] == ["host_stall"] * 2
+
+    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: "cpu_contention")
+    type_by_transfer(drafts, _run_of(host=object()))
+    assert [d.fault for d in drafts] == ["host_stall"] * 2
+
+    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: None)
+    drafts[0].ranked[0][0].observed_ns = 5_000_000  # 4 of 20 ms: not the step's excess
+    type_by_transfer(drafts, _run_of(host=object()))
+    assert [d.fault for d in drafts] == ["host_stall"] * 2
+
+    drafts = _link_drafts()
+    type_by_transfer(drafts, _run_of(host=None, on_gpu=True))
+    assert [d.fault for d in drafts] == ["net_throttle"] * 2
 
 
 def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it() -> None:

@@ -30,7 +30,7 @@ from teller.callchain.render import short_name
 from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.callchain.tree import CallTree
 from teller.errors import TellerError
-from teller.faults import FAULTS, view_of
+from teller.faults import FAULTS, HOST_SLOWDOWNS, view_of
 from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.collectives import own_share
@@ -50,6 +50,9 @@ from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 if TYPE_CHECKING:
     from teller.align.align import AlignResult
     from teller.rca.infer import StepDiagnosis
+
+#: The fault type a step's excess inside its collectives' own time points to: a slower link.
+LINK_FAULT = "net_throttle"
 
 #: Findings listed in the summary; the rest are in the JSON and the HTML report.
 SUMMARY_FINDINGS = 3
@@ -413,11 +416,13 @@ CLEAR_STRAGGLER = 3.0
 def apply_run_rules(drafts: list[_Draft], context: RunContext) -> None:
     """The rules that read the run's flagged steps together, in order: one incident per cause
     (lateness), then, where host counters were sampled, the rank they show held off a CPU
-    and the fault type they name."""
+    and the fault type they name, then a host slowdown that the steps' own transfers
+    contradict (`type_by_transfer`)."""
     one_incident_per_cause(drafts, context)
     if context.host is not None:
         point_at_held_off_rank(drafts, context)
         pool_host_faults(drafts, context)
+    type_by_transfer(drafts, context)
 
 
 def point_at_held_off_rank(drafts: list[_Draft], context: RunContext) -> None:
@@ -481,6 +486,58 @@ def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
         for draft in group:
             draft.fault, draft.view = fault, view_of(fault)
             draft.state_cause = True
+
+
+#: A rank's flagged steps of a host slowdown are a slow link's when the steps whose named
+#: candidate is the rank's own collective time (a transfer, not a late arrival), holding at
+#: least `TRANSFER_EXCESS` of its step's excess, hold this share of the steps' excess together.
+TRANSFER_EXCESS = 0.5
+
+
+def type_by_transfer(drafts: list[_Draft], context: RunContext) -> None:
+    """The drafts of a host slowdown (`HOST_SLOWDOWNS`) on one rank take the link fault a
+    transfer points to (the localizer's `net_throttle`), where the steps that name that rank's
+    own collective time, holding most of their excess, hold most of the drafts' excess
+    together, and the host counters would not re-type a link fault there (`retyping_readings`:
+    the rank's own CPU time rises with a slow transfer too, which keeps its thread busy). Where collectives run on the host (gloo), the counters must have been
+    sampled: a rank starved of CPU runs its transfer threads slowly too, and only the counters
+    tell the two apart. Why: a learned type head can call a rate-limited link a host stall,
+    and the explanation then says the host stalled between operators while its own numbers put
+    the step's excess inside one all-reduce."""
+    comm = context.tree.comm
+    host_run = bool(len(comm)) and not (context.tree.stream[comm.node] >= 0).any()
+    if host_run and context.host is None:
+        return
+    groups: dict[tuple[str, int], list[_Draft]] = {}
+    for draft in drafts:
+        if draft.fault in HOST_SLOWDOWNS and draft.top is not None:
+            groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
+    for group in groups.values():
+        in_transfer = sum(_excess(d) for d in group if _excess_in_transfer(d))
+        if in_transfer <= 0 or in_transfer < TRANSFER_EXCESS * sum(_excess(d) for d in group):
+            continue
+        if context.host is not None:
+            steps = [context.context(d.score, d.top, [c for c, _ in d.ranked]) for d in group]
+            if pooled_fault(steps, retyping_readings(LINK_FAULT, host_run)) is not None:
+                continue
+        for draft in group:
+            draft.fault, draft.view = LINK_FAULT, view_of(LINK_FAULT)
+            # a step whose excess lies elsewhere gets its measurements without the link's cause
+            draft.state_cause = _excess_in_transfer(draft)
+
+
+def _excess(draft: _Draft) -> float:
+    """The step's time beyond what its batch predicts (0 where it took no longer)."""
+    return float(max(draft.score.dur_ns - draft.score.expected_ns, 0))
+
+
+def _excess_in_transfer(draft: _Draft) -> bool:
+    """Whether the named candidate is its rank's own collective time and holds
+    `TRANSFER_EXCESS` of the step's excess."""
+    top, excess = draft.top, _excess(draft)
+    if top is None or top.kind != "transfer" or excess <= 0:
+        return False
+    return top.observed_ns - top.normal_ns >= TRANSFER_EXCESS * excess
 
 
 def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:
@@ -688,7 +745,7 @@ def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | No
     if top.kind in ("arrival", "wait"):  # a wait: the straggler is a peer the trace lacks
         return "straggler", "H"
     if top.kind == "transfer":
-        return "net_throttle", "H"
+        return LINK_FAULT, view_of(LINK_FAULT)
     layer = LAYERS[tree.layer[top.node]]
     if top.kind == "shift":  # one operator regressed on one rank, its peers unchanged
         return ("kernel_regression" if layer == "kernel" else "slow_operator"), "V"

@@ -550,7 +550,7 @@ def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple
     measured = c.host_counters is not None and CAVEATS.get(fault) in _HOST_CAVEATS
     if fault in CAVEATS and state_cause and not measured:
         out.append((CAVEATS[fault], {}))
-    if fault in LINK_FAULTS and c.ranks == 2:
+    if fault in LINK_FAULTS and state_cause and c.ranks == 2:
         out.append(("caveat.link_ends", {}))
     if fault in _LOGGED and not c.has_logs:
         out.append(("caveat.no_logs", {}))
