@@ -511,8 +511,9 @@ def test_a_transfer_is_not_called_a_slow_link_where_nothing_can_tell_it_from_a_s
     monkeypatch,
 ):
     """Collectives on the host without host counters (a rank starved of CPU runs its transfer
-    threads slowly too), counters that name a host cause, or transfers holding under half of the
-    excess: the head's type stands. On the GPU the transfer is the link's without counters."""
+    threads slowly too), counters that name a host cause, transfers holding under half of the
+    excess, or a peer's stall holding most of the run's: the head's type stands. On the GPU the
+    transfer is the link's without counters."""
     import teller.rca.diagnose as diagnose
 
     monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: None)
@@ -532,6 +533,19 @@ def test_a_transfer_is_not_called_a_slow_link_where_nothing_can_tell_it_from_a_s
     drafts = _link_drafts()
     type_by_transfer(drafts, _run_of(host=None, on_gpu=True))
     assert [d.fault for d in drafts] == ["net_throttle"] * 2
+
+    # rank 0 stalled through a step 200 ms over its prediction, its peers waiting at the
+    # collective: rank 1's longer transfer is the stall's, not its link's
+    drafts = _link_drafts()
+    late = OperatorCandidate(3, 0, "gloo:all_reduce", 1e6, 201e6, 1e6, 9.0, 0, "skew", "arrival")
+    stall = _Draft(
+        score=StepScore(3, "decode", 240_000_000, 40_000_000, 9.0, True),
+        ranked=[(late, 0.5)],
+        fault="host_stall",
+        view="V",
+    )
+    type_by_transfer([*drafts, stall], _run_of(host=object()))
+    assert [d.fault for d in [*drafts, stall]] == ["host_stall"] * 3
 
 
 def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it() -> None:

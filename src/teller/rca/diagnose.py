@@ -496,25 +496,30 @@ TRANSFER_EXCESS = 0.5
 
 def type_by_transfer(drafts: list[_Draft], context: RunContext) -> None:
     """The drafts of a host slowdown (`HOST_SLOWDOWNS`) on one rank take the link fault a
-    transfer points to (the localizer's `net_throttle`), where the steps that name that rank's
-    own collective time, holding most of their excess, hold most of the drafts' excess
-    together, and the host counters would not re-type a link fault there (`retyping_readings`:
-    the rank's own CPU time rises with a slow transfer too, which keeps its thread busy). Where collectives run on the host (gloo), the counters must have been
-    sampled: a rank starved of CPU runs its transfer threads slowly too, and only the counters
-    tell the two apart. Why: a learned type head can call a rate-limited link a host stall,
-    and the explanation then says the host stalled between operators while its own numbers put
-    the step's excess inside one all-reduce."""
+    transfer points to (the localizer's `net_throttle`) where three things hold:
+    - the steps that name that rank's own collective time, holding most of their excess, hold
+      most of the drafts' excess together;
+    - such steps hold most of the excess of the run's host-slowdown drafts too: a peer's long
+      transfer in steps where another rank stalled is the stall's, not a link's;
+    - the host counters would not re-type a link fault there (`retyping_readings`: the rank's
+      own CPU time rises with a slow transfer too, which keeps its thread busy). Where
+      collectives run on the host (gloo) the counters must have been sampled: a rank starved of
+      CPU runs its transfer threads slowly too, and only the counters tell the two apart.
+    Why: a learned type head can call a rate-limited link a host stall, and the explanation
+    then says the host stalled between operators while its own numbers put the step's excess
+    inside one all-reduce."""
     comm = context.tree.comm
     host_run = bool(len(comm)) and not (context.tree.stream[comm.node] >= 0).any()
     if host_run and context.host is None:
         return
+    slowdowns = [d for d in drafts if d.fault in HOST_SLOWDOWNS and d.top is not None]
+    if _transfer_share(slowdowns) < TRANSFER_EXCESS:
+        return
     groups: dict[tuple[str, int], list[_Draft]] = {}
-    for draft in drafts:
-        if draft.fault in HOST_SLOWDOWNS and draft.top is not None:
-            groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
+    for draft in slowdowns:
+        groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
     for group in groups.values():
-        in_transfer = sum(_excess(d) for d in group if _excess_in_transfer(d))
-        if in_transfer <= 0 or in_transfer < TRANSFER_EXCESS * sum(_excess(d) for d in group):
+        if _transfer_share(group) < TRANSFER_EXCESS:
             continue
         if context.host is not None:
             steps = [context.context(d.score, d.top, [c for c, _ in d.ranked]) for d in group]
@@ -524,6 +529,14 @@ def type_by_transfer(drafts: list[_Draft], context: RunContext) -> None:
             draft.fault, draft.view = LINK_FAULT, view_of(LINK_FAULT)
             # a step whose excess lies elsewhere gets its measurements without the link's cause
             draft.state_cause = _excess_in_transfer(draft)
+
+
+def _transfer_share(drafts: list[_Draft]) -> float:
+    """The share of the drafts' summed excess held by those whose excess is their rank's own
+    collective time (`_excess_in_transfer`); 0 without excess."""
+    total = sum(_excess(d) for d in drafts)
+    in_transfer = sum(_excess(d) for d in drafts if _excess_in_transfer(d))
+    return in_transfer / total if total > 0 else 0.0
 
 
 def _excess(draft: _Draft) -> float:
