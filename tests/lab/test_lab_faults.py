@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from teller.analysis import Analysis
 from teller.callchain.tree import CallTree, build_tree
 from teller.ingest import read_run
 from teller.ingest.schema import EventTable
@@ -217,6 +218,11 @@ def test_net_throttle_makes_allreduce_time_grow_with_message_size(lab_root, base
     assert _allreduce_ms(case, GUILTY, labels.steps) >= 3 * _allreduce_ms(
         case, GUILTY, _outside(case, GUILTY)
     )
+    # the verdict calls what it flags in the labelled steps a slow link, as the collectives'
+    # own times and the silent host counters say, whatever the type head made of the steps
+    verdict = Analysis(case.case_dir).diagnose()
+    labelled = [f for f in verdict.findings if f.step in set(labels.steps)]
+    assert labelled and {f.fault_type for f in labelled} == {"net_throttle"}
 
 
 def _step_ordinals(case: Case, rows: np.ndarray) -> list[int]:
