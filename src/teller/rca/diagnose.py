@@ -472,8 +472,7 @@ def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
     time the rank was held off a CPU. The type then rests on measured counters, not on the layer
     a slower operator ran on or on a learned head's reading of the steps' shape, so the
     explanation states its cause (`state_cause`) as the summary states the type."""
-    comm = context.tree.comm
-    host_run = bool(len(comm)) and not (context.tree.stream[comm.node] >= 0).any()
+    host_run = collectives_on_host(context.tree)
     groups: dict[tuple[str, int], list[_Draft]] = {}
     for draft in drafts:
         if draft.fault is not None and draft.top is not None:
@@ -508,8 +507,7 @@ def type_by_transfer(drafts: list[_Draft], context: RunContext) -> None:
     Why: a learned type head can call a rate-limited link a host stall, and the explanation
     then says the host stalled between operators while its own numbers put the step's excess
     inside one all-reduce."""
-    comm = context.tree.comm
-    host_run = bool(len(comm)) and not (context.tree.stream[comm.node] >= 0).any()
+    host_run = collectives_on_host(context.tree)
     if host_run and context.host is None:
         return
     slowdowns = [d for d in drafts if d.fault in HOST_SLOWDOWNS and d.top is not None]
@@ -551,6 +549,13 @@ def _excess_in_transfer(draft: _Draft) -> bool:
     if top is None or top.kind != "transfer" or excess <= 0:
         return False
     return top.observed_ns - top.normal_ns >= TRANSFER_EXCESS * excess
+
+
+def collectives_on_host(tree: CallTree) -> bool:
+    """Whether the run's collectives ran on the host (gloo: none on a GPU stream), where a rank
+    starved of CPU slows its transfers as a slow link does."""
+    comm = tree.comm
+    return bool(len(comm)) and not (tree.stream[comm.node] >= 0).any()
 
 
 def one_incident_per_cause(drafts: list[_Draft], context: RunContext) -> None:

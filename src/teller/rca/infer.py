@@ -16,30 +16,23 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from teller.callchain.facts import RunFacts
-from teller.callchain.tree import CallTree
 from teller.errors import TraceError
 from teller.faults import FAULT_FREE
 from teller.ingest.files import guard_reader
 from teller.localize import OperatorCandidate
-from teller.rca.dataset import StepRecord, case_records, encode
-from teller.rca.host import HELD_SHARE, held_off_share
+from teller.rca.dataset import StepRecord, encode
+from teller.rca.host import HELD_SHARE
 from teller.rca.inputs import CANDIDATE_KINDS, FAULT_NAMES, STEP, Batch
 from teller.rca.model import ModelConfig, RootCauseModel
 from teller.rca.plans import MECHANISMS
 from teller.rca.train import FORMAT
 from teller.tpe.tokenizer import TPE
-
-if TYPE_CHECKING:
-    from teller.align.align import AlignResult
-    from teller.align.host import HostSteps
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model" / "model"
 
@@ -405,23 +398,6 @@ class LoadedModel:
             if weight > 0:
                 pointer[b] = np.where(allowed, pointer[b], 0.0) / weight
         return pointer
-
-    def diagnose(
-        self,
-        tree: CallTree,
-        alignment: AlignResult | None = None,
-        case_id: str = "",
-        facts: RunFacts | None = None,
-        host: HostSteps | None = None,
-    ) -> list[StepDiagnosis]:
-        """Every step of the tree, in step order (the verdict words the flagged ones). `alignment`: the
-        run's logs and spans on its steps, as the pipeline aligned them (None: traces alone);
-        `facts`: the tree's, where the caller has them; `host`: the host counters on its steps,
-        where `teller collect` sampled them."""
-        facts = RunFacts.of(tree, facts)
-        records = case_records(tree, case_id, None, alignment, facts)
-        held = held_off_share(tree, host) if host is not None else None
-        return self.diagnose_records(records, held_share=held)
 
 
 def variant_dir(name: str) -> Path:
