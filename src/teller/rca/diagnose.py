@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -473,18 +473,32 @@ def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
     a slower operator ran on or on a learned head's reading of the steps' shape, so the
     explanation states its cause (`state_cause`) as the summary states the type."""
     host_run = collectives_on_host(context.tree)
-    groups: dict[tuple[str, int], list[_Draft]] = {}
-    for draft in drafts:
-        if draft.fault is not None and draft.top is not None:
-            groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
-    for (was, _), group in groups.items():
-        steps = [context.context(d.score, d.top, [c for c, _ in d.ranked]) for d in group]
-        fault = pooled_fault(steps, retyping_readings(was, host_run))
+    for (was, _), group in _by_fault_and_rank(d for d in drafts if d.fault is not None).items():
+        fault = _counters_name(group, was, host_run, context)
         if fault is None:
             continue
         for draft in group:
             draft.fault, draft.view = fault, view_of(fault)
             draft.state_cause = True
+
+
+def _by_fault_and_rank(drafts: Iterable[_Draft]) -> dict[tuple[str | None, int], list[_Draft]]:
+    """The drafts that name a candidate, grouped by their fault type and the named rank: the
+    incidents the run rules re-type together."""
+    groups: dict[tuple[str | None, int], list[_Draft]] = {}
+    for draft in drafts:
+        if draft.top is not None:
+            groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
+    return groups
+
+
+def _counters_name(
+    group: list[_Draft], fault: str | None, host_run: bool, context: RunContext
+) -> str | None:
+    """The host slowdown the counters of the group's steps name together, among the readings
+    that may re-type `fault` (`retyping_readings`), or None."""
+    steps = [context.context(d.score, d.top, [c for c, _ in d.ranked]) for d in group]
+    return pooled_fault(steps, retyping_readings(fault, host_run))
 
 
 #: A rank's flagged steps of a host slowdown are a slow link's when the steps whose named
@@ -513,16 +527,11 @@ def type_by_transfer(drafts: list[_Draft], context: RunContext) -> None:
     slowdowns = [d for d in drafts if d.fault in HOST_SLOWDOWNS and d.top is not None]
     if _transfer_share(slowdowns) < TRANSFER_EXCESS:
         return
-    groups: dict[tuple[str, int], list[_Draft]] = {}
-    for draft in slowdowns:
-        groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
-    for group in groups.values():
+    for group in _by_fault_and_rank(slowdowns).values():
         if _transfer_share(group) < TRANSFER_EXCESS:
             continue
-        if context.host is not None:
-            steps = [context.context(d.score, d.top, [c for c, _ in d.ranked]) for d in group]
-            if pooled_fault(steps, retyping_readings(LINK_FAULT, host_run)) is not None:
-                continue
+        if context.host is not None and _counters_name(group, LINK_FAULT, host_run, context):
+            continue
         for draft in group:
             draft.fault, draft.view = LINK_FAULT, view_of(LINK_FAULT)
             # a step whose excess lies elsewhere gets its measurements without the link's cause
