@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from teller.lab.acted import FaultCounter, fault_counter, steps_acted_on
+from teller.lab.faults.host_stall import GcStorm, collections_file
 from teller.lab.faults.link_counters import FILE_NAME
 
 MS = 1_000_000
@@ -65,3 +66,22 @@ def test_the_rate_limits_counter_is_read_from_the_recording(tmp_path):
     assert counter.source == f"run/{FILE_NAME}"
     assert counter.values.tolist() == [0, 0, 5, 9]
     assert fault_counter(tmp_path, "slow_operator", 1) is None  # a fault without a counter
+
+
+def test_a_gc_storm_marks_the_steps_its_collections_overlapped(tmp_path):
+    assert fault_counter(tmp_path, "host_stall", 1) is None  # not recorded: the window stands
+    # collections at 10-30 ms and 70-75 ms, written out of order; the storm sleeps between
+    storm = GcStorm(lambda: True, 0.5)
+    storm.collections = [(70 * MS, 75 * MS), (10 * MS, 30 * MS)]
+    storm.write(collections_file(tmp_path / "ground_truth", 1))
+    counter = fault_counter(tmp_path, "host_stall", 1)
+    assert counter is not None and counter.name == "gc_collect_ns"
+    assert counter.source == "ground_truth/gc_collections_rank1.jsonl"
+    assert counter.values[-1] == 25 * MS  # time spent collecting, cumulative
+    # a step is marked where a collection ran between its predecessor's end and its own end
+    starts, ends = _steps((0, 8), (9, 12), (31, 45), (46, 60), (61, 69), (71, 80), (81, 90))
+    acted = steps_acted_on(starts, ends, counter)
+    assert acted.tolist() == [False, True, True, False, False, True, False]
+    assert fault_counter(tmp_path, "host_stall", 0) is None  # another rank's storm
+    (collections_file(tmp_path / "ground_truth", 1)).write_text("{not json\n")
+    assert fault_counter(tmp_path, "host_stall", 1) is None

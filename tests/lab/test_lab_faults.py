@@ -304,11 +304,18 @@ def test_scheduler_misconfig_shrinks_batches_and_raises_ttft(lab_root, baseline)
 
 def _longest_uncovered_gap_ns(case: Case, rank: int) -> int:
     """Longest pause between consecutive ops of a step, not spent waiting in a gloo all-reduce."""
+    return max(_uncovered_gaps_ns(case, rank).values(), default=0)
+
+
+def _uncovered_gaps_ns(case: Case, rank: int) -> dict[int, int]:
+    """Per step row of `rank` inside the window, its longest pause between consecutive ops, not
+    spent waiting in a gloo all-reduce."""
     tree = case.tree
     gloo = case._nodes("gloo:all_reduce", rank, inside=True)
     gloo_start, gloo_end = tree.start[gloo], tree.start[gloo] + tree.dur[gloo]
-    longest = 0
+    gaps = {}
     for step in case.steps(rank).tolist() or []:
+        longest = 0
         children = tree.children(int(tree.steps.node[step]))
         children = children[np.argsort(tree.start[children])]
         ends = np.maximum.accumulate(tree.start[children] + tree.dur[children])
@@ -319,7 +326,8 @@ def _longest_uncovered_gap_ns(case: Case, rank: int) -> int:
                 np.minimum(gloo_end, gap_end) - np.maximum(gloo_start, gap_start), 0, None
             )
             longest = max(longest, int(gap_end - gap_start - overlap.sum()))
-    return longest
+        gaps[step] = longest
+    return gaps
 
 
 def test_host_stall_leaves_long_gaps_between_the_guilty_ranks_ops(lab_root):
@@ -328,6 +336,15 @@ def test_host_stall_leaves_long_gaps_between_the_guilty_ranks_ops(lab_root):
     assert guilty_gap >= 100_000_000  # a full collection holds the GIL for ≥ 100 ms
     assert guilty_gap >= 5 * _longest_uncovered_gap_ns(case, PEER)
     assert case.mean_us("gloo:all_reduce", PEER) >= 1.3 * case.mean_us("gloo:all_reduce", GUILTY)
+    # the labels name the window steps a collection overlapped: every stalled step, and not the
+    # steps that ran while the storm slept
+    assert case.labels.params["steps_from"] == "gc_collect_ns"
+    steps = case.tree.steps
+    labelled = set(case.labels.steps)
+    gaps = _uncovered_gaps_ns(case, GUILTY)
+    stalled = {int(steps.index[row]) for row, gap in gaps.items() if gap >= 100_000_000}
+    assert stalled and stalled <= labelled
+    assert len(labelled) < case.labels.params["window_steps"]
 
 
 @needs_root

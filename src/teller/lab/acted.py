@@ -2,7 +2,8 @@
 
 A fault that is on is not a fault that acts. A CPU quota throttles the rank only in the periods
 where it asks for more than its share; a rate limit delays only the transfers its bucket cannot
-absorb; a memory limit slows only the steps that touch evicted pages. A window step in which
+absorb; a memory limit slows only the steps that touch evicted pages; a GC storm stalls only
+the steps its collections overlap, not those that run while it sleeps. A window step in which
 none of that happened ran as a healthy step runs, and labelling it would score every method
 for missing a fault that was not there (and teach a model to flag healthy steps). Where the
 fault's counter stays flat on a healthy rank (`FaultKind.marks_steps`), the labels therefore
@@ -25,9 +26,12 @@ import numpy as np
 from teller.errors import TellerError
 from teller.ingest.host import cumulative_at, read_host_file
 from teller.lab.faults.catalog import LAB_FAULTS
+from teller.lab.faults.host_stall import COUNTER as GC_COUNTER
+from teller.lab.faults.host_stall import collections_file, read_collections
 from teller.lab.faults.link_counters import COUNTER as LINK_COUNTER
 from teller.lab.faults.link_counters import FILE_NAME as LINK_FILE
 from teller.lab.faults.link_counters import read_link_overlimits
+from teller.layout import GROUND_TRUTH_DIR
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,12 @@ def fault_counter(case_dir: Path, fault: str, rank: int) -> FaultCounter | None:
         return FaultCounter(
             name, np.asarray(t_ns, np.int64), np.asarray(counts, np.float64), source
         )
+    if name == GC_COUNTER:
+        path = collections_file(case_dir / GROUND_TRUTH_DIR, rank)
+        samples = read_collections(path)
+        if samples is None or len(samples[0]) < 2:
+            return None
+        return FaultCounter(name, samples[0], samples[1], str(path.relative_to(case_dir)))
     source = f"host/rank{rank}.jsonl"
     path = case_dir / source
     if not path.exists():

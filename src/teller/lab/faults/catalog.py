@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from teller.lab.faults.cpu_contention import CpuContention
+from teller.lab.faults.host_stall import COUNTER as GC_COUNTER
 from teller.lab.faults.link_counters import COUNTER as LINK_COUNTER
 from teller.lab.faults.memory_pressure import MemoryPressure
 from teller.lab.faults.net_throttle import NetThrottle, rate_mbit
@@ -31,8 +32,9 @@ class FaultKind:
     guilty_operator: str | None
     explanation: str  # a format string over rank, intensity and the fault's parameters
     #: The counter that rises on the guilty rank while the fault acts: a host counter
-    #: (`teller.ingest.host.COUNTERS`), or the rate limit's `link_overlimits`
-    #: (`teller.lab.faults.link_counters`). A recording in which it does not rise inside the
+    #: (`teller.ingest.host.COUNTERS`), the rate limit's `link_overlimits`
+    #: (`teller.lab.faults.link_counters`), or the GC storm's time collecting
+    #: (`teller.lab.faults.host_stall`). A recording in which it does not rise inside the
     #: window is refused (`teller.lab.run`), since its labels would name a fault that never acted.
     shows_in: str | None = None
     #: Whether that counter stays flat on a healthy rank, so that the labels can name the window
@@ -98,6 +100,8 @@ LAB_FAULTS: dict[str, FaultKind] = {
             None,
             "Forced garbage-collection storms on rank {rank} held the Python interpreter, leaving "
             "gaps between its operators and making its peers wait at the all-reduces.",
+            shows_in=GC_COUNTER,
+            marks_steps=True,
         ),
         FaultKind(
             "memory_pressure",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from transformers import LlamaForCausalLM
 
@@ -16,7 +17,12 @@ class Faults:
     """The rank's view of its configured fault; a no-op when there is none or it is elsewhere."""
 
     def __init__(
-        self, fault: InProcessFault | None, rank: int, model: LlamaForCausalLM, t0_ns: int
+        self,
+        fault: InProcessFault | None,
+        rank: int,
+        model: LlamaForCausalLM,
+        t0_ns: int,
+        truth_dir: Path,
     ) -> None:
         mine = fault is not None and fault.kind in IN_PROCESS_FAULTS
         # the scheduler lives on rank 0 whatever rank the label names
@@ -27,6 +33,8 @@ class Faults:
         self.fault = fault if mine else None
         self.model = model
         self.t0_ns = t0_ns
+        self.rank = rank
+        self.truth_dir = truth_dir
         self.storm: host_stall.GcStorm | None = None
         if self.fault is not None and self.fault.kind == "host_stall":
             self.storm = host_stall.GcStorm(self.active, self.fault.intensity)
@@ -48,9 +56,13 @@ class Faults:
         return max_num_seqs, max_tokens
 
     def stop(self) -> None:
+        """End the fault; a storm records its collections for the labels."""
         if self.storm is not None:
             self.storm.stop()
+            self.storm.write(host_stall.collections_file(self.truth_dir, self.rank))
 
 
-def start(fault: InProcessFault | None, rank: int, model: LlamaForCausalLM, t0_ns: int) -> Faults:
-    return Faults(fault, rank, model, t0_ns)
+def start(
+    fault: InProcessFault | None, rank: int, model: LlamaForCausalLM, t0_ns: int, truth_dir: Path
+) -> Faults:
+    return Faults(fault, rank, model, t0_ns, truth_dir)

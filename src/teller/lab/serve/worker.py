@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     else:
         t0_ns = int(store.get("t0_ns"))
     worker_log.info("Warm-up done; serving")
-    faults = inprocess.start(config.fault, rank, model, t0_ns)
+    faults = inprocess.start(config.fault, rank, model, t0_ns, run_dir.parent / "ground_truth")
     try:
         if rank == 0:
             _engine_core(config, executor, store, faults, t0_ns, run_dir, profiler)
