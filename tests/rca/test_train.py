@@ -359,6 +359,10 @@ def test_requests_held_back_mark_a_capped_scheduler_and_nothing_else():
     assert min(inside) > 0.3
     baseline, _, _ = case(fault="none", rank=0)
     assert max(r.queue[held_back] for r in read_case_records(baseline)) == 0.0
+    # the records carry the count the feature is made of, and None where there is no queue
+    assert min(r.held_back for r in records if WINDOW[0] <= r.iteration < WINDOW[1]) > 0
+    assert {r.held_back for r in read_case_records(baseline)} == {0}
+    assert {r.held_back for r in read_case_records(out, use_logs=False)} == {None}
 
 
 def test_the_kv_cache_fill_the_engine_prints_tells_a_full_cache_from_a_capped_scheduler():
@@ -551,3 +555,36 @@ def test_the_dataset_cache_is_keyed_by_the_cases_labels(tmp_path):
     assert dataset_cache_key([case], 512) == before
     (case / "labels.json").write_text('{"steps": [11]}')
     assert dataset_cache_key([case], 512) != before
+
+
+def test_a_capped_scheduler_the_queue_refutes_is_let_go(trained, two_cases):
+    """A step the head alone flags as a capped scheduler is let go where the request records
+    show it held no waiting request back (`queue_refutes`); one that held requests back, one
+    whose queue is unknown, one a floor flags, and any step of another type stay flagged."""
+    import dataclasses
+
+    from teller.rca.infer import unmissable
+    from teller.rca.inputs import FAULT_NAMES
+
+    model = LoadedModel.load(trained[0].out)
+    records = [
+        dataclasses.replace(r, held_back=(0, 3, None)[k % 3])
+        for k, r in enumerate(read_case_records(two_cases[0]))
+    ]
+    outputs = model.forward(records)
+    floored = unmissable(records)
+
+    def flagged(fault: str) -> set[int]:
+        logp = np.full_like(outputs.fault_logp, np.log(0.01))
+        logp[:, FAULT_NAMES.index(fault)] = np.log(0.8)
+        given = dataclasses.replace(
+            outputs, probability=np.ones_like(outputs.probability), fault_logp=logp
+        )
+        return {d.iteration for d in model.diagnose_records(records, outputs=given) if d.anomalous}
+
+    refuted = {
+        r.iteration for r, f in zip(records, floored, strict=True) if r.held_back == 0 and not f
+    }
+    assert refuted, "some steps the head alone flags held nothing back"
+    assert flagged("scheduler_misconfig") == {r.iteration for r in records} - refuted
+    assert flagged("gpu_throttle") == {r.iteration for r in records}

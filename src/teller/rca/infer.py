@@ -97,6 +97,22 @@ def held_off_cpu(records: Sequence[StepRecord], held_share: dict[int, float]) ->
     return held & _slower_than(records, HELD_SLOWER)
 
 
+#: The fault type whose steps must show it in the request queue (`queue_refutes`).
+QUEUED_FAULT = "scheduler_misconfig"
+
+
+def queue_refutes(records: Sequence[StepRecord]) -> np.ndarray:
+    """Per record, whether the run's request records show the step left no waiting request it
+    had room for (`StepRecord.held_back` is 0; unknown counts as not shown). A scheduler
+    capped too low is that and nothing else: its cause is requests held back while batches
+    ran below what the engine ran, so a step typed `QUEUED_FAULT` that held none back has
+    no cause left. Why a rule: the step head reads the queue among much else, and on fault-free
+    lab runs it flags steps a tenth to a third above their expected time with that type, while
+    every step it flags of the lab's misconfigured schedulers held requests back
+    (docs/scoreboard.md)."""
+    return np.array([r.held_back == 0 for r in records], dtype=bool)
+
+
 def step_threshold(meta: dict, config: ModelConfig) -> float:
     """The checkpoint's step threshold: the one `teller calibrate` chose on cases the model never
     trained on (config.json's `calibration.step_threshold`), else the even-chance rule above.
@@ -249,17 +265,19 @@ class LoadedModel:
         its step probability). Why: a run's slow window has one cause far more often than several,
         and the cause shows unevenly step by step (a co-tenant's erratic kernels look like a power
         cap on the steps where they happen to be steady); one step's evidence is then outvoted by
-        the rest. Operators and ranks stay per step."""
+        the rest. Operators and ranks stay per step. A step the head alone flags is let go
+        where its type is a capped scheduler and the queue shows nothing held back
+        (`queue_refutes`)."""
         if not records:
             return []
         if outputs is None:
             outputs = self.forward(records)
         arrays = outputs.arrays
         probability, pointer, fault_logp = outputs.probability, outputs.pointer, outputs.fault_logp
-        flagged = probability >= (self.threshold if threshold is None else threshold)
-        flagged |= unmissable(records)
+        floored = unmissable(records)
         if held_share:
-            flagged |= held_off_cpu(records, held_share)
+            floored |= held_off_cpu(records, held_share)
+        flagged = floored | (probability >= (self.threshold if threshold is None else threshold))
         faults = fault_logp.argmax(-1)
         type_probability = np.exp(fault_logp[np.arange(len(records)), faults])
         if pool_faults and flagged.any():
@@ -267,6 +285,7 @@ class LoadedModel:
             faults[flagged] = int((weights * fault_logp[flagged]).sum(axis=0).argmax())
             held = np.exp(fault_logp[flagged, faults[flagged]])
             type_probability[flagged] = float(np.average(held, weights=weights[:, 0]))
+        flagged &= floored | ~((faults == FAULT_NAMES.index(QUEUED_FAULT)) & queue_refutes(records))
         settled = flagged & (type_probability >= TYPE_SETTLES_POINTER)
         if settled.any() and self.pointer_kinds:
             pointer = self._given_fault(pointer, arrays, faults, settled)

@@ -249,17 +249,18 @@ StepLines = tuple[np.ndarray, np.ndarray, list[str]]  # template buckets, LOG ve
 
 def log_features(
     tree: CallTree, alignment: AlignResult | None
-) -> tuple[dict[int, StepLines], dict[int, np.ndarray]]:
+) -> tuple[dict[int, StepLines], dict[int, np.ndarray], dict[int, int]]:
     """Per iteration: the hashed templates, `LOG` vectors and raw text of its aligned log lines
-    (warnings and errors first, then in file order; at most MAX_LOG_LINES); and the request
-    queue's `QUEUE` vector (`queue_features`). Empty without an alignment."""
+    (warnings and errors first, then in file order; at most MAX_LOG_LINES); the request
+    queue's `QUEUE` vector (`queue_features`); and the requests it held back
+    (`held_back_requests`). Empty without an alignment."""
     if alignment is None:
-        return {}, {}
+        return {}, {}, {}
     logs = alignment.logs
     step = alignment.alignment.step
-    queues = queue_features(
-        tree, alignment.requests.waiting(tree), kv_fill_by_step(step, logs.kv_cache_fill())
-    )
+    waiting = alignment.requests.waiting(tree)
+    held_back = held_back_requests(tree, waiting)
+    queues = queue_features(tree, waiting, kv_fill_by_step(step, logs.kv_cache_fill()), held_back)
     templates = logs.column("template_id")
     fields = logs.column("fields")
     levels = logs.column("level")
@@ -275,7 +276,7 @@ def log_features(
         vectors = np.stack([line_features(fields[i], levels[i]) for i in rows])
         buckets = np.array([log_bucket(templates[i] or 0, LOG_BUCKETS) for i in rows], np.int64)
         out[s] = (buckets, vectors, [raw[i] for i in rows])
-    return out, queues
+    return out, queues, held_back
 
 
 def line_features(fields: str | None, level: str | None) -> np.ndarray:
@@ -312,8 +313,47 @@ def kv_fill_by_step(step: np.ndarray, fill: np.ndarray) -> dict[int, float]:
     }
 
 
+def _batch_sizes(tree: CallTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lowest rank's step rows, and each one's requests and tokens as the steps state them
+    (0 where they do not)."""
+    steps = tree.steps
+    rows = np.flatnonzero(steps.rank == steps.rank.min())
+    requests = np.maximum(steps.context_requests[rows], 0) + np.maximum(
+        steps.generation_requests[rows], 0
+    )
+    tokens = np.maximum(steps.context_tokens[rows], 0) + np.maximum(
+        steps.generation_tokens[rows], 0
+    )
+    return rows, requests, tokens
+
+
+def held_back_requests(tree: CallTree, waiting: dict[int, int]) -> dict[int, int]:
+    """Per iteration whose queue is known (`waiting`), the waiting requests the step had room
+    for while its tokens stayed under `TOKEN_ROOM` of the run's largest step: what a scheduler
+    capped too low leaves waiting, and 0 where nothing waited or the step ran full. Empty where
+    the steps do not state their batch, since room is then unknown, not none."""
+    steps = tree.steps
+    if not waiting or not len(steps):
+        return {}
+    rows, requests, tokens = _batch_sizes(tree)
+    most_requests, most_tokens = requests.max(), tokens.max()
+    if most_requests <= 0 or most_tokens <= 0:
+        return {}
+    out = {}
+    for k, iteration in enumerate(steps.index[rows].tolist()):
+        if iteration not in waiting:
+            continue
+        room = max(int(most_requests - requests[k]), 0)
+        roomy = tokens[k] < TOKEN_ROOM * most_tokens
+        out[int(iteration)] = min(waiting[iteration], room) if roomy else 0
+    return out
+
+
 def queue_features(
-    tree: CallTree, waiting: dict[int, int], kv_fill: dict[int, float]
+    tree: CallTree,
+    waiting: dict[int, int],
+    kv_fill: dict[int, float],
+    held_back: dict[int, int],
 ) -> dict[int, np.ndarray]:
     """Per iteration, the request queue's `QUEUE` vector: requests waiting, the step's requests
     and tokens against the run's largest batch (0 where the steps do not state their batch),
@@ -329,13 +369,7 @@ def queue_features(
     steps = tree.steps
     if not (waiting or kv_fill) or not len(steps):
         return {}
-    rows = np.flatnonzero(steps.rank == steps.rank.min())
-    requests = np.maximum(steps.context_requests[rows], 0) + np.maximum(
-        steps.generation_requests[rows], 0
-    )
-    tokens = np.maximum(steps.context_tokens[rows], 0) + np.maximum(
-        steps.generation_tokens[rows], 0
-    )
+    rows, requests, tokens = _batch_sizes(tree)
     most_requests, most_tokens = requests.max(), tokens.max()
     out = {}
     fill = None
@@ -353,9 +387,7 @@ def queue_features(
             if most_tokens > 0:
                 ratio = safe_log_ratio(tokens[k], most_tokens)
                 vector[QUEUE["tokens_vs_largest"]] = np.clip(ratio, -8, 0) / 2.0
-            if tokens[k] < TOKEN_ROOM * most_tokens:
-                room = max(int(most_requests - requests[k]), 0)
-                vector[QUEUE["held_back"]] = np.log1p(min(waiting[iteration], room)) / 4.0
+            vector[QUEUE["held_back"]] = np.log1p(held_back.get(iteration, 0)) / 4.0
         if fill is not None:
             vector[QUEUE["kv_cache_fill"]], vector[QUEUE["kv_cache_known"]] = fill, 1.0
         out[iteration] = vector

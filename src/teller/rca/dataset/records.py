@@ -75,6 +75,9 @@ class StepRecord:
     localizer_anomalous: bool
     expected_ns: int
     dur_ns: int
+    #: waiting requests the step had room for and left waiting (`held_back_requests`); None
+    #: where the run's queue or its steps' batches are unknown
+    held_back: int | None = None
     # labels (None/False without a labels.json)
     anomalous: bool = False
     fault: str = "none"
@@ -109,7 +112,7 @@ def case_records(
     caller that shares them (the model variants of one evaluation case) computes it once."""
     facts = RunFacts.of(tree, facts)
     traced = facts.derived("rca.step_traces", lambda: step_traces(tree, facts))
-    logs, queues = log_features(tree, alignment)
+    logs, queues, held_back = log_features(tree, alignment)
     records = []
     for step in traced:
         templates, floats, lines = logs.get(step.score.iteration) or _no_lines()
@@ -127,6 +130,7 @@ def case_records(
                 localizer_anomalous=step.localizer_anomalous,
                 expected_ns=step.score.expected_ns,
                 dur_ns=step.score.dur_ns,
+                held_back=held_back.get(step.score.iteration),
             )
         )
     if labels is not None:
