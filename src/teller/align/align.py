@@ -31,6 +31,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ import pyarrow as pa
 
 from teller.align.clock import AnchorOffsets, ClockOffsets, estimate_rank_offsets, shift_tree
 from teller.align.logtime import LogTimes, engine_reference, place_log_times
-from teller.align.requests import RequestTrees, build_request_trees
+from teller.align.requests import RequestTrees, build_request_trees, held_back_requests
 from teller.callchain.per_rank import RunTree, read_tree
 from teller.callchain.tree import CallTree
 from teller.ingest.logs.table import LogTable
@@ -220,6 +221,17 @@ class AlignResult:
     rank_offsets: ClockOffsets
     log_offsets: AnchorOffsets | None
     warnings: list[str]
+
+    @cached_property
+    def waiting(self) -> dict[int, int]:
+        """Step ordinal → requests waiting at its start (`RequestTrees.waiting`)."""
+        return self.requests.waiting(self.tree)
+
+    @cached_property
+    def held_back(self) -> dict[int, int]:
+        """Step ordinal → waiting requests the step had room for (`held_back_requests`): what
+        the model reads and what a capped scheduler's finding states."""
+        return held_back_requests(self.tree, self.waiting)
 
 
 def align_run(

@@ -56,6 +56,8 @@ INEXACT_SLACK_NS = 1_000_000_000
 PLACED = frozenset({"exact", "anchor", "order"})
 #: `_admit_first_come_first_served`'s mark for a request the replay admitted in no traced step.
 NEVER_ADMITTED = -2
+#: Share of the run's largest step (in tokens) under which a step still had token budget left.
+TOKEN_ROOM = 0.8
 #: vLLM's context detail `context_N(sq<query tokens>sk<key tokens>…)`: key beyond query tokens
 #: means a request's earlier tokens were already computed.
 _QUERY_KEY_TOKENS = re.compile(r"context_\d+\(sq(\d+)sk(\d+)")
@@ -542,3 +544,39 @@ def _blank(source: str, order: int) -> dict:
         "exact": True,
         "source": source,
     }
+
+
+def batch_sizes(tree: CallTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lowest rank's step rows, and each one's requests and tokens as the steps state them
+    (0 where they do not)."""
+    steps = tree.steps
+    rows = np.flatnonzero(steps.rank == steps.rank.min())
+    requests = np.maximum(steps.context_requests[rows], 0) + np.maximum(
+        steps.generation_requests[rows], 0
+    )
+    tokens = np.maximum(steps.context_tokens[rows], 0) + np.maximum(
+        steps.generation_tokens[rows], 0
+    )
+    return rows, requests, tokens
+
+
+def held_back_requests(tree: CallTree, waiting: dict[int, int]) -> dict[int, int]:
+    """Per iteration whose queue is known (`waiting`), the waiting requests the step had room
+    for while its tokens stayed under `TOKEN_ROOM` of the run's largest step: what a scheduler
+    capped too low leaves waiting, and 0 where nothing waited or the step ran full. Empty where
+    the steps do not state their batch, since room is then unknown, not none."""
+    steps = tree.steps
+    if not waiting or not len(steps):
+        return {}
+    rows, requests, tokens = batch_sizes(tree)
+    most_requests, most_tokens = requests.max(), tokens.max()
+    if most_requests <= 0 or most_tokens <= 0:
+        return {}
+    out = {}
+    for k, iteration in enumerate(steps.index[rows].tolist()):
+        if iteration not in waiting:
+            continue
+        room = max(int(most_requests - requests[k]), 0)
+        roomy = tokens[k] < TOKEN_ROOM * most_tokens
+        out[int(iteration)] = min(waiting[iteration], room) if roomy else 0
+    return out

@@ -92,7 +92,13 @@ class RootCauseMethod:
             held_share=held_off_share(tree, host) if host is not None else None,
         )
         named = model_explanations(
-            tree, localization, diagnoses, facts, alignment is not None, host
+            tree,
+            localization,
+            diagnoses,
+            facts,
+            alignment is not None,
+            host,
+            alignment.held_back if alignment is not None else None,
         )
         steps, candidates, explanations = [], {}, {}
         for d in diagnoses:

@@ -81,6 +81,9 @@ class StepContext:
     transfer: Measured | None = None
     context_tokens: tuple[int, int] | None = None  # this step's, its normal steps' median
     batch_tokens: tuple[int, int] | None = None  # this step's, the run's largest step's
+    #: waiting requests the step had room for (`teller.align.requests.held_back_requests`);
+    #: None where the run's queue is unknown
+    held_back: int | None = None
     has_logs: bool = False
     unfinished: bool = False  # a step a hang never let finish
     #: the step is the first the capture holds on the named rank (and not its only one), where
@@ -203,7 +206,8 @@ class RunContext:
     """A run's per-run tables for explanations, built once; `context` gives one step's facts.
 
     `normal` holds the iterations the verdict did not flag: a rank's usual host, GPU and idle
-    time is its median over those of the same kind."""
+    time is its median over those of the same kind. `held_back`: per iteration, the waiting
+    requests it had room for, where the run's request records tell (`AlignResult.held_back`)."""
 
     def __init__(
         self,
@@ -212,12 +216,14 @@ class RunContext:
         normal: Collection[int],
         has_logs: bool,
         host: HostSteps | None = None,
+        held_back: dict[int, int] | None = None,
     ) -> None:
         self.tree = tree
         self.facts = RunFacts.of(tree, facts)
         self.normal = set(normal)
         self.has_logs = has_logs
         self.host = host
+        self.held_back = held_back or {}
         steps = tree.steps
         self.ranks = sorted(set(steps.rank.tolist()))
         self.row_of = {(int(steps.rank[k]), int(steps.index[k])): k for k in range(len(steps))}
@@ -281,6 +287,7 @@ class RunContext:
             return context
         context.transfer = self._transfer(iteration)
         context.context_tokens, context.batch_tokens = self._tokens(iteration)
+        context.held_back = self.held_back.get(iteration)
         if rank is None or row is None:
             return context
         context.peers_ns, context.peer_rank = self._peers(iteration, candidate)

@@ -145,7 +145,8 @@ def diagnose(
         drafts = _drafts(tree, localization)
         produced_by = "localizer"
     normal = {s.iteration for s in localization.steps if s.iteration not in flagged}
-    context = RunContext(tree, facts, normal, has_logs, host)
+    held_back = alignment.held_back if alignment is not None else None
+    context = RunContext(tree, facts, normal, has_logs, host, held_back)
     apply_run_rules(drafts, context)
     findings = by_incident([_finding(tree, context, d) for d in drafts])
     _attach_logs(alignment, findings)
@@ -257,6 +258,7 @@ def localizer_explanations(
     facts: RunFacts | None = None,
     has_logs: bool = False,
     host: HostSteps | None = None,
+    held_back: dict[int, int] | None = None,
 ) -> dict[int, StepExplanation]:
     """The localizer's explanation of each flagged step, as its verdict words it (the same
     plans, the same one-incident rule, the same fault type from the host counters where `host`
@@ -264,7 +266,7 @@ def localizer_explanations(
     localizer's words by."""
     flagged = {s.iteration for s in localization.anomalous_steps()}
     drafts = _drafts(tree, localization)
-    named = _named(tree, localization, drafts, flagged, facts, has_logs, host)
+    named = _named(tree, localization, drafts, flagged, facts, has_logs, host, held_back)
     return {step: explanation for step, (_, explanation) in named.items()}
 
 
@@ -275,6 +277,7 @@ def model_explanations(
     facts: RunFacts | None = None,
     has_logs: bool = False,
     host: HostSteps | None = None,
+    held_back: dict[int, int] | None = None,
 ) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
     """The model's findings as its verdict points and words them: per flagged step, its
     candidates with the one the finding names first (the pointer's pick, or the straggler's
@@ -284,7 +287,7 @@ def model_explanations(
     user reads, not the pointer and fault head before the verdict's rules."""
     flagged = {d.iteration for d in diagnoses if d.anomalous}
     drafts = _model_drafts(localization, diagnoses)
-    return _named(tree, localization, drafts, flagged, facts, has_logs, host)
+    return _named(tree, localization, drafts, flagged, facts, has_logs, host, held_back)
 
 
 def _named(
@@ -295,11 +298,12 @@ def _named(
     facts: RunFacts | None,
     has_logs: bool,
     host: HostSteps | None,
+    held_back: dict[int, int] | None = None,
 ) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
     """Each draft's candidates, the named one first, and explanation after the verdict's rules
     (`apply_run_rules`), as `diagnose` applies them."""
     normal = {s.iteration for s in localization.steps} - flagged
-    context = RunContext(tree, facts, normal, has_logs, host)
+    context = RunContext(tree, facts, normal, has_logs, host, held_back)
     apply_run_rules(drafts, context)
     out = {}
     for draft in drafts:

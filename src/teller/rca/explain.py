@@ -355,7 +355,10 @@ def _mechanism(c: StepContext, mechanism: str) -> list[tuple[str, dict]]:
         assert c.context_tokens is not None
         return [(plan, dict(tokens=c.context_tokens[0], normal_tokens=c.context_tokens[1]))]
     assert mechanism == "small_batches" and c.batch_tokens is not None
-    return [(plan, dict(tokens=c.batch_tokens[0], largest_tokens=c.batch_tokens[1]))]
+    facts = dict(tokens=c.batch_tokens[0], largest_tokens=c.batch_tokens[1])
+    if c.held_back:
+        return [(f"{plan}_queued", dict(facts, held_back=c.held_back))]
+    return [(plan, facts)]
 
 
 def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:

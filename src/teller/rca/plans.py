@@ -145,6 +145,10 @@ SLOT_TYPES: dict[str, SlotType] = {
         _COUNT_WORDS.format(noun="step"),
         lambda v: plural(int(v), "step"),  # type: ignore[call-overload]
     ),
+    "held_back": SlotType(
+        _COUNT_WORDS.format(noun="request"),
+        lambda v: plural(int(v), "request"),  # type: ignore[call-overload]
+    ),
     **{
         name: SlotType(
             _COUNT_WORDS.format(noun="token"),
@@ -417,6 +421,13 @@ _PLANS = (
         "mechanism.small_batches",
         "The step batched {tokens}, against {largest_tokens} in the run's largest step.",
         note="a batch far below what the engine ran earlier in the run",
+    ),
+    Plan(
+        "mechanism.small_batches_queued",
+        "The step batched {tokens}, against {largest_tokens} in the run's largest step, while "
+        "{held_back} waited that it had room for.",
+        note="the same, where the run's request records show requests left waiting that the "
+        "step had room for (`teller.align.requests.held_back_requests`)",
     ),
     # -- the cause: the fault head's ----------------------------------------------------------
     # -- what the host counters measured (`teller collect` samples them beside the trace) ----
@@ -824,9 +835,19 @@ MECHANISMS: tuple[str, ...] = (
     "recompute",
     "small_batches",
 )
-#: The mechanism plan(s) that state each mechanism (a variant for a rank usually on time).
+
+
+def _stated_mechanism(plan_id: str) -> str | None:
+    """The mechanism a mechanism plan states: its name, or the name its variant extends (a rank
+    usually on time, `late_arrival_first`; a queue measured, `small_batches_queued`)."""
+    name = plan_id.split(".", 1)[1]
+    stated = [m for m in MECHANISMS[1:] if name == m or name.startswith(f"{m}_")]
+    return max(stated, key=len, default=None)
+
+
+#: The mechanism plan(s) that state each mechanism, its variants included.
 MECHANISM_PLANS: dict[str, tuple[str, ...]] = {
-    m: tuple(p.id for p in _PLANS if p.id.split(".", 1)[1].split("_first")[0] == m)
+    m: tuple(p.id for p in _PLANS if p.family == "mechanism" and _stated_mechanism(p.id) == m)
     for m in MECHANISMS[1:]
 }
 if sorted(p for plans in MECHANISM_PLANS.values() for p in plans) != sorted(
@@ -891,6 +912,7 @@ EXAMPLE_FACTS: dict[str, object] = {
     "op": "aten::mm",
     "other_op": "aten::cat",
     "steps": 12,
+    "held_back": 3,
     "tokens": 16,
     "normal_tokens": 120,
     "largest_tokens": 1_024,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from teller.align.requests import batch_sizes
 from teller.callchain.facts import RunFacts, kernel_sequences
 from teller.callchain.tree import CallTree
 from teller.localize import NumericLocalizer, OperatorCandidate, StepScore
@@ -31,8 +32,6 @@ from teller.rca.inputs import (
 if TYPE_CHECKING:
     from teller.align.align import AlignResult
 
-#: Share of the run's largest step (in tokens) under which a step still had token budget left.
-TOKEN_ROOM = 0.8
 #: Hashed log-template buckets a line's template id falls into (before the checkpoint's own
 #: `log_vocab` folds them again at encoding).
 LOG_BUCKETS = 64
@@ -253,13 +252,12 @@ def log_features(
     """Per iteration: the hashed templates, `LOG` vectors and raw text of its aligned log lines
     (warnings and errors first, then in file order; at most MAX_LOG_LINES); the request
     queue's `QUEUE` vector (`queue_features`); and the requests it held back
-    (`held_back_requests`). Empty without an alignment."""
+    (`teller.align.requests.held_back_requests`). Empty without an alignment."""
     if alignment is None:
         return {}, {}, {}
     logs = alignment.logs
     step = alignment.alignment.step
-    waiting = alignment.requests.waiting(tree)
-    held_back = held_back_requests(tree, waiting)
+    waiting, held_back = alignment.waiting, alignment.held_back
     queues = queue_features(tree, waiting, kv_fill_by_step(step, logs.kv_cache_fill()), held_back)
     templates = logs.column("template_id")
     fields = logs.column("fields")
@@ -313,42 +311,6 @@ def kv_fill_by_step(step: np.ndarray, fill: np.ndarray) -> dict[int, float]:
     }
 
 
-def _batch_sizes(tree: CallTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The lowest rank's step rows, and each one's requests and tokens as the steps state them
-    (0 where they do not)."""
-    steps = tree.steps
-    rows = np.flatnonzero(steps.rank == steps.rank.min())
-    requests = np.maximum(steps.context_requests[rows], 0) + np.maximum(
-        steps.generation_requests[rows], 0
-    )
-    tokens = np.maximum(steps.context_tokens[rows], 0) + np.maximum(
-        steps.generation_tokens[rows], 0
-    )
-    return rows, requests, tokens
-
-
-def held_back_requests(tree: CallTree, waiting: dict[int, int]) -> dict[int, int]:
-    """Per iteration whose queue is known (`waiting`), the waiting requests the step had room
-    for while its tokens stayed under `TOKEN_ROOM` of the run's largest step: what a scheduler
-    capped too low leaves waiting, and 0 where nothing waited or the step ran full. Empty where
-    the steps do not state their batch, since room is then unknown, not none."""
-    steps = tree.steps
-    if not waiting or not len(steps):
-        return {}
-    rows, requests, tokens = _batch_sizes(tree)
-    most_requests, most_tokens = requests.max(), tokens.max()
-    if most_requests <= 0 or most_tokens <= 0:
-        return {}
-    out = {}
-    for k, iteration in enumerate(steps.index[rows].tolist()):
-        if iteration not in waiting:
-            continue
-        room = max(int(most_requests - requests[k]), 0)
-        roomy = tokens[k] < TOKEN_ROOM * most_tokens
-        out[int(iteration)] = min(waiting[iteration], room) if roomy else 0
-    return out
-
-
 def queue_features(
     tree: CallTree,
     waiting: dict[int, int],
@@ -369,7 +331,7 @@ def queue_features(
     steps = tree.steps
     if not (waiting or kv_fill) or not len(steps):
         return {}
-    rows, requests, tokens = _batch_sizes(tree)
+    rows, requests, tokens = batch_sizes(tree)
     most_requests, most_tokens = requests.max(), tokens.max()
     out = {}
     fill = None

@@ -75,8 +75,9 @@ class StepRecord:
     localizer_anomalous: bool
     expected_ns: int
     dur_ns: int
-    #: waiting requests the step had room for and left waiting (`held_back_requests`); None
-    #: where the run's queue or its steps' batches are unknown
+    #: waiting requests the step had room for and left waiting
+    #: (`teller.align.requests.held_back_requests`); None where the run's queue or its steps'
+    #: batches are unknown
     held_back: int | None = None
     # labels (None/False without a labels.json)
     anomalous: bool = False
