@@ -173,6 +173,7 @@ def _random_context(rng) -> StepContext:
         if rng.random() < 0.7
         else None,
         batch_tokens=(int(rng.integers(1, 4000)), 4000) if rng.random() < 0.7 else None,
+        held_back=int(rng.integers(0, 12)) if rng.random() < 0.5 else None,
         has_logs=bool(rng.random() < 0.5),
         unfinished=unfinished,
     )
@@ -388,3 +389,29 @@ def test_a_link_fault_between_two_ranks_says_the_trace_cannot_tell_which_end():
     many.ranks = 4
     assert "caveat.link_ends" not in compose(many, "net_throttle").plans
     assert "caveat.link_ends" not in compose(two, "straggler").plans
+
+
+def test_a_capped_schedulers_batch_sentence_states_the_requests_it_left_waiting():
+    """With the run's queue known, the small-batch sentence says how many waiting requests the
+    step had room for; without it, or with none held back, only the batch against the largest."""
+    context = StepContext(
+        iteration=150,
+        kind="decode",
+        step_dur_ns=43_900_000,
+        expected_ns=26_100_000,
+        rank=0,
+        rank_dur_ns=43_900_000,
+        ranks=2,
+        candidate=None,
+        batch_tokens=(1, 396),
+        held_back=6,
+    )
+    text = compose(context, "scheduler_misconfig", "small_batches").text
+    assert (
+        "batched 1 token, against 396 tokens in the run's largest step, while 6 requests " in text
+    )
+    assert "mechanism.small_batches_queued" in compose(context, "scheduler_misconfig").plans
+    for unknown in (None, 0):
+        context.held_back = unknown
+        plans = compose(context, "scheduler_misconfig", "small_batches").plans
+        assert "mechanism.small_batches" in plans and "mechanism.small_batches_queued" not in plans
