@@ -6,7 +6,13 @@ import json
 
 import numpy as np
 
-from teller.lab.acted import FaultCounter, fault_counter, steps_acted_on
+from teller.lab.acted import (
+    STEPS_FILE,
+    FaultCounter,
+    fault_counter,
+    steps_acted_on,
+    steps_held_back,
+)
 from teller.lab.faults.host_stall import GcStorm, collections_file
 from teller.lab.faults.link_counters import FILE_NAME
 
@@ -85,3 +91,15 @@ def test_a_gc_storm_marks_the_steps_its_collections_overlapped(tmp_path):
     assert fault_counter(tmp_path, "host_stall", 0) is None  # another rank's storm
     (collections_file(tmp_path / "ground_truth", 1)).write_text("{not json\n")
     assert fault_counter(tmp_path, "host_stall", 1) is None
+
+
+def test_a_capped_scheduler_marks_the_steps_its_limits_held_work_back_in(tmp_path):
+    truth = tmp_path / "ground_truth"
+    truth.mkdir()
+    rows = [{"step": k, "annotation": "", "held_back": k in (2, 3)} for k in range(5)]
+    (truth / STEPS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert steps_held_back(tmp_path).tolist() == [2, 3]
+    # a recording made before the engine said it: the window stands
+    (truth / STEPS_FILE).write_text(json.dumps({"step": 0, "annotation": ""}) + "\n")
+    assert steps_held_back(tmp_path) is None
+    assert steps_held_back(tmp_path / "elsewhere") is None

@@ -297,6 +297,14 @@ def test_scheduler_misconfig_shrinks_batches_and_raises_ttft(lab_root, baseline)
         return float(np.median(waits)) / 1e6
 
     assert ttft_ms(case) >= 2 * ttft_ms(baseline)
+    # the labels name the window steps whose lowered limits kept work out, and teller's own
+    # request records show requests waiting in them (all but a step whose running batch the cap
+    # cut as it came on)
+    assert case.labels.params["steps_from"] == "held_back"
+    assert 0 < len(case.labels.steps) <= case.labels.params["window_steps"]
+    waiting = Analysis(case.case_dir).alignment.waiting
+    queued = [step for step in case.labels.steps if waiting.get(step, 0) > 0]
+    assert len(queued) >= 0.8 * len(case.labels.steps)
     log = (case.case_dir / "logs" / "rank0.log").read_text()
     assert "Waiting: " in log and "Iteration(" in log
     assert case.labels.guilty_rank == 0 and case.labels.guilty_operator is None

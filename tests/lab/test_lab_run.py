@@ -90,6 +90,18 @@ def test_a_fault_whose_counter_did_not_rise_in_its_window_is_refused(tmp_path):
     # a counter that was not readable (-1: no cgroup quota file) gives nothing to check against
     quota = CaseSpec("straggler", rank=2, intensity=0.8, window_s=(0.2, 0.6), tp=3)
     check(quota, tmp_path / "faults", _labels(quota, window_ns, []))
+    # a capped scheduler whose lowered limits kept nothing out in any window step
+    capped = CaseSpec("scheduler_misconfig", rank=0, intensity=0.8, window_s=(0.2, 0.6), tp=2)
+    idle = _labels(capped, window_ns, [])
+    idle.params["steps_from"] = "held_back"
+    with pytest.raises(
+        TellerError,
+        match=rf"scheduler_misconfig did not act: .*\({kept}/ground_truth/steps.jsonl\)",
+    ):
+        check(capped, tmp_path / "nothing", idle)
+    acted = _labels(capped, window_ns, [3])
+    acted.params["steps_from"] = "held_back"
+    check(capped, tmp_path / "nothing", acted)
     # nor do faults without a counter of their own, nor a run without host counters
     slow = CaseSpec("slow_operator", rank=2, tp=3)
     check(slow, tmp_path / "faults", _labels(slow, window_ns, []))

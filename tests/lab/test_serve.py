@@ -172,3 +172,28 @@ def test_every_tp_size_the_dataset_draws_shards_the_model_into_whole_heads():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:-1] == [f"tp {tp} ok" for tp in TP_SIZES]
+
+
+def test_a_step_under_lowered_limits_says_whether_they_kept_work_out():
+    """`held_back`: the limits a step ran under admitted or decoded less than the configured
+    ones would have from the same queue (a capped scheduler acting); the same limits with
+    nothing waiting, or the configured ones, hold nothing back."""
+    scheduler = Scheduler(max_num_seqs=4, max_num_batched_tokens=512)
+    requests = {r.request_id: r for r in (_request(k, 40, output_tokens=5) for k in range(3))}
+    for request in requests.values():
+        scheduler.add(request)
+    capped = scheduler.schedule(max_num_seqs=1, max_tokens=64)
+    assert capped.held_back and len(capped.prefill_ids) == 1
+    scheduler.complete(capped, requests)
+    full = scheduler.schedule()
+    assert not full.held_back and len(full.prefill_ids) == 2 and len(full.decode_ids) == 1
+    scheduler.complete(full, requests)
+    cut = scheduler.schedule(max_num_seqs=1, max_tokens=64)  # decodes one of three running
+    assert cut.held_back and len(cut.decode_ids) == 1
+    alone = Scheduler(max_num_seqs=4, max_num_batched_tokens=512)
+    request = _request(9, 40)
+    alone.add(request)
+    plan = alone.schedule(max_num_seqs=1, max_tokens=64)
+    assert not plan.held_back  # one request: the lowered limits ran all there was
+    alone.complete(plan, {request.request_id: request})
+    assert not alone.schedule(max_num_seqs=1, max_tokens=64).held_back

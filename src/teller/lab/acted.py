@@ -11,6 +11,9 @@ name the window steps in which it rose, on the guilty rank, between the end of t
 previous step and the end of the step: a rank held back between steps arrives late at the
 step's first collective, which is where its peers wait.
 
+A capped scheduler has no counter: the engine records, per step, whether the lowered limits kept
+out work the configured ones would have run (`steps_held_back`), and the labels name those.
+
 Where between two samples a rise happened is read as the analysis reads it
 (`teller.ingest.host.cumulative_at`): a quota's throttled time is added when the throttled stretch
 ends, so a rise covers the time just before its sample.
@@ -18,6 +21,7 @@ ends, so a rise covers the time just before its sample.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,3 +94,22 @@ def steps_acted_on(start_ns: np.ndarray, end_ns: np.ndarray, counter: FaultCount
     begins = np.minimum(begins, start_ns)
     at = cumulative_at(counter.name, counter.t_ns, counter.values, np.concatenate([begins, end_ns]))
     return at[len(begins) :] - at[: len(begins)] > 0
+
+
+#: The engine's record of its steps, under the case's `ground_truth/`.
+STEPS_FILE = "steps.jsonl"
+
+
+def steps_held_back(case_dir: Path) -> np.ndarray | None:
+    """The engine's steps (rank 0's ordinals) whose limits kept out work the configured ones
+    would have run: where a capped scheduler acted. Why: with nothing waiting, or a batch the
+    lowered limits still hold whole, the cap changes nothing, and the step runs as a healthy one
+    does. None where the recording does not say (written before the engine recorded it)."""
+    path = case_dir / GROUND_TRUTH_DIR / STEPS_FILE
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not rows or any("held_back" not in row for row in rows):
+            return None
+        return np.asarray([row["step"] for row in rows if row["held_back"]], dtype=np.int64)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -37,7 +37,13 @@ import numpy as np
 from teller.errors import TellerError
 from teller.faults import FAULTS
 from teller.lab import netns
-from teller.lab.acted import FaultCounter, fault_counter, steps_acted_on
+from teller.lab.acted import (
+    STEPS_FILE,
+    FaultCounter,
+    fault_counter,
+    steps_acted_on,
+    steps_held_back,
+)
 from teller.lab.cgroups import cgroup_version, rank_cgroups
 from teller.lab.faults.catalog import LAB_FAULTS, explanation
 from teller.lab.guard import PARENT_PID_ENV, guarded
@@ -45,6 +51,7 @@ from teller.lab.inject import FaultInjector, FaultPlan
 from teller.lab.netns import LabNetwork
 from teller.lab.serve.config import InProcessFault, ServeConfig
 from teller.labels import CaseLabels
+from teller.layout import GROUND_TRUTH_DIR
 
 #: cpu.shares of each rank's cgroup (v1 default 1024): ranks in their own groups are outside the
 #: kernel's session autogroups, and this weight keeps unrelated load on a shared machine from
@@ -233,6 +240,8 @@ def _labels(
         acted = np.zeros(len(covered), dtype=bool)
         acted[on_rank] = steps_acted_on(steps.start_ns[on_rank], end_ns[on_rank], counter)
         labelled, steps_from = covered & acted, counter.name
+    if spec.fault == "scheduler_misconfig" and (held := steps_held_back(case_dir)) is not None:
+        labelled, steps_from = covered & np.isin(steps.index, held), "held_back"
     view = FAULTS[spec.fault]
     is_fault = view != "-"
     return CaseLabels(
@@ -267,10 +276,23 @@ def _check_fault_acted(
     """Refuse a recording whose fault left no trace in the counter it must raise on the guilty
     rank (`FaultKind.shows_in`): a memory limit above what the rank uses, a CPU quota above
     what it asks for, or a rate limit whose bucket holds every transfer changes nothing, and
-    labelling its window would teach and score a fault that never acted. Where the counter was
+    labelling its window would teach and score a fault that never acted; so does a capped
+    scheduler whose limits kept nothing waiting in any window step. Where the counter was
     not sampled or not readable there is nothing to check against, and the recording stands.
     The error names the counter's file where the refused recording is kept (`kept_at`)."""
     window_ns = labels.window_ns
+    if (
+        labels.params.get("steps_from") == "held_back"
+        and window_ns is not None
+        and not labels.steps
+    ):
+        start_s, end_s = spec.window_s
+        raise TellerError(
+            f"{spec.fault} did not act: in no step of the window {start_s}:{end_s} s did its "
+            f"lowered limits keep out work the configured ones would have run "
+            f"({kept_at / GROUND_TRUTH_DIR / STEPS_FILE}); nothing waited for them, so the case "
+            "is not labelled; try a higher --rate or --intensity"
+        )
     if counter is None or window_ns is None:
         return
     if LAB_FAULTS[spec.fault].marks_steps:

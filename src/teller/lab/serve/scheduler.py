@@ -30,6 +30,9 @@ class StepPlan:
     capture_id: str = ""
     # a plan that only carries a profiler toggle while the engine has no work: not a step
     idle: bool = False
+    # the limits it was scheduled under kept out work the configured ones would have run
+    # (scheduler_misconfig acted in this step; the lab's labels name such steps)
+    held_back: bool = False
 
     @property
     def context_tokens(self) -> int:
@@ -76,24 +79,38 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, max_num_seqs: int | None = None, max_tokens: int | None = None) -> StepPlan:
-        """The next step's plan; limits may be overridden for this step (scheduler_misconfig)."""
+        """The next step's plan; limits may be overridden for this step (scheduler_misconfig),
+        and the plan says whether they kept out work the configured limits would have run."""
         max_num_seqs = max_num_seqs or self.max_num_seqs
         max_tokens = max_tokens or self.max_num_batched_tokens
         plan = StepPlan(index=self._steps, free_ids=self._to_free)
         self._to_free = []
-        plan.decode_ids = list(self.running)[:max_num_seqs]
-        budget = max_tokens - len(plan.decode_ids)
-        while self.waiting and len(plan.decode_ids) + len(plan.prefill_ids) < max_num_seqs:
-            prompt_len = len(self.waiting[0].prompt_ids)
-            # a prompt over the whole budget still runs alone rather than starving forever
-            alone = not plan.decode_ids and not plan.prefill_ids
-            if prompt_len > budget and not alone:
-                break
+        decodes, admitted = self._batch(max_num_seqs, max_tokens)
+        configured = self._batch(self.max_num_seqs, self.max_num_batched_tokens)
+        plan.held_back = decodes < configured[0] or admitted < configured[1]
+        plan.decode_ids = list(self.running)[:decodes]
+        for _ in range(admitted):
             request = self.waiting.popleft()
             plan.prefill_ids.append(request.request_id)
             plan.prefill_prompts.append(request.prompt_ids)
-            budget -= prompt_len
         return plan
+
+    def _batch(self, max_num_seqs: int, max_tokens: int) -> tuple[int, int]:
+        """How many running requests a step under these limits decodes, and how many waiting
+        ones it admits, in order (the queue is left as it is)."""
+        decodes = min(len(self.running), max_num_seqs)
+        budget, admitted = max_tokens - decodes, 0
+        for request in self.waiting:
+            if decodes + admitted >= max_num_seqs:
+                break
+            prompt_len = len(request.prompt_ids)
+            # a prompt over the whole budget still runs alone rather than starving forever
+            alone = decodes == 0 and admitted == 0
+            if prompt_len > budget and not alone:
+                break
+            admitted += 1
+            budget -= prompt_len
+        return decodes, admitted
 
     def complete(self, plan: StepPlan, requests: dict[str, Request]) -> list[str]:
         """Count the token each scheduled request produced; return the requests that finished."""

@@ -351,6 +351,7 @@ def _step_record(plan: StepPlan, start_ns: int, end_ns: int) -> dict:
         "start_ns": start_ns,
         "end_ns": end_ns,
         "annotation": plan.annotation,
+        "held_back": plan.held_back,
         "requests": [
             {"request_id": r, "phase": "prefill", "tokens": len(p)}
             for r, p in zip(plan.prefill_ids, plan.prefill_prompts, strict=True)
