@@ -258,7 +258,6 @@ def localizer_explanations(
     facts: RunFacts | None = None,
     has_logs: bool = False,
     host: HostSteps | None = None,
-    held_back: dict[int, int] | None = None,
 ) -> dict[int, StepExplanation]:
     """The localizer's explanation of each flagged step, as its verdict words it (the same
     plans, the same one-incident rule, the same fault type from the host counters where `host`
@@ -266,7 +265,7 @@ def localizer_explanations(
     localizer's words by."""
     flagged = {s.iteration for s in localization.anomalous_steps()}
     drafts = _drafts(tree, localization)
-    named = _named(tree, localization, drafts, flagged, facts, has_logs, host, held_back)
+    named = _named(tree, localization, drafts, flagged, facts, has_logs, host)
     return {step: explanation for step, (_, explanation) in named.items()}
 
 

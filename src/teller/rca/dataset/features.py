@@ -248,17 +248,17 @@ StepLines = tuple[np.ndarray, np.ndarray, list[str]]  # template buckets, LOG ve
 
 def log_features(
     tree: CallTree, alignment: AlignResult | None
-) -> tuple[dict[int, StepLines], dict[int, np.ndarray], dict[int, int]]:
+) -> tuple[dict[int, StepLines], dict[int, np.ndarray]]:
     """Per iteration: the hashed templates, `LOG` vectors and raw text of its aligned log lines
-    (warnings and errors first, then in file order; at most MAX_LOG_LINES); the request
-    queue's `QUEUE` vector (`queue_features`); and the requests it held back
-    (`teller.align.requests.held_back_requests`). Empty without an alignment."""
+    (warnings and errors first, then in file order; at most MAX_LOG_LINES); and the request
+    queue's `QUEUE` vector (`queue_features`). Empty without an alignment."""
     if alignment is None:
-        return {}, {}, {}
+        return {}, {}
     logs = alignment.logs
     step = alignment.alignment.step
-    waiting, held_back = alignment.waiting, alignment.held_back
-    queues = queue_features(tree, waiting, kv_fill_by_step(step, logs.kv_cache_fill()), held_back)
+    queues = queue_features(
+        tree, alignment.waiting, kv_fill_by_step(step, logs.kv_cache_fill()), alignment.held_back
+    )
     templates = logs.column("template_id")
     fields = logs.column("fields")
     levels = logs.column("level")
@@ -274,7 +274,7 @@ def log_features(
         vectors = np.stack([line_features(fields[i], levels[i]) for i in rows])
         buckets = np.array([log_bucket(templates[i] or 0, LOG_BUCKETS) for i in rows], np.int64)
         out[s] = (buckets, vectors, [raw[i] for i in rows])
-    return out, queues, held_back
+    return out, queues
 
 
 def line_features(fields: str | None, level: str | None) -> np.ndarray:

@@ -113,7 +113,8 @@ def case_records(
     caller that shares them (the model variants of one evaluation case) computes it once."""
     facts = RunFacts.of(tree, facts)
     traced = facts.derived("rca.step_traces", lambda: step_traces(tree, facts))
-    logs, queues, held_back = log_features(tree, alignment)
+    logs, queues = log_features(tree, alignment)
+    held_back = alignment.held_back if alignment is not None else {}
     records = []
     for step in traced:
         templates, floats, lines = logs.get(step.score.iteration) or _no_lines()
