@@ -5,8 +5,8 @@ collection walks every tracked Python object holding the GIL, so the rank's main
 between operators exactly as it does in a service whose allocation pattern triggers GC storms.
 `intensity` is the share of wall time the thread spends collecting (it sleeps the rest).
 
-A full collection of the lab's worker takes about 200 ms, and a decode step about 50, so most
-window steps fall in the thread's sleep and run untouched. The storm therefore records when each
+A full collection of the lab's worker takes several decode steps' time, and the thread then
+sleeps as long again or longer, so many window steps fall in its sleep and run untouched. The storm therefore records when each
 collection ran, and the lab labels the window steps a collection overlapped (`teller.lab.acted`),
 as it does the steps a quota throttled. The record is one JSON line per collection,
 `{"start_ns": ..., "end_ns": ...}` (wall clock), in the case's `ground_truth/`, which no analysis
