@@ -30,3 +30,19 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def describe(pids: set[int]) -> str:
+    """One line per live process: pid, state, kernel wait channel and command line, so a run
+    that does not exit in time shows which of its processes is stuck, and where."""
+    lines = []
+    for pid in sorted(pids):
+        proc = Path(f"/proc/{pid}")
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (proc / "wchan").read_text().strip() or "-"
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        except OSError:
+            continue
+        lines.append(f"{pid} {state} {wchan} {command}")
+    return "\n".join(lines) or "(none alive)"

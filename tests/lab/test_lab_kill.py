@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.lab_procs import alive, descendants
+from lab.lab_procs import alive, descendants, describe
 from teller.lab import netns
 from teller.lab.cgroups import CGROUP_ROOT, cgroup_version
 
@@ -84,8 +84,23 @@ def _start(tmp_path: Path, fault: str) -> subprocess.Popen:
     arguments += ["--window", "0:120", "--duration", "120", "--out", str(tmp_path / "case")]
     with open(tmp_path / "stderr.txt", "w") as stderr:  # a pipe left unread would fill up
         return subprocess.Popen(
-            [*teller, "lab", "run", *arguments], stdout=subprocess.DEVNULL, stderr=stderr
+            [*teller, "lab", "run", *arguments],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # stacks on SIGABRT, for `_stuck`
         )
+
+
+def _stuck(runner: subprocess.Popen, tmp_path: Path) -> str:
+    """What a run that did not exit was doing: its processes, then every thread's Python stack
+    (faulthandler prints them on the SIGABRT sent here) at the end of its stderr."""
+    processes = describe({runner.pid, *descendants(runner.pid)})
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(runner.pid, signal.SIGABRT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        runner.wait(timeout=5)
+    stderr = (tmp_path / "stderr.txt").read_text(errors="replace")[-6000:]
+    return f"the run's exit; its processes:\n{processes}\nits stderr:\n{stderr}"
 
 
 def _launcher(runner_pid: int) -> int:
@@ -131,7 +146,11 @@ def test_a_signalled_run_leaves_no_namespace_link_qdisc_cgroup_or_process(
             os.kill(_launcher(runner.pid), signal.SIGKILL)
         else:
             runner.send_signal(signal_number)
-        _wait_for(lambda: runner.poll() is not None, CLEANUP_LIMIT_S, lambda: "the run's exit")
+        _wait_for(
+            lambda: runner.poll() is not None,
+            CLEANUP_LIMIT_S,
+            lambda: _stuck(runner, tmp_path),
+        )
         _wait_for(
             lambda: not netns.leftovers(tag) and not _cgroups(tag),
             CLEANUP_LIMIT_S,
