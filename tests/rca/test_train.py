@@ -588,3 +588,34 @@ def test_a_capped_scheduler_the_queue_refutes_is_let_go(trained, two_cases):
     assert refuted, "some steps the head alone flags held nothing back"
     assert flagged("scheduler_misconfig") == {r.iteration for r in records} - refuted
     assert flagged("gpu_throttle") == {r.iteration for r in records}
+
+
+def test_a_floored_step_the_queue_refutes_keeps_its_flag_and_takes_another_type(
+    trained, two_cases
+):
+    """A floor's step typed a capped scheduler whose queue held nothing back is still flagged,
+    with the most likely other type; a floor's step that held requests back keeps the type."""
+    import dataclasses
+
+    from teller.rca.inputs import FAULT_NAMES
+
+    model = LoadedModel.load(trained[0].out)
+    records = [
+        dataclasses.replace(r, held_back=k % 2, dur_ns=2 * max(r.expected_ns, 1))
+        for k, r in enumerate(read_case_records(two_cases[0]))
+    ]
+    outputs = model.forward(records)
+    logp = np.full_like(outputs.fault_logp, np.log(0.01))
+    logp[:, FAULT_NAMES.index("scheduler_misconfig")] = np.log(0.8)
+    logp[:, FAULT_NAMES.index("cpu_contention")] = np.log(0.15)
+    for pool in (True, False):
+        given = dataclasses.replace(
+            outputs, probability=np.zeros_like(outputs.probability), fault_logp=logp
+        )
+        held_share = {r.iteration: 1.0 for r in records}  # every step floored
+        diagnoses = model.diagnose_records(
+            records, pool_faults=pool, outputs=given, held_share=held_share
+        )
+        assert all(d.anomalous for d in diagnoses)
+        types = {r.held_back: {d.fault} for r, d in zip(records, diagnoses, strict=True)}
+        assert types == {0: {"cpu_contention"}, 1: {"scheduler_misconfig"}}

@@ -113,6 +113,37 @@ def queue_refutes(records: Sequence[StepRecord]) -> np.ndarray:
     return np.array([r.held_back == 0 for r in records], dtype=bool)
 
 
+#: The least weight a flagged step has in the pooled fault type.
+MIN_POOL_WEIGHT = 1e-6
+
+
+def _fault_types(
+    fault_logp: np.ndarray,
+    probability: np.ndarray,
+    rows: np.ndarray,
+    pool: bool,
+    exclude: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, its fault type and that type's probability: the step's own most likely type,
+    or with `pool`, for the `rows`, the one type they favour together (log-probabilities
+    summed, each weighted by its step probability). `exclude` is a type ruled out."""
+    own = fault_logp.copy()
+    if exclude is not None:
+        own[:, exclude] = -np.inf
+    faults = own.argmax(-1)
+    type_probability = np.exp(fault_logp[np.arange(len(faults)), faults])
+    if pool and rows.any():
+        # a floor's step counts even where the head gives it next to nothing
+        weights = np.maximum(probability[rows, None], MIN_POOL_WEIGHT)
+        pooled = (weights * fault_logp[rows]).sum(axis=0)
+        if exclude is not None:
+            pooled[exclude] = -np.inf
+        faults[rows] = int(pooled.argmax())
+        held = np.exp(fault_logp[rows, faults[rows]])
+        type_probability[rows] = float(np.average(held, weights=weights[:, 0]))
+    return faults, type_probability
+
+
 def step_threshold(meta: dict, config: ModelConfig) -> float:
     """The checkpoint's step threshold: the one `teller calibrate` chose on cases the model never
     trained on (config.json's `calibration.step_threshold`), else the even-chance rule above.
@@ -265,9 +296,10 @@ class LoadedModel:
         its step probability). Why: a run's slow window has one cause far more often than several,
         and the cause shows unevenly step by step (a co-tenant's erratic kernels look like a power
         cap on the steps where they happen to be steady); one step's evidence is then outvoted by
-        the rest. Operators and ranks stay per step. A step the head alone flags is let go
-        where its type is a capped scheduler and the queue shows nothing held back
-        (`queue_refutes`)."""
+        the rest. Operators and ranks stay per step. Where its type is a capped scheduler and the
+        queue shows nothing held back (`queue_refutes`), a step the head alone flags is let go,
+        and one a floor flags takes the most likely other type: the floor says the step is slow,
+        the queue says a cap was not why."""
         if not records:
             return []
         if outputs is None:
@@ -278,14 +310,15 @@ class LoadedModel:
         if held_share:
             floored |= held_off_cpu(records, held_share)
         flagged = floored | (probability >= (self.threshold if threshold is None else threshold))
-        faults = fault_logp.argmax(-1)
-        type_probability = np.exp(fault_logp[np.arange(len(records)), faults])
-        if pool_faults and flagged.any():
-            weights = probability[flagged, None]
-            faults[flagged] = int((weights * fault_logp[flagged]).sum(axis=0).argmax())
-            held = np.exp(fault_logp[flagged, faults[flagged]])
-            type_probability[flagged] = float(np.average(held, weights=weights[:, 0]))
-        flagged &= floored | ~((faults == FAULT_NAMES.index(QUEUED_FAULT)) & queue_refutes(records))
+        faults, type_probability = _fault_types(fault_logp, probability, flagged, pool_faults)
+        queued, refuted = FAULT_NAMES.index(QUEUED_FAULT), queue_refutes(records)
+        flagged &= floored | ~((faults == queued) & refuted)
+        retype = flagged & refuted & (faults == queued)
+        if retype.any():  # a floor keeps the step; the queue rules out its type, not the step
+            kept, kept_probability = _fault_types(
+                fault_logp, probability, retype, pool_faults, exclude=queued
+            )
+            faults[retype], type_probability[retype] = kept[retype], kept_probability[retype]
         settled = flagged & (type_probability >= TYPE_SETTLES_POINTER)
         if settled.any() and self.pointer_kinds:
             pointer = self._given_fault(pointer, arrays, faults, settled)
