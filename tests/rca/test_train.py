@@ -590,9 +590,7 @@ def test_a_capped_scheduler_the_queue_refutes_is_let_go(trained, two_cases):
     assert flagged("gpu_throttle") == {r.iteration for r in records}
 
 
-def test_a_floored_step_the_queue_refutes_keeps_its_flag_and_takes_another_type(
-    trained, two_cases
-):
+def test_a_floored_step_the_queue_refutes_keeps_its_flag_and_takes_another_type(trained, two_cases):
     """A floor's step typed a capped scheduler whose queue held nothing back is still flagged,
     with the most likely other type; a floor's step that held requests back keeps the type."""
     import dataclasses
