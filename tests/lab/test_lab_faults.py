@@ -215,7 +215,10 @@ def test_net_throttle_makes_allreduce_time_grow_with_message_size(lab_root, base
     samples = (case.case_dir / "run" / "link_overlimits.jsonl").read_text().splitlines()
     counts = [json.loads(line)["overlimits"] for line in samples]
     assert len(counts) > 10 and counts[-1] > counts[0]
-    assert _allreduce_ms(case, GUILTY, labels.steps) >= 3 * _allreduce_ms(
+    # on the whole, not each: a step in which the bucket held back a few packets is labelled
+    # too, and its all-reduce may be barely slower (28 ms beside 406 and 1,195 ms on one
+    # recording), so the labelled steps' mean is what carries the limit's slowdown
+    assert _allreduce_ms(case, GUILTY, labels.steps, statistic=np.mean) >= 3 * _allreduce_ms(
         case, GUILTY, _outside(case, GUILTY)
     )
     # the verdict calls what it flags in the labelled steps a slow link, as the collectives'
@@ -233,15 +236,16 @@ def _outside(case: Case, rank: int) -> list[int]:
     return _step_ordinals(case, case.steps(rank, inside=False))
 
 
-def _allreduce_ms(case: Case, rank: int, ordinals: list[int]) -> float:
-    """Median over the given steps of `rank` of the time its all-reduces took per step."""
+def _allreduce_ms(case: Case, rank: int, ordinals: list[int], statistic=np.median) -> float:
+    """`statistic` (the median) over the given steps of `rank` of the time its all-reduces took
+    per step."""
     tree = case.tree
     steps = tree.steps
     rows = np.flatnonzero((steps.rank == rank) & np.isin(steps.index, ordinals))
     reduces = (tree.name == tree.names.index("gloo:all_reduce")) & (tree.step >= 0)
     per_step = np.bincount(tree.step[reduces], weights=tree.dur[reduces], minlength=len(steps))
     assert len(rows), f"no step of rank {rank} among {ordinals}"
-    return float(np.median(per_step[rows])) / 1e6
+    return float(statistic(per_step[rows])) / 1e6
 
 
 def test_slow_operator_slows_attention_on_the_guilty_rank_only(lab_root):
