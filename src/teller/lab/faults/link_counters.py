@@ -11,8 +11,8 @@ applied until it is reverted, and written as one JSON line per sample, `{"t_ns":
 
 Why that qdisc alone: the egress qdisc inside the rank's namespace also counts packets that
 waited only briefly. Added in, it labelled steps whose all-reduce was 1.6x the unthrottled ones
-(`tests/lab/test_lab_faults.py`'s rate-limit case, which asks for 3x), where the bridge side
-alone labels steps at 3x and more; every recorded case so far was labelled from it.
+(`tests/lab/test_lab_faults.py`'s rate-limit case asks for 3x); every recorded case so far was
+labelled from the bridge side alone.
 """
 
 from __future__ import annotations
