@@ -20,6 +20,8 @@ class _Steps:
     kind: np.ndarray
     context_tokens: np.ndarray
     generation_tokens: np.ndarray
+    context_requests: np.ndarray
+    generation_requests: np.ndarray
     dur_ns: np.ndarray
     engine: np.ndarray
 
@@ -36,6 +38,8 @@ def _tree(rows: list[tuple[int, int, str, int, int, int]]) -> SimpleNamespace:
         kind=np.array(columns[2], dtype=object),
         context_tokens=np.array(columns[3]),
         generation_tokens=np.array(columns[4]),
+        context_requests=np.minimum(np.array(columns[3]), 1),  # one prompt where it prefills
+        generation_requests=np.array(columns[4]),
         dur_ns=np.array(columns[5]),
         engine=np.zeros(len(rows), dtype=np.int64),  # one engine
     )

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from teller.callchain.kv_load import cached_tokens
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import COMPUTE_CODES, GPU_WORK_CODES, HOST_WORK_CODES, LAYER_CODE
 
@@ -215,6 +216,7 @@ class Iterations:
     dur_ns: np.ndarray  # float: the slowest rank's duration
     context_tokens: np.ndarray  # float, ≥ 0, the slowest rank's that states a batch
     generation_tokens: np.ndarray  # float, ≥ 0, that rank's
+    cached_tokens: np.ndarray  # float, ≥ 0: the KV tokens its decodes read (`kv_load`), estimated
     ranks: list[list[int]]  # the ranks that ran it, ascending
     engine: np.ndarray  # int64: the engine whose iteration it is (`engines.py`); 0 in most runs
 
@@ -237,14 +239,26 @@ def iterations_of(tree: CallTree) -> Iterations:
         max([k for k in members if known[k]] or members, key=lambda k: duration[k])
         for _, members in ordered
     ]
+    engine = np.array([int(steps.engine[members[0]]) for _, members in ordered], dtype=np.int64)
+    rows = np.array(batch, dtype=np.int64)
+    cached = np.zeros(len(rows))
+    for one in np.unique(engine).tolist():
+        mine = np.flatnonzero(engine == one)  # in iteration order
+        cached[mine] = cached_tokens(
+            steps.context_tokens[rows[mine]],
+            steps.context_requests[rows[mine]],
+            steps.generation_tokens[rows[mine]],
+            steps.generation_requests[rows[mine]],
+        )
     return Iterations(
         iteration=np.array([iteration for iteration, _ in ordered], dtype=np.int64),
         kind=np.array([steps.kind[k] for k in batch], dtype=object),
         dur_ns=np.array([float(duration[k]) for k in slowest], dtype=float),
         context_tokens=np.array([float(max(steps.context_tokens[k], 0)) for k in batch]),
         generation_tokens=np.array([float(max(steps.generation_tokens[k], 0)) for k in batch]),
+        cached_tokens=cached,
         ranks=[sorted(int(steps.rank[k]) for k in members) for _, members in ordered],
-        engine=np.array([int(steps.engine[members[0]]) for _, members in ordered], dtype=np.int64),
+        engine=engine,
     )
 
 
