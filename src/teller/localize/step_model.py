@@ -1,9 +1,8 @@
 """Which steps are slow: a step's time against what its batch composition predicts.
 
-Per step kind, a robust linear model ``dur ≈ a + b·context_tokens + c·generation_tokens +
-d·cached_tokens`` is fitted on the normal runs of the same setup, or on the case's own quieter
-steps when there are none, so a longer prefill for a longer prompt, or a decode over longer
-sequences (`callchain.kv_load`), is not an anomaly. A step's score is the robust z of
+Per step kind, a robust linear model ``dur ≈ a + b·context_tokens + c·generation_tokens`` is fitted
+on the normal runs of the same setup, or on the case's own quieter steps when there are none, so a
+longer prefill for a longer prompt is not an anomaly. A step's score is the robust z of
 ``log(dur / expected)``. A slowdown on one rank can hide in a step's slack (the others wait less at
 the collective), so each rank's own work is scored too (`component_scores`), against its peers and
 against its own nearest steps.
@@ -40,61 +39,32 @@ NormalRun = tuple[Setup, Iterations]
 
 @dataclass
 class StepModel:
-    coef: np.ndarray  # a, b (per context token), c (per generation token), d (per cached token)
+    coef: np.ndarray  # a, b (per context token), c (per generation token)
     log_scale: float
 
 
-def design(
-    ctx_tokens: np.ndarray, gen_tokens: np.ndarray, cached: np.ndarray | None = None
-) -> np.ndarray:
-    """The model's design matrix: a constant, then the context, generation and cached tokens
-    (≥ 0; no cached tokens: a column of 0, which the fit leaves at 0)."""
-    if cached is None:
-        cached = np.zeros(len(ctx_tokens))
+def design(ctx_tokens: np.ndarray, gen_tokens: np.ndarray) -> np.ndarray:
+    """The model's design matrix: a constant, then the context and generation tokens (≥ 0)."""
     return np.column_stack(
-        [
-            np.ones(len(ctx_tokens)),
-            np.maximum(ctx_tokens, 0),
-            np.maximum(gen_tokens, 0),
-            np.maximum(cached, 0),
-        ]
+        [np.ones(len(ctx_tokens)), np.maximum(ctx_tokens, 0), np.maximum(gen_tokens, 0)]
     ).astype(float)
 
 
 def fit_step_model(
-    dur_ns: np.ndarray,
-    ctx_tokens: np.ndarray,
-    gen_tokens: np.ndarray,
-    keep: float,
-    cached: np.ndarray | None = None,
+    dur_ns: np.ndarray, ctx_tokens: np.ndarray, gen_tokens: np.ndarray, keep: float
 ) -> StepModel:
-    """Non-negative least squares on relative errors, then refit on the `keep` fraction with the
-    smallest residuals (trimmed). Only the columns that vary among the kept steps are fitted (the
-    rest keep 0): a kind whose steps all decode the same batch cannot tell a per-token cost from
-    the constant, and a decode kind has no context tokens. Where no token count varies, the
-    constant is the kept steps' median."""
-    x = design(ctx_tokens, gen_tokens, cached)
+    """Least squares, then refit on the `keep` fraction with the smallest residuals (trimmed)."""
+    x = design(ctx_tokens, gen_tokens)
     y = dur_ns.astype(float)
     usable = np.ones(len(y), dtype=bool)
-    coef = np.zeros(x.shape[1])
-    coef[0] = np.median(y)
+    coef = np.array([np.median(y), 0.0, 0.0])
     for _ in range(3):
-        fitted = np.flatnonzero(np.ptp(x[usable], axis=0) > 0) if usable.any() else []
-        columns = np.concatenate([[0], fitted]).astype(int)
-        coef = np.zeros(x.shape[1])
-        if (
-            len(columns) > 1
-            and usable.sum() >= 4
-            and np.linalg.matrix_rank(x[usable][:, columns]) == len(columns)
-        ):
+        if usable.sum() >= 4 and np.linalg.matrix_rank(x[usable]) == 3:
             # non-negative: more tokens never make a step faster, and a negative coefficient
-            # fitted on a narrow range predicts nonsense (or ≤ 0) outside it. Relative (each row
-            # over its own duration): a step's score is a log ratio, and in absolute terms a few
-            # long steps would set the fit and leave the short ones predicted at a fraction
-            weight = 1.0 / np.maximum(y[usable], 1.0)
-            coef[columns], _ = nnls(x[usable][:, columns] * weight[:, None], y[usable] * weight)
+            # fitted on a narrow range predicts nonsense (or ≤ 0) outside it
+            coef, _ = nnls(x[usable], y[usable])
         else:
-            coef[0] = np.median(y[usable])
+            coef = np.array([np.median(y[usable]), 0.0, 0.0])
         predicted = np.maximum(x @ coef, 1.0)
         residual = np.log(np.maximum(y, 1.0) / predicted)
         cut = np.quantile(residual, keep)
@@ -126,15 +96,14 @@ def same_setup_models(normal_runs: list[NormalRun], setup: Setup) -> dict[str, S
                     iterations.dur_ns[mask],
                     iterations.context_tokens[mask],
                     iterations.generation_tokens[mask],
-                    iterations.cached_tokens[mask],
                 )
             )
     columns = {
         kind: [np.concatenate(c) for c in zip(*runs, strict=True)] for kind, runs in parts.items()
     }
     return {
-        kind: fit_step_model(dur, ctx, gen, keep=NORMAL_FIT_KEEP, cached=cached)
-        for kind, (dur, ctx, gen, cached) in columns.items()
+        kind: fit_step_model(dur, ctx, gen, keep=NORMAL_FIT_KEEP)
+        for kind, (dur, ctx, gen) in columns.items()
         if len(dur) >= 3
     }
 
@@ -153,18 +122,14 @@ def score_steps(
         return []
     kinds = iterations.kind
     dur, ctx, gen = iterations.dur_ns, iterations.context_tokens, iterations.generation_tokens
-    cached = iterations.cached_tokens
     expected = np.zeros(len(iterations))
     scale = np.zeros(len(iterations))
     for kind in set(kinds.tolist()):
         mask = kinds == kind
         model = fitted.get(kind)
-        own = fit_step_model(
-            dur[mask], ctx[mask], gen[mask], keep=self_fit_keep, cached=cached[mask]
-        )
-        x = design(ctx[mask], gen[mask], cached[mask])
+        own = fit_step_model(dur[mask], ctx[mask], gen[mask], keep=self_fit_keep)
         if model is not None:  # this run's machine speed, from its own steps
-            predicted = np.maximum(x @ model.coef, 1.0)
+            predicted = np.maximum(design(ctx[mask], gen[mask]) @ model.coef, 1.0)
             speed = float(np.exp(np.median(np.log(dur[mask] / predicted))))
             if SAME_SETUP_SPEED[0] <= speed <= SAME_SETUP_SPEED[1]:
                 model = StepModel(model.coef * speed, max(model.log_scale, own.log_scale))
@@ -172,7 +137,7 @@ def score_steps(
                 model = None
         if model is None:
             model = own
-        expected[mask] = np.maximum(x @ model.coef, 1.0)
+        expected[mask] = np.maximum(design(ctx[mask], gen[mask]) @ model.coef, 1.0)
         scale[mask] = model.log_scale
     z = np.log(np.maximum(dur, 1.0) / expected) / scale
     ratio = dur / expected
