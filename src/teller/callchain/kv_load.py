@@ -15,7 +15,8 @@ ran, not how long those sequences are; this module carries the total forward fro
   they start at the run's mean prompt length.
 
 Steps whose annotation states no batch get 0, as does every step of a run without such
-annotations: the step model then has no cached-token term to fit.
+annotations. docs/scoreboard.md ("Steps expected from their cached tokens") measures a step model
+that reads it; the shipped one does not yet.
 """
 
 from __future__ import annotations
