@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 
 from teller.callchain.kv_load import cached_tokens
+from teller.callchain.steps import parse_step_name
 
 LAB_CASE = Path(__file__).parents[1] / "align" / "data" / "lab_none_tp2"
-ANNOTATION = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 
 
 def _estimate(batches: list[tuple[int, int, int, int]]) -> list[float]:
@@ -62,10 +61,16 @@ def test_the_estimate_follows_a_recorded_runs_exact_cached_tokens() -> None:
         )
         for r in requests:
             length[r["request_id"]] = length.get(r["request_id"], 0) + r["tokens"]
-        found = ANNOTATION.fullmatch(row["annotation"])
-        assert found is not None
-        ctx_req, ctx, gen_req, gen = map(int, found.groups())
-        batches.append((ctx_req, ctx, gen_req, gen))
+        step = parse_step_name(row["annotation"])
+        assert step is not None
+        batches.append(
+            (
+                step.context_requests,
+                step.context_tokens,
+                step.generation_requests,
+                step.generation_tokens,
+            )
+        )
     estimate = np.array(_estimate(batches))
     truth = np.array(exact, dtype=float)
     assert len(truth) > 50 and truth.max() > 1000
