@@ -32,7 +32,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 from tqdm import tqdm
@@ -122,7 +121,7 @@ def analyze(path: Path, methods: tuple[str, ...], limit_s: float) -> dict[str, O
         started = time.perf_counter()
         analysis = Analysis(path, method=method)
         if shared is not None:
-            _share_stages(shared, analysis)
+            analysis.share_read(shared)
         try:
             with time_limit(limit_s):
                 verdict = analysis.diagnose()
@@ -139,15 +138,6 @@ def analyze(path: Path, methods: tuple[str, ...], limit_s: float) -> dict[str, O
             message = f"crash: {type(error).__name__}: {error}"
             out[method] = Outcome(None, None, time.perf_counter() - started, message)
     return out
-
-
-def _share_stages(done: Analysis, fresh: Analysis) -> None:
-    """Hand a finished analysis's read and tree to another method's (cached properties)."""
-    for stage in ("event_table", "tree"):
-        if isinstance(getattr(type(fresh), stage, None), cached_property) and stage in vars(done):
-            vars(fresh)[stage] = vars(done)[stage]
-    if hasattr(done, "rank_offsets"):
-        fresh.rank_offsets = done.rank_offsets
 
 
 @dataclass

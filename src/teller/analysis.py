@@ -145,6 +145,20 @@ class Analysis:
         self.tree  # noqa: B018 (reading the run sets them)
         return self._sources
 
+    def share_read(self, done: Analysis) -> None:
+        """Take `done`'s read of the same files: its tree (and event table, where it has one),
+        what the files said about themselves and the ranks' clock offsets. Why: a second
+        method's analysis of one run then skips reading and building it again, the costliest
+        stages, while its own stages (localization, verdict) are computed afresh."""
+        if done.trace_files != self.trace_files or done.step_regex != self.step_regex:
+            raise ValueError("share_read: the other analysis read other files or steps")
+        for stage in ("event_table", "tree"):
+            if stage in vars(done):
+                vars(self)[stage] = vars(done)[stage]
+        for read in ("_sources", "_traced_pids", "rank_offsets"):
+            if hasattr(done, read):
+                setattr(self, read, getattr(done, read))
+
     @cached_property
     def host(self) -> HostSteps | None:
         """The host counters over each step (`teller.align.host`); None where none were sampled.
