@@ -2,8 +2,9 @@
 
 Per step kind, a robust linear model ``dur ≈ a + b·context_tokens + c·generation_tokens`` is fitted
 on the normal runs of the same setup, or on the case's own quieter steps when there are none, so a
-longer prefill for a longer prompt is not an anomaly. A step's score is the robust z of
-``log(dur / expected)``. A slowdown on one rank can hide in a step's slack (the others wait less at
+longer prefill for a longer prompt is not an anomaly; a batch composition that recurs through the
+run at a cost of its own, off that line, is expected at that cost (`compositions`). A step's score
+is the robust z of ``log(dur / expected)``. A slowdown on one rank can hide in a step's slack (the others wait less at
 the collective), so each rank's own work is scored too (`component_scores`), against its peers and
 against its own nearest steps.
 """
@@ -17,6 +18,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from teller.callchain.facts import Iterations, RunFacts, Setup
+from teller.localize.compositions import composition_costs
 from teller.localize.features import median_mad
 from teller.localize.results import StepScore
 
@@ -73,6 +75,15 @@ def fit_step_model(
     residual = np.log(np.maximum(y, 1.0) / predicted)[usable]
     spread = median_mad(residual)[1] if len(residual) else 0.0
     return StepModel(coef=coef, log_scale=max(float(spread), MIN_LOG_SCALE))
+
+
+def residual_scale(dur_ns: np.ndarray, expected_ns: np.ndarray, keep: float) -> float:
+    """The robust spread of log(dur / expected) over the `keep` fraction of steps closest
+    below the rest (as `fit_step_model` measures it), floored at `MIN_LOG_SCALE`."""
+    residual = np.log(np.maximum(dur_ns, 1.0) / np.maximum(expected_ns, 1.0))
+    kept = residual[residual <= np.quantile(residual, keep)]
+    spread = median_mad(kept)[1] if len(kept) else 0.0
+    return max(float(spread), MIN_LOG_SCALE)
 
 
 def ratio_z(observed: float, normal: float) -> float:
@@ -139,6 +150,13 @@ def score_steps(
             model = own
         expected[mask] = np.maximum(design(ctx[mask], gen[mask]) @ model.coef, 1.0)
         scale[mask] = model.log_scale
+    costs = composition_costs(iterations, expected, min_ratio)
+    expected = expected * costs
+    for kind in set(kinds[costs != 1.0].tolist()):
+        # the kind's spread was measured about a line that left a composition's cost in it
+        mask = kinds == kind
+        spread = residual_scale(dur[mask], expected[mask], self_fit_keep)
+        scale[mask] = np.minimum(scale[mask], spread)
     z = np.log(np.maximum(dur, 1.0) / expected) / scale
     ratio = dur / expected
     component_z, component_ratio = component_scores(facts)
