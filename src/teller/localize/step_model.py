@@ -1,12 +1,12 @@
 """Which steps are slow: a step's time against what its batch composition predicts.
 
-Per step kind, a robust linear model ``dur ≈ a + b·context_tokens + c·generation_tokens`` is fitted
-on the normal runs of the same setup, or on the case's own quieter steps when there are none, so a
-longer prefill for a longer prompt is not an anomaly; a batch composition that recurs through the
-run at a cost of its own, off that line, is expected at that cost (`compositions`). A step's score
-is the robust z of ``log(dur / expected)``. A slowdown on one rank can hide in a step's slack (the others wait less at
-the collective), so each rank's own work is scored too (`component_scores`), against its peers and
-against its own nearest steps.
+Per step kind, a robust linear model ``dur ≈ a + b·context_tokens + c·generation_tokens`` is
+fitted on the normal runs of the same setup, or on the case's own quieter steps when there are
+none, so a longer prefill for a longer prompt is not an anomaly; a batch composition that recurs
+through the run at a cost of its own, off that line, is expected at that cost (`compositions`).
+A step's score is the robust z of ``log(dur / expected)``. A slowdown on one rank can hide in a
+step's slack (the others wait less at the collective), so each rank's own work is scored too
+(`component_scores`), against its peers and against its own nearest steps.
 """
 
 from __future__ import annotations
