@@ -45,6 +45,7 @@ from teller.rca.host import (
     retyping_readings,
     stated_reading,
 )
+from teller.rca.link_size import grows_with_size
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -420,12 +421,42 @@ def apply_run_rules(drafts: list[_Draft], context: RunContext) -> None:
     """The rules that read the run's flagged steps together, in order: one incident per cause
     (lateness), then, where host counters were sampled, the rank they show held off a CPU
     and the fault type they name, then a host slowdown that the steps' own transfers
-    contradict (`type_by_transfer`)."""
+    contradict (`type_by_transfer`), then a delay or rate limit that the collectives' sizes
+    contradict (`type_link_by_size`)."""
     one_incident_per_cause(drafts, context)
     if context.host is not None:
         point_at_held_off_rank(drafts, context)
         pool_host_faults(drafts, context)
     type_by_transfer(drafts, context)
+    type_link_by_size(drafts, context)
+
+
+#: The link faults told apart by how a rank's collectives grew with their size.
+DELAY_FAULT, RATE_LIMIT_FAULTS = "net_delay", frozenset({"net_throttle", "bandwidth_throttle"})
+
+
+def type_link_by_size(drafts: list[_Draft], context: RunContext) -> None:
+    """One rank's drafts of added latency take the rate limit's type (the localizer's
+    `net_throttle`) where that rank's collectives in their steps grew with their message size,
+    and its drafts of a rate limit take added latency's where they did not
+    (`teller.rca.link_size.grows_with_size`); where the sizes cannot tell, the type stays.
+    Why: a learned type head reads step-level numbers and calls one the other, and the
+    explanation of a rate limit says the transfers grew with their size."""
+    by_rank: dict[int, list[_Draft]] = {}
+    for draft in drafts:
+        if draft.top is not None and (
+            draft.fault == DELAY_FAULT or draft.fault in RATE_LIMIT_FAULTS
+        ):
+            by_rank.setdefault(draft.top.rank, []).append(draft)
+    for rank, group in by_rank.items():
+        grows = grows_with_size(context.tree, rank, {d.score.iteration for d in group})
+        if grows is None:
+            continue
+        for draft in group:
+            if grows and draft.fault == DELAY_FAULT:
+                draft.fault, draft.view = LINK_FAULT, view_of(LINK_FAULT)
+            elif not grows and draft.fault in RATE_LIMIT_FAULTS:
+                draft.fault, draft.view = DELAY_FAULT, view_of(DELAY_FAULT)
 
 
 def point_at_held_off_rank(drafts: list[_Draft], context: RunContext) -> None:
