@@ -89,7 +89,9 @@ def composition_costs(
 def _neighbours_excess(others: np.ndarray, position: int, log_excess: np.ndarray) -> float:
     """The median log excess of the steps of other compositions within `NEIGHBOURS` steps of
     `position` (positions into the engine's run); infinite unless there are some on both sides."""
-    near = others[np.abs(others - position) <= NEIGHBOURS]
-    if not ((near < position).any() and (near > position).any()):
+    lo, at, hi = np.searchsorted(
+        others, [position - NEIGHBOURS, position, position + NEIGHBOURS + 1]
+    )
+    if not lo < at < hi:  # none before it, or none after it
         return float("inf")
-    return float(np.median(log_excess[near]))
+    return float(np.median(log_excess[others[lo:hi]]))

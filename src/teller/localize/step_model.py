@@ -71,10 +71,7 @@ def fit_step_model(
         residual = np.log(np.maximum(y, 1.0) / predicted)
         cut = np.quantile(residual, keep)
         usable = residual <= cut
-    predicted = np.maximum(x @ coef, 1.0)
-    residual = np.log(np.maximum(y, 1.0) / predicted)[usable]
-    spread = median_mad(residual)[1] if len(residual) else 0.0
-    return StepModel(coef=coef, log_scale=max(float(spread), MIN_LOG_SCALE))
+    return StepModel(coef=coef, log_scale=residual_scale(y, np.maximum(x @ coef, 1.0), keep))
 
 
 def residual_scale(dur_ns: np.ndarray, expected_ns: np.ndarray, keep: float) -> float:

@@ -33,12 +33,9 @@ def grows_with_size(tree: CallTree, rank: int, flagged: Collection[int]) -> bool
     comm = tree.comm
     if not len(comm):
         return None
-    nodes, sizes = comm.node, comm.bytes.astype(float)
-    rows = tree.step[nodes]
-    known = (rows >= 0) & (sizes > 0)
-    nodes, sizes, rows = nodes[known], sizes[known], rows[known]
-    mine = tree.steps.rank[rows] == rank
-    nodes, sizes, rows = nodes[mine], sizes[mine], rows[mine]
+    rows = tree.step[comm.node]
+    mine = (rows >= 0) & (comm.bytes > 0) & (comm.rank == rank)
+    nodes, sizes, rows = comm.node[mine], comm.bytes[mine].astype(float), rows[mine]
     if not len(nodes):
         return None
     inside = np.isin(tree.steps.index[rows], np.fromiter(flagged, dtype=np.int64))
