@@ -31,6 +31,7 @@ from teller.rca.diagnose import (
     point_at_held_off_rank,
     pool_host_faults,
     type_by_transfer,
+    type_link_by_size,
 )
 from teller.rca.infer import DEFAULT_MODEL
 from teller.rca.plans import operator_text
@@ -546,6 +547,73 @@ def test_a_transfer_is_not_called_a_slow_link_where_nothing_can_tell_it_from_a_s
     )
     type_by_transfer([*drafts, stall], _run_of(host=object()))
     assert [d.fault for d in [*drafts, stall]] == ["host_stall"] * 3
+
+
+def test_a_transfer_split_over_several_collectives_is_still_the_steps_excess(monkeypatch):
+    """A rate-limited link stretches every large transfer of a step: rank 1's two all-reduces
+    grew by 9 ms each of the step's 20 ms excess. Neither holds half of it alone; together they
+    do, and the host stall is a slow link."""
+    import teller.rca.diagnose as diagnose
+
+    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: None)
+    drafts = _link_drafts()
+    halves = [
+        OperatorCandidate(
+            1, 1, "gloo:all_reduce", 1e6, 10e6, 1e6, 9.0, node, "own time", "transfer"
+        )
+        for node in (7, 8)
+    ]
+    drafts[0].ranked = [(c, 0.5) for c in halves]
+    type_by_transfer(drafts, _run_of(host=object()))
+    assert [d.fault for d in drafts] == ["net_throttle"] * 2
+
+    # the same all-reduce listed twice counts once
+    drafts = _link_drafts()
+    drafts[0].ranked = [(halves[0], 0.5), (halves[0], 0.3)]
+    type_by_transfer(drafts, _run_of(host=object()))
+    assert [d.fault for d in drafts] == ["host_stall"] * 2
+
+
+def _two_ended_link() -> tuple[list[_Draft], SimpleNamespace]:
+    """A slow link's drafts in one engine: three long steps name rank 1, one short step rank 0."""
+    drafts = [_draft(s, [("gloo:all_reduce", 1, "transfer")]) for s in (1, 2, 3)]
+    drafts.append(_draft(4, [("gloo:all_reduce", 0, "transfer")]))
+    for draft in drafts:
+        draft.fault = "net_delay"
+    tree = SimpleNamespace(comm=[], stream=np.array([], dtype=np.int64))
+    context = SimpleNamespace(
+        tree=tree, engine_of={s: 0 for s in (1, 2, 3, 4)}, context=lambda *args: args[0]
+    )
+    return drafts, context
+
+
+def test_a_slow_links_drafts_are_one_incident_across_the_ranks_it_joins(monkeypatch) -> None:
+    """The pointer named either end of one slow link: the host counters are read over all four
+    steps together (one short step's run delay on rank 0 is not the link's cause), and the
+    collectives' growth with size is measured over both ranks' steps at once."""
+    import teller.rca.diagnose as diagnose
+
+    pooled: list[list[int]] = []
+
+    def counters(steps, names):
+        pooled.append(sorted(s.iteration for s in steps))
+        return None
+
+    monkeypatch.setattr(diagnose, "pooled_fault", counters)
+    drafts, context = _two_ended_link()
+    pool_host_faults(drafts, context)
+    assert pooled == [[1, 2, 3, 4]]
+
+    measured: list[tuple[set[int], set[int]]] = []
+
+    def grows(tree, ranks, flagged):
+        measured.append((set(ranks), set(flagged)))
+        return True
+
+    monkeypatch.setattr(diagnose, "grows_with_size", grows)
+    type_link_by_size(drafts, context)
+    assert measured == [({0, 1}, {1, 2, 3, 4})]
+    assert {d.fault for d in drafts} == {"net_throttle"}
 
 
 def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it() -> None:

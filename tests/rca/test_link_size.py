@@ -33,14 +33,14 @@ def _window(tree: CallTree) -> list[int]:
     return iterations[middle : middle + 4].tolist()
 
 
-def _slowed(tree: CallTree, window: list[int], added_ns) -> CallTree:
-    """`tree` with each of RANK's sized collectives in `window` longer by `added_ns(bytes)`."""
+def _slowed(tree: CallTree, window: list[int], added_ns, rank: int = RANK) -> CallTree:
+    """`tree` with each of `rank`'s sized collectives in `window` longer by `added_ns(bytes)`."""
     comm = tree.comm
     rows = tree.step[comm.node]
     chosen = (
         (rows >= 0)
         & (comm.bytes > 0)
-        & (tree.steps.rank[rows] == RANK)
+        & (tree.steps.rank[rows] == rank)
         & np.isin(tree.steps.index[rows], window)
     )
     dur = tree.dur.copy()
@@ -51,17 +51,35 @@ def _slowed(tree: CallTree, window: list[int], added_ns) -> CallTree:
 def test_a_rate_limit_grows_with_size(recorded):
     window = _window(recorded)
     limited = _slowed(recorded, window, lambda size: size / BYTES_PER_NS)
-    assert grows_with_size(limited, RANK, window) is True
+    assert grows_with_size(limited, [RANK], window) is True
 
 
 def test_added_latency_does_not(recorded):
     window = _window(recorded)
-    delayed = _slowed(recorded, window, lambda size: np.full_like(size, 5e6))
-    assert grows_with_size(delayed, RANK, window) is False
+    delayed = _slowed(recorded, window, _fixed)
+    assert grows_with_size(delayed, [RANK], window) is False
+
+
+def test_both_ends_of_a_link_are_measured_together(recorded):
+    """The pointer named rank 0 in one flagged step and rank 1 in the next: rank 1's one step
+    holds too few collectives of distinct sizes to tell anything, both ends' steps together
+    tell a rate limit from a delay."""
+    window = _window(recorded)[:2]
+    ends = {0: window[:1], 1: window[1:]}
+    for added_ns, grows in ((lambda size: size / BYTES_PER_NS, True), (_fixed, False)):
+        slowed = recorded
+        for rank, steps in ends.items():
+            slowed = _slowed(slowed, steps, added_ns, rank)
+        assert grows_with_size(slowed, [1], ends[1]) is None
+        assert grows_with_size(slowed, [0, 1], window) is grows
+
+
+def _fixed(size: np.ndarray) -> np.ndarray:
+    return np.full_like(size, 5e6)
 
 
 def test_noise_never_reads_as_a_rate_limit(recorded):
     """Every window of four steps of the unmodified run: flat or unknown, never a rate limit."""
     iterations = np.unique(recorded.steps.index).tolist()
     windows = [iterations[i : i + 4] for i in range(0, len(iterations) - 3, 4)]
-    assert all(grows_with_size(recorded, RANK, window) is not True for window in windows)
+    assert all(grows_with_size(recorded, [RANK], window) is not True for window in windows)

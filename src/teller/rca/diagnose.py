@@ -39,6 +39,7 @@ from teller.rca.dataset import StepRecord, case_records
 from teller.rca.explain import choose_mechanism, compose
 from teller.rca.host import (
     HELD_SHARE,
+    LINK_FAULTS,
     held_off_by_step,
     held_off_share,
     pooled_fault,
@@ -436,20 +437,26 @@ DELAY_FAULT, RATE_LIMIT_FAULTS = "net_delay", frozenset({"net_throttle", "bandwi
 
 
 def type_link_by_size(drafts: list[_Draft], context: RunContext) -> None:
-    """One rank's drafts of added latency take the rate limit's type (the localizer's
-    `net_throttle`) where that rank's collectives in their steps grew with their message size,
-    and its drafts of a rate limit take added latency's where they did not
-    (`teller.rca.link_size.grows_with_size`); where the sizes cannot tell, the type stays.
+    """An engine's drafts of added latency take the rate limit's type (the localizer's
+    `net_throttle`) where its named ranks' collectives in their steps grew with their message
+    size, and its drafts of a rate limit take added latency's where they did not
+    (`teller.rca.link_size.grows_with_size`); where the sizes cannot tell, the types stay.
     Why: a learned type head reads step-level numbers and calls one the other, and the
-    explanation of a rate limit says the transfers grew with their size."""
-    by_rank: dict[int, list[_Draft]] = {}
+    explanation of a rate limit says the transfers grew with their size. An engine's drafts
+    are read together because one slow link holds up every rank of the group that shares it:
+    the pointer may name either end from step to step, and one draft's few collectives are
+    too few to measure a growth by themselves."""
+    by_engine: dict[int, list[_Draft]] = {}
     for draft in drafts:
         if draft.top is not None and (
             draft.fault == DELAY_FAULT or draft.fault in RATE_LIMIT_FAULTS
         ):
-            by_rank.setdefault(draft.top.rank, []).append(draft)
-    for rank, group in by_rank.items():
-        grows = grows_with_size(context.tree, rank, {d.score.iteration for d in group})
+            engine = context.engine_of.get(draft.score.iteration, 0)
+            by_engine.setdefault(engine, []).append(draft)
+    for group in by_engine.values():
+        grows = grows_with_size(
+            context.tree, {d.top.rank for d in group}, {d.score.iteration for d in group}
+        )
         if grows is None:
             continue
         for draft in group:
@@ -505,15 +512,36 @@ def pool_host_faults(drafts: list[_Draft], context: RunContext) -> None:
     (`retyping_readings`) name one: any reading for a host slowdown, and for other types the
     time the rank was held off a CPU. The type then rests on measured counters, not on the layer
     a slower operator ran on or on a learned head's reading of the steps' shape, so the
-    explanation states its cause (`state_cause`) as the summary states the type."""
+    explanation states its cause (`state_cause`) as the summary states the type.
+
+    A slow link's drafts are pooled over the engine's ranks (`_incidents`): one link holds up
+    every rank that shares it, so a pointer may name either end from step to step, and one
+    short step's run delay on the rank it happened to name is not the incident's cause."""
     host_run = collectives_on_host(context.tree)
-    for (was, _), group in _by_fault_and_rank(d for d in drafts if d.fault is not None).items():
+    for (was, _), group in _incidents(drafts, context).items():
         fault = _counters_name(group, was, host_run, context)
         if fault is None:
             continue
         for draft in group:
             draft.fault, draft.view = fault, view_of(fault)
             draft.state_cause = True
+
+
+def _incidents(
+    drafts: Iterable[_Draft], context: RunContext
+) -> dict[tuple[str | None, tuple[str, int]], list[_Draft]]:
+    """The drafts that name a candidate and a fault type, grouped by that type and by where its
+    cause lies: a slow link's (`LINK_FAULTS`) by engine, any other type's by the named rank."""
+    groups: dict[tuple[str | None, tuple[str, int]], list[_Draft]] = {}
+    for draft in drafts:
+        if draft.top is None or draft.fault is None:
+            continue
+        if draft.fault in LINK_FAULTS:
+            where = ("engine", context.engine_of.get(draft.score.iteration, 0))
+        else:
+            where = ("rank", draft.top.rank)
+        groups.setdefault((draft.fault, where), []).append(draft)
+    return groups
 
 
 def _by_fault_and_rank(drafts: Iterable[_Draft]) -> dict[tuple[str | None, int], list[_Draft]]:
@@ -586,12 +614,19 @@ def _excess(draft: _Draft) -> float:
 
 
 def _excess_in_transfer(draft: _Draft) -> bool:
-    """Whether the named candidate is its rank's own collective time and holds
-    `TRANSFER_EXCESS` of the step's excess."""
+    """Whether the named candidate is its rank's own collective time and that rank's
+    collectives in the step (each candidate of its own transfer time once) grew by
+    `TRANSFER_EXCESS` of the step's excess together. Why together: a rate-limited link
+    stretches every large transfer of the step, so one all-reduce may hold only half of it."""
     top, excess = draft.top, _excess(draft)
     if top is None or top.kind != "transfer" or excess <= 0:
         return False
-    return top.observed_ns - top.normal_ns >= TRANSFER_EXCESS * excess
+    grown = {
+        c.node: c.observed_ns - c.normal_ns
+        for c, _ in draft.ranked
+        if c.rank == top.rank and c.kind == "transfer"
+    }
+    return sum(max(g, 0) for g in grown.values()) >= TRANSFER_EXCESS * excess
 
 
 def collectives_on_host(tree: CallTree) -> bool:
