@@ -34,6 +34,7 @@ from teller.rca.diagnose import (
     type_link_by_size,
 )
 from teller.rca.infer import DEFAULT_MODEL
+from teller.rca.link_size import SizeGrowth
 from teller.rca.plans import operator_text
 from teller.rca.verdict import Finding
 from teller.report import render
@@ -605,15 +606,17 @@ def test_a_slow_links_drafts_are_one_incident_across_the_ranks_it_joins(monkeypa
     assert pooled == [[1, 2, 3, 4]]
 
     measured: list[tuple[set[int], set[int]]] = []
+    growth = SizeGrowth(16e3, 128e3, 2e6, 16e6)
 
     def grows(tree, ranks, flagged):
         measured.append((set(ranks), set(flagged)))
-        return True
+        return growth
 
-    monkeypatch.setattr(diagnose, "grows_with_size", grows)
+    monkeypatch.setattr(diagnose, "size_growth", grows)
     type_link_by_size(drafts, context)
     assert measured == [({0, 1}, {1, 2, 3, 4})]
     assert {d.fault for d in drafts} == {"net_throttle"}
+    assert all(d.link_growth is growth for d in drafts)
 
 
 def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it() -> None:

@@ -2,7 +2,7 @@
 
 On the repository's recorded lab run (fault-free, TP 2, gloo), rank 1's collectives in a few
 steps are made slower: by their bytes over a rate (a rate limit), or by one fixed time each
-(a delay). `grows_with_size` says which; unmodified steps never read as a rate limit.
+(a delay). `size_growth` says which; unmodified steps never read as a rate limit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from teller.callchain.tree import CallTree, build_tree
 from teller.ingest import read_run
-from teller.rca.link_size import grows_with_size
+from teller.rca.link_size import size_growth
 
 LAB_TRACES = Path(__file__).parents[1] / "align" / "data" / "lab_none_tp2" / "traces"
 RANK = 1
@@ -25,6 +25,11 @@ BYTES_PER_NS = 2.5e6 / 1e9  # 20 Mbit/s
 @pytest.fixture(scope="module")
 def recorded() -> CallTree:
     return build_tree(read_run([LAB_TRACES]))
+
+
+def _grows(tree: CallTree, ranks: list[int], window: list[int]) -> bool | None:
+    growth = size_growth(tree, ranks, window)
+    return None if growth is None else growth.grows
 
 
 def _window(tree: CallTree) -> list[int]:
@@ -51,13 +56,20 @@ def _slowed(tree: CallTree, window: list[int], added_ns, rank: int = RANK) -> Ca
 def test_a_rate_limit_grows_with_size(recorded):
     window = _window(recorded)
     limited = _slowed(recorded, window, lambda size: size / BYTES_PER_NS)
-    assert grows_with_size(limited, [RANK], window) is True
+    assert _grows(limited, [RANK], window) is True
+    # the quoted measurement is the time the rate added: each half's bytes over the rate
+    growth = size_growth(limited, [RANK], window)
+    for size, excess in (
+        (growth.small_bytes, growth.small_excess_ns),
+        (growth.large_bytes, growth.large_excess_ns),
+    ):
+        assert excess == pytest.approx(size / BYTES_PER_NS, rel=0.25)
 
 
 def test_added_latency_does_not(recorded):
     window = _window(recorded)
     delayed = _slowed(recorded, window, _fixed)
-    assert grows_with_size(delayed, [RANK], window) is False
+    assert _grows(delayed, [RANK], window) is False
 
 
 def test_both_ends_of_a_link_are_measured_together(recorded):
@@ -70,8 +82,8 @@ def test_both_ends_of_a_link_are_measured_together(recorded):
         slowed = recorded
         for rank, steps in ends.items():
             slowed = _slowed(slowed, steps, added_ns, rank)
-        assert grows_with_size(slowed, [1], ends[1]) is None
-        assert grows_with_size(slowed, [0, 1], window) is grows
+        assert _grows(slowed, [1], ends[1]) is None
+        assert _grows(slowed, [0, 1], window) is grows
 
 
 def _fixed(size: np.ndarray) -> np.ndarray:
@@ -82,4 +94,4 @@ def test_noise_never_reads_as_a_rate_limit(recorded):
     """Every window of four steps of the unmodified run: flat or unknown, never a rate limit."""
     iterations = np.unique(recorded.steps.index).tolist()
     windows = [iterations[i : i + 4] for i in range(0, len(iterations) - 3, 4)]
-    assert all(grows_with_size(recorded, [RANK], window) is not True for window in windows)
+    assert all(_grows(recorded, [RANK], window) is not True for window in windows)

@@ -21,6 +21,7 @@ from teller.rca.explain import (
     compose,
 )
 from teller.rca.inputs import FAULT_NAMES
+from teller.rca.link_size import SizeGrowth
 from teller.rca.plans import (
     FAMILIES,
     MECHANISMS,
@@ -389,6 +390,27 @@ def test_a_link_fault_between_two_ranks_says_the_trace_cannot_tell_which_end():
     many.ranks = 4
     assert "caveat.link_ends" not in compose(many, "net_throttle").plans
     assert "caveat.link_ends" not in compose(two, "straggler").plans
+
+
+def test_a_slow_links_cause_quotes_its_collectives_by_size_only_where_they_agree():
+    """The cause of a rate limit says its collectives grew with their size only with the
+    measurement in the sentence, and a measurement that says otherwise (a delay's flat
+    excess) is not quoted as a rate limit's: the type stands unexplained instead."""
+    c = _late_rank(own_ns=190e6, late_ns=9.15e6, transfer=Measured(1.71e9, 32.9e6))
+    c.rank = 0
+    plain = compose(c, "net_throttle")
+    assert "cause.net_throttle" in plain.plans and "size" not in plain.text
+    c.link_growth = SizeGrowth(98_304, 786_432, 41e6, 312e6, (4_608, 98_304), (786_432, 786_432))
+    sized = compose(c, "net_throttle")
+    assert "cause.net_throttle_sized" in sized.plans and parse(sized.text) is not None
+    assert "collectives of 786 kB took 312 ms longer than usual and those of 4.61 kB to " in (
+        sized.text
+    ), sized.text
+    assert "cause.net_delay" in compose(c, "net_delay").plans  # it grew: no delay's numbers
+    c.link_growth = SizeGrowth(98_304, 786_432, 5.0e6, 5.2e6, (4_608, 98_304), (786_432, 1e6))
+    flat = compose(c, "net_delay")
+    assert "cause.net_delay_sized" in flat.plans and "not in proportion" in flat.text
+    assert "cause.net_throttle" in compose(c, "net_throttle").plans
 
 
 def test_a_capped_schedulers_batch_sentence_states_the_requests_it_left_waiting():

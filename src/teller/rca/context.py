@@ -28,6 +28,7 @@ from teller.callchain.facts import RunFacts
 from teller.callchain.tree import CallTree
 from teller.localize import OperatorCandidate, StepScore
 from teller.localize.idle import run_idle_gaps
+from teller.rca.link_size import SizeGrowth
 from teller.rca.plans import collective_word
 
 
@@ -96,6 +97,9 @@ class StepContext:
     #: where the named rank's time went in the step (GPU busy, idle and its causes); None where
     #: the rank has no GPU activity in the trace
     breakdown: StepBreakdown | None = None
+    #: a slow link's collectives over its incident's flagged steps, by size
+    #: (`teller.rca.link_size`); None where the sizes could not tell or the fault is no link's
+    link_growth: SizeGrowth | None = None
 
     @property
     def excess_ns(self) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,7 +46,7 @@ from teller.rca.host import (
     retyping_readings,
     stated_reading,
 )
-from teller.rca.link_size import grows_with_size
+from teller.rca.link_size import SizeGrowth, size_growth
 from teller.rca.verdict import Evidence, Finding, LogLine, StepRow, Verdict
 
 if TYPE_CHECKING:
@@ -242,6 +242,8 @@ class _Draft:
     #: whether the explanation states the fault type's cause: the model's head names it; the
     #: localizer's type rests on evidence only for arrivals, transfers, shifts and hangs
     state_cause: bool = True
+    #: a slow link's collectives over its incident's steps, by size (`type_link_by_size`)
+    link_growth: SizeGrowth | None = None
 
     @property
     def top(self) -> OperatorCandidate | None:
@@ -372,7 +374,9 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
     name_of_step = _step_names(tree)
     top = draft.top
     ranked = draft.named_first  # the named candidate leads the evidence
-    step_context = context.context(draft.score, top, [c for c, _ in ranked])
+    step_context = replace(
+        context.context(draft.score, top, [c for c, _ in ranked]), link_growth=draft.link_growth
+    )
     mechanism = choose_mechanism(step_context, draft.fault, draft.mechanism_scores)
     explanation = compose(step_context, draft.fault, mechanism, draft.state_cause)
     evidence = [_evidence(c) for c in _evidence_candidates(draft)]
@@ -440,9 +444,10 @@ def type_link_by_size(drafts: list[_Draft], context: RunContext) -> None:
     """An engine's drafts of added latency take the rate limit's type (the localizer's
     `net_throttle`) where its named ranks' collectives in their steps grew with their message
     size, and its drafts of a rate limit take added latency's where they did not
-    (`teller.rca.link_size.grows_with_size`); where the sizes cannot tell, the types stay.
-    Why: a learned type head reads step-level numbers and calls one the other, and the
-    explanation of a rate limit says the transfers grew with their size. An engine's drafts
+    (`teller.rca.link_size.size_growth`); where the sizes cannot tell, the types stay. The
+    measurement stays on the drafts: the explanation quotes it. Why: a learned type head reads
+    step-level numbers and calls one the other, and the explanation of a rate limit says the
+    transfers grew with their size. An engine's drafts
     are read together because one slow link holds up every rank of the group that shares it:
     the pointer may name either end from step to step, and one draft's few collectives are
     too few to measure a growth by themselves."""
@@ -454,12 +459,14 @@ def type_link_by_size(drafts: list[_Draft], context: RunContext) -> None:
             engine = context.engine_of.get(draft.score.iteration, 0)
             by_engine.setdefault(engine, []).append(draft)
     for group in by_engine.values():
-        grows = grows_with_size(
+        growth = size_growth(
             context.tree, {d.top.rank for d in group}, {d.score.iteration for d in group}
         )
-        if grows is None:
+        if growth is None:
             continue
+        grows = growth.grows
         for draft in group:
+            draft.link_growth = growth
             if grows and draft.fault == DELAY_FAULT:
                 draft.fault, draft.view = LINK_FAULT, view_of(LINK_FAULT)
             elif not grows and draft.fault in RATE_LIMIT_FAULTS:

@@ -87,6 +87,8 @@ CAVEATS: dict[str, str] = {
 _HOST_CAVEATS = frozenset({"caveat.cpu", "caveat.stall", "caveat.memory"})
 #: Faults whose cause sentence says the peers waited: a one-rank trace gets the `_alone` plan.
 _ALONE = {"straggler", "cpu_contention", "host_stall", "slow_operator"}
+#: Link faults whose cause sentence quotes the collectives' excess by size (`_link_sized`).
+_SIZED_LINK_FAULTS = frozenset({"net_delay", "bandwidth_throttle", "net_throttle"})
 #: Faults the logs confirm (preemptions, the request queue).
 _LOGGED = {"kv_pressure", "scheduler_misconfig"}
 _SHIFTED_FOR = re.compile(r"shifted for (\d+) steps")
@@ -372,12 +374,37 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
     elif fault == "straggler" and (own_time := _own_time_plan(c)) is not None:
         assert c.arrivals is not None
         return [(own_time, dict(rank=c.rank, own=c.arrivals.own_ns, late=c.arrivals.late_ns))]
+    sized = _link_sized(c, fault)
+    if plan == f"cause.{fault}" and sized is not None and c.rank is not None:
+        return [sized]
     if plan not in PLANS:
         return []
     needs_rank = "rank" in PLANS[plan].slots
     if needs_rank and c.rank is None:
         return []
     return [(plan, dict(rank=c.rank) if needs_rank else {})]
+
+
+def _link_sized(c: StepContext, fault: str) -> tuple[str, dict] | None:
+    """A slow link's cause with its collectives' measured excess by size, where that
+    measurement (`StepContext.link_growth`) agrees with the type: a delay costs every message
+    about the same, a rate limit more the larger the message. None otherwise, and the cause is
+    stated without numbers."""
+    growth = c.link_growth
+    if growth is None or fault not in _SIZED_LINK_FAULTS:
+        return None
+    if growth.grows != (fault != "net_delay"):
+        return None
+    return (
+        f"cause.{fault}_sized",
+        dict(
+            rank=c.rank,
+            large_sizes=growth.large_range,
+            large_excess=growth.large_excess_ns,
+            small_sizes=growth.small_range,
+            small_excess=growth.small_excess_ns,
+        ),
+    )
 
 
 def _named_by_own_share(c: StepContext) -> bool:

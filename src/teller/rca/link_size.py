@@ -7,12 +7,14 @@ collective with a known size of the ranks that share the link is compared with t
 of the same rank's collectives of its size bin in its other steps, and the excess of the larger
 half (by bytes) is set against the smaller half's. The ranks are read together because a
 collective waits on its slowest member: a rate-limited link stretches every member's transfer
-of a large message, so each rank's few flagged collectives add to one measurement.
+of a large message, so each rank's few flagged collectives add to one measurement. The
+measurement itself (`SizeGrowth`) is what the explanation of a slow link quotes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,14 +28,33 @@ MIN_SIZE_SPREAD = 4.0
 MIN_PER_HALF = 3
 
 
-def grows_with_size(
+@dataclass(frozen=True)
+class SizeGrowth:
+    """How much longer than their usual the flagged steps' collectives took, by size: the
+    smaller and the larger half by bytes, each its median size, its size range and its mean
+    excess."""
+
+    small_bytes: float
+    large_bytes: float
+    small_excess_ns: float
+    large_excess_ns: float
+    small_range: tuple[float, float] = (0.0, 0.0)  # the smaller half's least and most bytes
+    large_range: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def grows(self) -> bool:
+        """Whether the larger half's excess is at least the geometric mean of 1 and the size
+        spread times the smaller half's: between a fixed cost per message (a ratio of 1) and a
+        cost per byte (the size spread itself)."""
+        spread = self.large_bytes / self.small_bytes
+        return bool(self.large_excess_ns >= np.sqrt(spread) * self.small_excess_ns)
+
+
+def size_growth(
     tree: CallTree, ranks: Collection[int], flagged: Collection[int]
-) -> bool | None:
-    """Whether the collectives of `ranks` in the `flagged` iterations took more beyond their
-    usual the larger they were: True where the larger half's mean excess is at least the
-    geometric mean of 1 and the size spread times the smaller half's (between a fixed cost,
-    a ratio of 1, and a cost per byte, the size spread itself), False where it is less; None
-    where the sizes are unknown, too alike or too few, or nothing rose."""
+) -> SizeGrowth | None:
+    """How the collectives of `ranks` in the `flagged` iterations took longer than their usual
+    by size; None where the sizes are unknown, too alike or too few, or nothing rose."""
     comm = tree.comm
     if not len(comm):
         return None
@@ -63,8 +84,14 @@ def grows_with_size(
     larger = sizes > np.median(sizes)
     if larger.sum() < MIN_PER_HALF or (~larger).sum() < MIN_PER_HALF:
         return None
-    spread = float(np.median(sizes[larger]) / np.median(sizes[~larger]))
-    if spread < MIN_SIZE_SPREAD or excess.sum() <= 0:
+    growth = SizeGrowth(
+        small_bytes=float(np.median(sizes[~larger])),
+        large_bytes=float(np.median(sizes[larger])),
+        small_excess_ns=float(excess[~larger].mean()),
+        large_excess_ns=float(excess[larger].mean()),
+        small_range=(float(sizes[~larger].min()), float(sizes[~larger].max())),
+        large_range=(float(sizes[larger].min()), float(sizes[larger].max())),
+    )
+    if growth.large_bytes < MIN_SIZE_SPREAD * growth.small_bytes or excess.sum() <= 0:
         return None
-    small, large = float(excess[~larger].mean()), float(excess[larger].mean())
-    return bool(large >= np.sqrt(spread) * small)
+    return growth

@@ -63,6 +63,15 @@ def collective_word(kind: str) -> str:
     return COLLECTIVE_WORDS.get(key, "collective")
 
 
+def format_size_range(value: object) -> str:
+    """A size or a range of sizes: '4.61 kB', '98.3 kB to 1.57 MB' (one size where both ends
+    read the same)."""
+    if isinstance(value, tuple):
+        least, most = (format_bytes(v) for v in value)
+        return least if least == most else f"{least} to {most}"
+    return format_bytes(float(value))  # type: ignore[arg-type]
+
+
 def plural(count: int, noun: str) -> str:
     """'1 step', '3 steps'."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
@@ -168,6 +177,10 @@ SLOT_TYPES: dict[str, SlotType] = {
     "host_op": SlotType(r".+?", operator_text),
     "share": SlotType(r"all|under 1%|\d{1,2}%", lambda v: format_share(float(v))),  # type: ignore[arg-type]
     **{
+        name: SlotType(rf"{_SIZE}(?: to {_SIZE})?", format_size_range)
+        for name in ("large_sizes", "small_sizes")
+    },
+    **{
         name: _NS
         for name in (
             "dur",
@@ -183,6 +196,8 @@ SLOT_TYPES: dict[str, SlotType] = {
             "rest",
             "other_observed",
             "other_normal",
+            "large_excess",
+            "small_excess",
         )
     },
 }
@@ -594,18 +609,45 @@ _PLANS = (
         "cause.net_delay",
         "This points to added latency on rank {rank}'s network link.",
         fault="net_delay",
+        note="without a measurement of the collectives by size (`teller.rca.link_size`)",
+    ),
+    Plan(
+        "cause.net_delay_sized",
+        "This points to added latency on rank {rank}'s network link: in the flagged steps, "
+        "collectives of {large_sizes} took {large_excess} longer than usual and those of "
+        "{small_sizes} {small_excess} on average, not in proportion to their size.",
+        fault="net_delay",
+        note="the mean excess of the larger and the smaller half of the incident's collectives "
+        "by bytes, each half's range of sizes, where the larger half's excess is under the "
+        "geometric mean of 1 and the size ratio times the smaller's",
     ),
     Plan(
         "cause.bandwidth_throttle",
-        "This points to lost bandwidth on rank {rank}'s network link: its transfers grow with "
-        "message size.",
+        "This points to lost bandwidth on rank {rank}'s network link.",
         fault="bandwidth_throttle",
+        note="without a measurement of the collectives by size",
+    ),
+    Plan(
+        "cause.bandwidth_throttle_sized",
+        "This points to lost bandwidth on rank {rank}'s network link: in the flagged steps, "
+        "collectives of {large_sizes} took {large_excess} longer than usual and those of "
+        "{small_sizes} {small_excess} on average, growing with their size.",
+        fault="bandwidth_throttle",
+        note="the same measurement, where the larger half's excess is at least that mean",
     ),
     Plan(
         "cause.net_throttle",
-        "This points to a rate limit on rank {rank}'s network link: its transfers grow with "
-        "message size.",
+        "This points to a rate limit on rank {rank}'s network link.",
         fault="net_throttle",
+        note="without a measurement of the collectives by size",
+    ),
+    Plan(
+        "cause.net_throttle_sized",
+        "This points to a rate limit on rank {rank}'s network link: in the flagged steps, "
+        "collectives of {large_sizes} took {large_excess} longer than usual and those of "
+        "{small_sizes} {small_excess} on average, growing with their size.",
+        fault="net_throttle",
+        note="the same measurement, where the larger half's excess is at least that mean",
     ),
     Plan(
         "cause.link_contention",
@@ -936,11 +978,16 @@ EXAMPLE_FACTS: dict[str, object] = {
     "rest": 87e6,
     "other_observed": 372e6,
     "other_normal": 4.74e6,
+    "large_sizes": (393_216, 1_572_864),
+    "small_sizes": (4_608, 98_304),
+    "large_excess": 312e6,
+    "small_excess": 41e6,
 }
 
 
 #: Where a plan's example needs other values to read as it would be used.
 EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
+    "cause.net_delay_sized": {"large_excess": 5.2e6, "small_excess": 5.0e6},
     "share.rest_operator": {"named": 1.28e6, "share": 0.003},
     "share.rest_none": {"named": 1.28e6, "share": 0.003, "rest": 453e6},
     "evidence.repeat": {"op": "ampere_sgemm_128x64_tn", "other_op": "aten::mm"},
