@@ -388,8 +388,20 @@ def test_a_link_fault_between_two_ranks_says_the_trace_cannot_tell_which_end():
     assert "rank 1" not in said.text  # the caveat names no other rank
     many = _late_rank(own_ns=190e6, late_ns=9.15e6, transfer=Measured(1.71e9, 32.9e6))
     many.ranks = 4
-    assert "caveat.link_ends" not in compose(many, "net_throttle").plans
+    many.rank_transfers = (1.71e9, 0.4e9)
+    assert not {"caveat.link_ends", "caveat.link_alike"} & set(compose(many, "net_throttle").plans)
     assert "caveat.link_ends" not in compose(two, "straggler").plans
+
+
+def test_a_link_fault_whose_ranks_transfers_are_alike_says_the_times_cannot_tell_the_end():
+    """In a ring every member of a collective waits for its slowest link: where the named
+    rank's own collective time is about its peers', the text says so with both times."""
+    c = _late_rank(own_ns=190e6, late_ns=9.15e6, transfer=Measured(1.71e9, 32.9e6))
+    c.ranks, c.rank_transfers = 3, (1.21e9, 1.2e9)
+    said = compose(c, "net_throttle")
+    assert "caveat.link_alike" in said.plans and parse(said.text) is not None, said.text
+    assert "collectives took 1.21 s in this step and its peers' 1.2 s" in said.text
+    assert "caveat.link_alike" not in compose(c, "straggler").plans
 
 
 def test_a_slow_links_cause_quotes_its_collectives_by_size_only_where_they_agree():

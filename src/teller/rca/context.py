@@ -97,6 +97,9 @@ class StepContext:
     #: where the named rank's time went in the step (GPU busy, idle and its causes); None where
     #: the rank has no GPU activity in the trace
     breakdown: StepBreakdown | None = None
+    #: the named rank's own collective time in the step and its peers' median, where the run
+    #: has collectives and peers: a slow link's end stands out only where its own time does
+    rank_transfers: tuple[float, float] | None = None
     #: a slow link's collectives over its incident's flagged steps, by size
     #: (`teller.rca.link_size`); None where the sizes could not tell or the fault is no link's
     link_growth: SizeGrowth | None = None
@@ -295,6 +298,7 @@ class RunContext:
         if rank is None or row is None:
             return context
         context.peers_ns, context.peer_rank = self._peers(iteration, candidate)
+        context.rank_transfers = self._rank_transfers(rank, iteration)
         context.arrivals = self.late_arrivals(rank, iteration)
         work = self.facts.work
         context.host = self._measured(rank, iteration, lambda k: work.host_without_waits_ns[k])
@@ -444,6 +448,28 @@ class RunContext:
         if not normal or observed <= 0:
             return None
         return Measured(observed, float(np.median(normal)))
+
+    def _rank_transfers(self, rank: int, iteration: int) -> tuple[float, float] | None:
+        """The rank's own collective time in the step and the median of its peers'."""
+        sums = self._own_transfer_sums
+        own = sums.get((rank, iteration))
+        peers = [sums[(r, iteration)] for r in self.ranks if r != rank and (r, iteration) in sums]
+        if own is None or not peers:
+            return None
+        return own, float(np.median(peers))
+
+    @cached_property
+    def _own_transfer_sums(self) -> dict[tuple[int, int], float]:
+        """(rank, iteration) → the rank's own collective time in the step, summed once for the
+        run."""
+        table = self.comm
+        if table is None:
+            return {}
+        pairs, row = np.unique(
+            np.stack([table.rank, table.iteration], axis=1), axis=0, return_inverse=True
+        )
+        sums = np.bincount(row.ravel(), weights=table.own_ns, minlength=len(pairs))
+        return {(int(r), int(i)): float(v) for (r, i), v in zip(pairs, sums, strict=True)}
 
     @cached_property
     def _transfer_sums(self) -> dict[int, float]:

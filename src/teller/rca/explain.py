@@ -385,6 +385,21 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
     return [(plan, dict(rank=c.rank) if needs_rank else {})]
 
 
+#: A link's end stands out where its own collective time in the step is at least this many
+#: times its peers' median: every member of a collective waits for its slowest link, so alike
+#: times (a gloo ring's, measured on the lab's TP3 runs) leave the end unnamed by the trace.
+LINK_END_STANDS_OUT = 1.5
+
+
+def _transfers_alike(c: StepContext) -> bool:
+    """Whether the named rank's own collective time in the step is within
+    `LINK_END_STANDS_OUT` of its peers' (the trace then cannot tell which end's link it is)."""
+    if c.rank is None or c.rank_transfers is None:
+        return False
+    own, peers = c.rank_transfers
+    return own < LINK_END_STANDS_OUT * peers
+
+
 def _link_sized(c: StepContext, fault: str) -> tuple[str, dict] | None:
     """A slow link's cause with its collectives' measured excess by size, where that
     measurement (`StepContext.link_growth`) agrees with the type: a delay costs every message
@@ -582,6 +597,10 @@ def _caveats(c: StepContext, fault: str | None, state_cause: bool) -> list[tuple
         out.append((CAVEATS[fault], {}))
     if fault in LINK_FAULTS and state_cause and c.ranks == 2:
         out.append(("caveat.link_ends", {}))
+    elif fault in LINK_FAULTS and state_cause and _transfers_alike(c):
+        assert c.rank_transfers is not None
+        own, peers = c.rank_transfers
+        out.append(("caveat.link_alike", dict(rank=c.rank, own=own, peers=peers)))
     if fault in _LOGGED and not c.has_logs:
         out.append(("caveat.no_logs", {}))
     if c.one_rank and c.rank is not None and fault is not None:

@@ -823,6 +823,13 @@ _PLANS = (
         note="net_delay, bandwidth_throttle, net_throttle, link_contention",
     ),
     Plan(
+        "caveat.link_alike",
+        "Rank {rank}'s collectives took {own} in this step and its peers' {peers}: their times "
+        "alone cannot tell which rank's link it is.",
+        note="a link fault where the named rank's own collective time in the step is under 1.5x "
+        "its peers' median (every member of a collective waits for its slowest link)",
+    ),
+    Plan(
         "caveat.link_ends",
         "With two ranks, a slower link slows both of its ends alike: the trace cannot tell "
         "which end's link it is.",
