@@ -30,8 +30,9 @@ from teller.rca.plans import BASIS_BATCH, BASIS_RUN, MECHANISMS, PLANS, Collecti
 #: Under this share of the step's excess, the evidence is said to explain little, and the
 #: explanation says where the rest went.
 SMALL_SHARE = 1 / 3
-#: Late arrivals over this many times the step's excess are said to exceed it, not to be all of
-#: it: the step's other work took that much less than expected.
+#: Late arrivals or a mechanism's rise over this many times the step's excess are said to exceed
+#: it, not to be all of it: the step's other work took that much less than expected, or the rise
+#: overlapped it.
 BEYOND_EXCESS = 1.5
 #: A candidate named as where the rest went must take at least this share of the step's excess.
 REST_SHARE = 0.1
@@ -477,8 +478,8 @@ def _share(c: StepContext, named: float, mechanism: str) -> tuple[tuple[str, dic
         facts = dict(named=rise, share=rise / excess, excess=excess)
         if rest is not None:
             return (f"{plan}_rest_operator", dict(facts, **rest_facts)), min(rise, excess), excess
-        if plan == "share.late" and rise > BEYOND_EXCESS * excess:
-            plan = "share.late_beyond"
+        if rise > BEYOND_EXCESS * excess:
+            plan = f"{plan}_beyond"  # share.late_beyond, share.rise_beyond
         return (plan, facts), min(rise, excess), excess
     share = named / excess
     top = c.candidate

@@ -705,6 +705,14 @@ _PLANS = (
         note="the mechanism's rise over its normal (host, GPU, idle or transfer time)",
     ),
     Plan(
+        "share.rise_beyond",
+        "That rise of {named} exceeds the step's {excess} excess: it overlapped other work, or "
+        "the rest of the step took less than expected.",
+        note="the same, when it is over half again the excess: the step's time is not the sum "
+        "of its parts (a GPU collective overlaps compute on other streams, and the transfer "
+        "is summed over the ranks that arrived last)",
+    ),
+    Plan(
         "share.rise_rest_operator",
         "That rise of {named} is {share} of the step's {excess} excess; {other_op} on rank "
         "{other_rank} also rose, to {other_observed} against {other_normal} normally.",
@@ -994,6 +1002,9 @@ EXAMPLE_FACTS: dict[str, object] = {
 
 #: Where a plan's example needs other values to read as it would be used.
 EXAMPLE_OVERRIDES: dict[str, dict[str, object]] = {
+    "share.late_beyond": {"named": 597e6, "excess": 212e6},
+    "share.late_peers_beyond": {"named": 597e6, "excess": 212e6},
+    "share.rise_beyond": {"named": 3.68e6, "excess": 822e3},
     "cause.net_delay_sized": {"large_excess": 5.2e6, "small_excess": 5.0e6},
     "share.rest_operator": {"named": 1.28e6, "share": 0.003},
     "share.rest_none": {"named": 1.28e6, "share": 0.003, "rest": 453e6},
