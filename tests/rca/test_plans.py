@@ -425,6 +425,19 @@ def test_a_slow_links_cause_quotes_its_collectives_by_size_only_where_they_agree
     assert "cause.net_throttle" in compose(c, "net_throttle").plans
 
 
+def test_kv_pressure_states_the_preemptions_the_engine_logged_in_the_step():
+    """With preemption lines aligned to the step, the cause says how many the engine logged;
+    without any (or without logs), it states the type alone."""
+    c = _late_rank(own_ns=190e6, late_ns=9.15e6, transfer=Measured(1.71e9, 32.9e6))
+    c.preempted = 3
+    said = compose(c, "kv_pressure")
+    assert "cause.kv_pressure_logged" in said.plans and parse(said.text) is not None
+    assert "the engine logged that it preempted 3 requests in this step" in said.text
+    for none in (0, None):
+        c.preempted = none
+        assert "cause.kv_pressure" in compose(c, "kv_pressure").plans
+
+
 def test_a_capped_schedulers_batch_sentence_states_the_requests_it_left_waiting():
     """With the run's queue known, the small-batch sentence says how many waiting requests the
     step had room for; without it, or with none held back, only the batch against the largest."""

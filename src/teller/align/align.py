@@ -210,6 +210,10 @@ def align_logs(
     return Alignment(step, rank_out, node, confidence, method, warnings)
 
 
+#: The log event of a request the engine preempted (`teller.ingest.logs.table.EVENTS`).
+PREEMPTED_EVENT = "request_preempted"
+
+
 @dataclass
 class AlignResult:
     """Everything `teller align` shows: the run on one clock, its logs placed on its steps."""
@@ -226,6 +230,18 @@ class AlignResult:
     def waiting(self) -> dict[int, int]:
         """Step ordinal → requests waiting at its start (`RequestTrees.waiting`)."""
         return self.requests.waiting(self.tree)
+
+    @cached_property
+    def preempted(self) -> dict[int, int]:
+        """Step ordinal → requests the engine's logs say it preempted in that step (their KV
+        blocks freed for others, their prefill to be run again): the engine's own word that
+        its KV cache was full, which a step's time need not show."""
+        counts: dict[int, int] = {}
+        events = self.logs.column("event")
+        for step, event in zip(self.alignment.step.tolist(), events, strict=True):
+            if step >= 0 and event == PREEMPTED_EVENT:
+                counts[int(step)] = counts.get(int(step), 0) + 1
+        return counts
 
     @cached_property
     def held_back(self) -> dict[int, int]:

@@ -99,6 +99,7 @@ class RootCauseMethod:
             alignment is not None,
             host,
             alignment.held_back if alignment is not None else None,
+            alignment.preempted if alignment is not None else None,
         )
         steps, candidates, explanations = [], {}, {}
         for d in diagnoses:

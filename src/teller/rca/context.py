@@ -85,6 +85,9 @@ class StepContext:
     #: waiting requests the step had room for (`teller.align.requests.held_back_requests`);
     #: None where the run's queue is unknown
     held_back: int | None = None
+    #: requests the engine's logs say it preempted in the step (`AlignResult.preempted`); None
+    #: where the run has no engine logs
+    preempted: int | None = None
     has_logs: bool = False
     unfinished: bool = False  # a step a hang never let finish
     #: the step is the first the capture holds on the named rank (and not its only one), where
@@ -214,7 +217,9 @@ class RunContext:
 
     `normal` holds the iterations the verdict did not flag: a rank's usual host, GPU and idle
     time is its median over those of the same kind. `held_back`: per iteration, the waiting
-    requests it had room for, where the run's request records tell (`AlignResult.held_back`)."""
+    requests it had room for, where the run's request records tell (`AlignResult.held_back`);
+    `preempted`: per iteration, the requests the engine logged it preempted, where the run has
+    engine logs (`AlignResult.preempted`)."""
 
     def __init__(
         self,
@@ -224,6 +229,7 @@ class RunContext:
         has_logs: bool,
         host: HostSteps | None = None,
         held_back: dict[int, int] | None = None,
+        preempted: dict[int, int] | None = None,
     ) -> None:
         self.tree = tree
         self.facts = RunFacts.of(tree, facts)
@@ -231,6 +237,7 @@ class RunContext:
         self.has_logs = has_logs
         self.host = host
         self.held_back = held_back or {}
+        self.preempted = preempted
         steps = tree.steps
         self.ranks = sorted(set(steps.rank.tolist()))
         self.row_of = {(int(steps.rank[k]), int(steps.index[k])): k for k in range(len(steps))}
@@ -295,6 +302,8 @@ class RunContext:
         context.transfer = self._transfer(iteration)
         context.context_tokens, context.batch_tokens = self._tokens(iteration)
         context.held_back = self.held_back.get(iteration)
+        if self.preempted is not None:
+            context.preempted = self.preempted.get(iteration, 0)
         if rank is None or row is None:
             return context
         context.peers_ns, context.peer_rank = self._peers(iteration, candidate)

@@ -148,7 +148,8 @@ def diagnose(
         produced_by = "localizer"
     normal = {s.iteration for s in localization.steps if s.iteration not in flagged}
     held_back = alignment.held_back if alignment is not None else None
-    context = RunContext(tree, facts, normal, has_logs, host, held_back)
+    preempted = alignment.preempted if alignment is not None else None
+    context = RunContext(tree, facts, normal, has_logs, host, held_back, preempted)
     apply_run_rules(drafts, context)
     findings = by_incident([_finding(tree, context, d) for d in drafts])
     _attach_logs(alignment, findings)
@@ -281,6 +282,7 @@ def model_explanations(
     has_logs: bool = False,
     host: HostSteps | None = None,
     held_back: dict[int, int] | None = None,
+    preempted: dict[int, int] | None = None,
 ) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
     """The model's findings as its verdict points and words them: per flagged step, its
     candidates with the one the finding names first (the pointer's pick, or the straggler's
@@ -290,7 +292,7 @@ def model_explanations(
     user reads, not the pointer and fault head before the verdict's rules."""
     flagged = {d.iteration for d in diagnoses if d.anomalous}
     drafts = _model_drafts(localization, diagnoses)
-    return _named(tree, localization, drafts, flagged, facts, has_logs, host, held_back)
+    return _named(tree, localization, drafts, flagged, facts, has_logs, host, held_back, preempted)
 
 
 def _named(
@@ -302,11 +304,12 @@ def _named(
     has_logs: bool,
     host: HostSteps | None,
     held_back: dict[int, int] | None = None,
+    preempted: dict[int, int] | None = None,
 ) -> dict[int, tuple[list[tuple[OperatorCandidate, float | None]], StepExplanation]]:
     """Each draft's candidates, the named one first, and explanation after the verdict's rules
     (`apply_run_rules`), as `diagnose` applies them."""
     normal = {s.iteration for s in localization.steps} - flagged
-    context = RunContext(tree, facts, normal, has_logs, host, held_back)
+    context = RunContext(tree, facts, normal, has_logs, host, held_back, preempted)
     apply_run_rules(drafts, context)
     out = {}
     for draft in drafts:

@@ -375,6 +375,8 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
     elif fault == "straggler" and (own_time := _own_time_plan(c)) is not None:
         assert c.arrivals is not None
         return [(own_time, dict(rank=c.rank, own=c.arrivals.own_ns, late=c.arrivals.late_ns))]
+    if plan == "cause.kv_pressure" and c.preempted:
+        return [("cause.kv_pressure_logged", dict(preempted=c.preempted))]
     sized = _link_sized(c, fault)
     if plan == f"cause.{fault}" and sized is not None and c.rank is not None:
         return [sized]

@@ -97,6 +97,22 @@ def held_off_cpu(records: Sequence[StepRecord], held_share: dict[int, float]) ->
     return held & _slower_than(records, HELD_SLOWER)
 
 
+#: The fault type a logged preemption names: the KV cache was too small for the load.
+PREEMPTION_FAULT = "kv_pressure"
+
+
+def logged_preemption(records: Sequence[StepRecord]) -> np.ndarray:
+    """The steps in which the engine's logs say it preempted a request (`StepRecord.preempted`):
+    its KV cache was full, so a running request lost its blocks and will run its prefill
+    again. Why a floor: that costs the preempted request its latency, not the step its time
+    (the step that evicts runs a smaller batch), so the step head, which reads step times
+    first, leaves such steps under its threshold: on sim-eval-v7's KV-pressure cases it found
+    a third of them while every one was aligned to a preemption line. The step takes that
+    type (`PREEMPTION_FAULT`) whatever the head or the run's other flagged steps say: a
+    preemption beside a slow link is a second incident, not the link's."""
+    return np.array([(r.preempted or 0) > 0 for r in records], dtype=bool)
+
+
 #: The fault type whose steps must show it in the request queue (`queue_refutes`).
 QUEUED_FAULT = "scheduler_misconfig"
 
@@ -306,11 +322,17 @@ class LoadedModel:
             outputs = self.forward(records)
         arrays = outputs.arrays
         probability, pointer, fault_logp = outputs.probability, outputs.pointer, outputs.fault_logp
-        floored = unmissable(records)
+        preempting = logged_preemption(records)
+        floored = unmissable(records) | preempting
         if held_share:
             floored |= held_off_cpu(records, held_share)
         flagged = floored | (probability >= (self.threshold if threshold is None else threshold))
-        faults, type_probability = _fault_types(fault_logp, probability, flagged, pool_faults)
+        # a logged preemption names its type: such steps neither join the pool nor sway it
+        faults, type_probability = _fault_types(
+            fault_logp, probability, flagged & ~preempting, pool_faults
+        )
+        faults[preempting] = FAULT_NAMES.index(PREEMPTION_FAULT)
+        type_probability[preempting] = 1.0  # the engine's own log, not the head's reading
         queued, refuted = FAULT_NAMES.index(QUEUED_FAULT), queue_refutes(records)
         flagged &= floored | ~((faults == queued) & refuted)
         retype = flagged & refuted & (faults == queued)

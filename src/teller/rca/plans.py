@@ -158,6 +158,10 @@ SLOT_TYPES: dict[str, SlotType] = {
         _COUNT_WORDS.format(noun="request"),
         lambda v: plural(int(v), "request"),  # type: ignore[call-overload]
     ),
+    "preempted": SlotType(
+        _COUNT_WORDS.format(noun="request"),
+        lambda v: plural(int(v), "request"),  # type: ignore[call-overload]
+    ),
     **{
         name: SlotType(
             _COUNT_WORDS.format(noun="token"),
@@ -598,6 +602,15 @@ _PLANS = (
         "This points to a KV cache too small for the load: requests were preempted and their "
         "prefills recomputed.",
         fault="kv_pressure",
+        note="without a preemption in the step's aligned engine logs",
+    ),
+    Plan(
+        "cause.kv_pressure_logged",
+        "This points to a KV cache too small for the load: the engine logged that it preempted "
+        "{preempted} in this step for want of KV cache space; a preempted request runs its "
+        "prefill again.",
+        fault="kv_pressure",
+        note="the step's aligned preemption lines (`AlignResult.preempted`)",
     ),
     Plan(
         "cause.scheduler_misconfig",
@@ -970,6 +983,7 @@ EXAMPLE_FACTS: dict[str, object] = {
     "other_op": "aten::cat",
     "steps": 12,
     "held_back": 3,
+    "preempted": 2,
     "tokens": 16,
     "normal_tokens": 120,
     "largest_tokens": 1_024,

@@ -79,6 +79,9 @@ class StepRecord:
     #: (`teller.align.requests.held_back_requests`); None where the run's queue or its steps'
     #: batches are unknown
     held_back: int | None = None
+    #: requests the engine's logs say it preempted in the step (`AlignResult.preempted`); None
+    #: without logs
+    preempted: int | None = None
     # labels (None/False without a labels.json)
     anomalous: bool = False
     fault: str = "none"
@@ -115,6 +118,7 @@ def case_records(
     traced = facts.derived("rca.step_traces", lambda: step_traces(tree, facts))
     logs, queues = log_features(tree, alignment)
     held_back = alignment.held_back if alignment is not None else {}
+    preempted = alignment.preempted if alignment is not None else None
     records = []
     for step in traced:
         templates, floats, lines = logs.get(step.score.iteration) or _no_lines()
@@ -133,6 +137,7 @@ def case_records(
                 expected_ns=step.score.expected_ns,
                 dur_ns=step.score.dur_ns,
                 held_back=held_back.get(step.score.iteration),
+                preempted=(None if preempted is None else preempted.get(step.score.iteration, 0)),
             )
         )
     if labels is not None:
