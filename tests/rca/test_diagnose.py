@@ -606,7 +606,7 @@ def test_a_slow_links_drafts_are_one_incident_across_the_ranks_it_joins(monkeypa
     assert pooled == [[1, 2, 3, 4]]
 
     measured: list[tuple[set[int], set[int]]] = []
-    growth = SizeGrowth(16e3, 128e3, 2e6, 16e6)
+    growth = SizeGrowth(16e3, 128e3, 2e6, 16e6, (4e3, 32e3), (64e3, 256e3))
 
     def grows(tree, ranks, flagged):
         measured.append((set(ranks), set(flagged)))

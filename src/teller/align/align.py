@@ -236,12 +236,10 @@ class AlignResult:
         """Step ordinal → requests the engine's logs say it preempted in that step (their KV
         blocks freed for others, their prefill to be run again): the engine's own word that
         its KV cache was full, which a step's time need not show."""
-        counts: dict[int, int] = {}
-        events = self.logs.column("event")
-        for step, event in zip(self.alignment.step.tolist(), events, strict=True):
-            if step >= 0 and event == PREEMPTED_EVENT:
-                counts[int(step)] = counts.get(int(step), 0) + 1
-        return counts
+        step = self.alignment.step
+        preempted = np.array(self.logs.column("event"), dtype=object) == PREEMPTED_EVENT
+        steps, counts = np.unique(step[preempted & (step >= 0)], return_counts=True)
+        return dict(zip(steps.tolist(), counts.tolist(), strict=True))
 
     @cached_property
     def held_back(self) -> dict[int, int]:

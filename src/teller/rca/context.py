@@ -472,13 +472,7 @@ class RunContext:
         """(rank, iteration) → the rank's own collective time in the step, summed once for the
         run."""
         table = self.comm
-        if table is None:
-            return {}
-        pairs, row = np.unique(
-            np.stack([table.rank, table.iteration], axis=1), axis=0, return_inverse=True
-        )
-        sums = np.bincount(row.ravel(), weights=table.own_ns, minlength=len(pairs))
-        return {(int(r), int(i)): float(v) for (r, i), v in zip(pairs, sums, strict=True)}
+        return {} if table is None else _sums_by_rank_and_step(table, table.own_ns)
 
     @cached_property
     def _transfer_sums(self) -> dict[int, float]:
@@ -509,16 +503,24 @@ def _late_sums(table: _CommTable | None) -> dict[tuple[int, int], float]:
     """(rank, iteration) → its lateness where it arrived last, summed (`late_arrivals`)."""
     if table is None:
         return {}
-    late = table.last & (table.late_ns > 0)
-    out: dict[tuple[int, int], float] = {}
-    for r, it, ns in zip(
-        table.rank[late].tolist(),
-        table.iteration[late].tolist(),
-        table.late_ns[late].tolist(),
-        strict=True,
-    ):
-        out[(r, it)] = out.get((r, it), 0.0) + ns
-    return out
+    return _sums_by_rank_and_step(table, table.late_ns, table.last & (table.late_ns > 0))
+
+
+def _sums_by_rank_and_step(
+    table: _CommTable, values: np.ndarray, rows: np.ndarray | None = None
+) -> dict[tuple[int, int], float]:
+    """(rank, iteration) → `values` summed over the table's `rows` (a mask; all without one)."""
+    if rows is not None:
+        table_rank, table_iteration, values = table.rank[rows], table.iteration[rows], values[rows]
+    else:
+        table_rank, table_iteration = table.rank, table.iteration
+    if not len(values):
+        return {}
+    pairs, group = np.unique(
+        np.stack([table_rank, table_iteration], axis=1), axis=0, return_inverse=True
+    )
+    sums = np.bincount(group.ravel(), weights=values, minlength=len(pairs))
+    return {(int(r), int(i)): float(v) for (r, i), v in zip(pairs, sums, strict=True)}
 
 
 def _idle_totals(facts: RunFacts) -> dict[tuple[int, int], float]:

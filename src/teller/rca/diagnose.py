@@ -450,10 +450,9 @@ def type_link_by_size(drafts: list[_Draft], context: RunContext) -> None:
     (`teller.rca.link_size.size_growth`); where the sizes cannot tell, the types stay. The
     measurement stays on the drafts: the explanation quotes it. Why: a learned type head reads
     step-level numbers and calls one the other, and the explanation of a rate limit says the
-    transfers grew with their size. An engine's drafts
-    are read together because one slow link holds up every rank of the group that shares it:
-    the pointer may name either end from step to step, and one draft's few collectives are
-    too few to measure a growth by themselves."""
+    transfers grew with their size. An engine's drafts are read together because one slow link
+    holds up every rank of the group that shares it: the pointer may name either end from step
+    to step, and one draft's few collectives are too few to measure a growth by themselves."""
     by_engine: dict[int, list[_Draft]] = {}
     for draft in drafts:
         if draft.top is not None and (
@@ -554,16 +553,6 @@ def _incidents(
     return groups
 
 
-def _by_fault_and_rank(drafts: Iterable[_Draft]) -> dict[tuple[str | None, int], list[_Draft]]:
-    """The drafts that name a candidate, grouped by their fault type and the named rank: the
-    incidents the run rules re-type together."""
-    groups: dict[tuple[str | None, int], list[_Draft]] = {}
-    for draft in drafts:
-        if draft.top is not None:
-            groups.setdefault((draft.fault, draft.top.rank), []).append(draft)
-    return groups
-
-
 def _counters_name(
     group: list[_Draft], fault: str | None, host_run: bool, context: RunContext
 ) -> str | None:
@@ -599,7 +588,7 @@ def type_by_transfer(drafts: list[_Draft], context: RunContext) -> None:
     slowdowns = [d for d in drafts if d.fault in HOST_SLOWDOWNS and d.top is not None]
     if _transfer_share(slowdowns) < TRANSFER_EXCESS:
         return
-    for group in _by_fault_and_rank(slowdowns).values():
+    for group in _incidents(slowdowns, context).values():
         if _transfer_share(group) < TRANSFER_EXCESS:
             continue
         if context.host is not None and _counters_name(group, LINK_FAULT, host_run, context):

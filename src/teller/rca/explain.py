@@ -378,7 +378,7 @@ def _cause(c: StepContext, fault: str) -> list[tuple[str, dict]]:
     if plan == "cause.kv_pressure" and c.preempted:
         return [("cause.kv_pressure_logged", dict(preempted=c.preempted))]
     sized = _link_sized(c, fault)
-    if plan == f"cause.{fault}" and sized is not None and c.rank is not None:
+    if plan == f"cause.{fault}" and sized is not None:
         return [sized]
     if plan not in PLANS:
         return []
@@ -409,7 +409,7 @@ def _link_sized(c: StepContext, fault: str) -> tuple[str, dict] | None:
     about the same, a rate limit more the larger the message. None otherwise, and the cause is
     stated without numbers."""
     growth = c.link_growth
-    if growth is None or fault not in _SIZED_LINK_FAULTS:
+    if growth is None or c.rank is None or fault not in _SIZED_LINK_FAULTS:
         return None
     if growth.grows != (fault != "net_delay"):
         return None

@@ -26,6 +26,8 @@ SIZE_BIN = 1.0
 MIN_SIZE_SPREAD = 4.0
 #: Collectives of each half, at least, in the flagged steps.
 MIN_PER_HALF = 3
+#: A (rank, size bin) key is rank × this + bin: a size bin of bytes is under 64 in log2 units.
+_BINS_PER_RANK = 128
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,8 @@ class SizeGrowth:
     large_bytes: float
     small_excess_ns: float
     large_excess_ns: float
-    small_range: tuple[float, float] = (0.0, 0.0)  # the smaller half's least and most bytes
-    large_range: tuple[float, float] = (0.0, 0.0)
+    small_range: tuple[float, float]  # the smaller half's least and most bytes
+    large_range: tuple[float, float]
 
     @property
     def grows(self) -> bool:
@@ -60,26 +62,21 @@ def size_growth(
         return None
     rows = tree.step[comm.node]
     mine = (rows >= 0) & (comm.bytes > 0) & np.isin(comm.rank, np.fromiter(ranks, dtype=np.int64))
-    nodes, sizes, rows = comm.node[mine], comm.bytes[mine].astype(float), rows[mine]
-    if not len(nodes):
+    if not mine.any():
         return None
-    inside = np.isin(tree.steps.index[rows], np.fromiter(flagged, dtype=np.int64))
+    sizes = comm.bytes[mine].astype(float)
+    durations = tree.dur[comm.node[mine]].astype(float)
+    inside = np.isin(tree.steps.index[rows[mine]], np.fromiter(flagged, dtype=np.int64))
     size_bin = np.floor(np.log2(sizes) / SIZE_BIN).astype(np.int64)
-    rank_and_bin = list(zip(comm.rank[mine].tolist(), size_bin.tolist(), strict=True))
-    durations = tree.dur[nodes].astype(float)
-    outside: dict[tuple[int, int], list[float]] = {}
-    for key, duration, flagged_step in zip(rank_and_bin, durations, inside, strict=True):
-        if not flagged_step:
-            outside.setdefault(key, []).append(float(duration))
-    usual = {key: float(np.median(times)) for key, times in outside.items()}
-    compared = inside & np.array([key in usual for key in rank_and_bin])
+    key = comm.rank[mine].astype(np.int64) * _BINS_PER_RANK + size_bin
+    usual_keys, usual_ns = _medians_by_key(key[~inside], durations[~inside])
+    if not len(usual_keys):
+        return None
+    at = np.minimum(np.searchsorted(usual_keys, key), len(usual_keys) - 1)
+    compared = inside & (usual_keys[at] == key)
     if compared.sum() < 2 * MIN_PER_HALF:
         return None
-    excess = np.maximum(
-        durations[compared]
-        - np.array([usual[key] for key, c in zip(rank_and_bin, compared, strict=True) if c]),
-        0.0,
-    )
+    excess = np.maximum(durations[compared] - usual_ns[at[compared]], 0.0)
     sizes = sizes[compared]
     larger = sizes > np.median(sizes)
     if larger.sum() < MIN_PER_HALF or (~larger).sum() < MIN_PER_HALF:
@@ -95,3 +92,11 @@ def size_growth(
     if growth.large_bytes < MIN_SIZE_SPREAD * growth.small_bytes or excess.sum() <= 0:
         return None
     return growth
+
+
+def _medians_by_key(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct `keys`, ascending, and the median of the `values` under each."""
+    order = np.argsort(keys, kind="stable")
+    distinct, first = np.unique(keys[order], return_index=True)
+    groups = np.split(values[order], first[1:])
+    return distinct, np.array([np.median(g) for g in groups], dtype=float)

@@ -154,14 +154,13 @@ SLOT_TYPES: dict[str, SlotType] = {
         _COUNT_WORDS.format(noun="step"),
         lambda v: plural(int(v), "step"),  # type: ignore[call-overload]
     ),
-    "held_back": SlotType(
-        _COUNT_WORDS.format(noun="request"),
-        lambda v: plural(int(v), "request"),  # type: ignore[call-overload]
-    ),
-    "preempted": SlotType(
-        _COUNT_WORDS.format(noun="request"),
-        lambda v: plural(int(v), "request"),  # type: ignore[call-overload]
-    ),
+    **{
+        name: SlotType(
+            _COUNT_WORDS.format(noun="request"),
+            lambda v: plural(int(v), "request"),  # type: ignore[call-overload]
+        )
+        for name in ("held_back", "preempted")
+    },
     **{
         name: SlotType(
             _COUNT_WORDS.format(noun="token"),
