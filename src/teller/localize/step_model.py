@@ -55,16 +55,28 @@ def design(ctx_tokens: np.ndarray, gen_tokens: np.ndarray) -> np.ndarray:
 def fit_step_model(
     dur_ns: np.ndarray, ctx_tokens: np.ndarray, gen_tokens: np.ndarray, keep: float
 ) -> StepModel:
-    """Least squares, then refit on the `keep` fraction with the smallest residuals (trimmed)."""
+    """Least squares, then refit on the `keep` fraction with the smallest residuals (trimmed).
+
+    A token count that does not vary among the kept steps is left out of the fit rather than
+    the fit given up: a decode-only kind has no context tokens and a prefill-only kind no
+    generation tokens, and their time still grows with the one count that does vary."""
     x = design(ctx_tokens, gen_tokens)
     y = dur_ns.astype(float)
     usable = np.ones(len(y), dtype=bool)
     coef = np.array([np.median(y), 0.0, 0.0])
     for _ in range(3):
-        if usable.sum() >= 4 and np.linalg.matrix_rank(x[usable]) == 3:
+        kept = x[usable]
+        varying = np.concatenate([[True], np.ptp(kept[:, 1:], axis=0) > 0]) if len(kept) else None
+        if (
+            varying is not None
+            and varying.sum() > 1
+            and usable.sum() >= 4
+            and np.linalg.matrix_rank(kept[:, varying]) == varying.sum()
+        ):
             # non-negative: more tokens never make a step faster, and a negative coefficient
             # fitted on a narrow range predicts nonsense (or ≤ 0) outside it
-            coef, _ = nnls(x[usable], y[usable])
+            coef = np.zeros(x.shape[1])
+            coef[varying], _ = nnls(kept[:, varying], y[usable])
         else:
             coef = np.array([np.median(y[usable]), 0.0, 0.0])
         predicted = np.maximum(x @ coef, 1.0)
