@@ -575,13 +575,14 @@ def test_a_transfer_split_over_several_collectives_is_still_the_steps_excess(mon
     assert [d.fault for d in drafts] == ["host_stall"] * 2
 
 
-def _two_ended_link() -> tuple[list[_Draft], SimpleNamespace]:
-    """A slow link's drafts in one engine: three long steps name rank 1, one short step rank 0."""
+def _two_ended_link(stream: int = -1) -> tuple[list[_Draft], SimpleNamespace]:
+    """A slow link's drafts in one engine: three long steps name rank 1, one short step rank 0;
+    the named operators ran on `stream` (-1: the CPU, as gloo's all-reduce does)."""
     drafts = [_draft(s, [("gloo:all_reduce", 1, "transfer")]) for s in (1, 2, 3)]
     drafts.append(_draft(4, [("gloo:all_reduce", 0, "transfer")]))
     for draft in drafts:
         draft.fault = "net_delay"
-    tree = SimpleNamespace(comm=[], stream=np.array([], dtype=np.int64))
+    tree = SimpleNamespace(comm=[], stream=np.array([stream], dtype=np.int64))
     context = SimpleNamespace(
         tree=tree, engine_of={s: 0 for s in (1, 2, 3, 4)}, context=lambda *args: args[0]
     )
@@ -617,6 +618,27 @@ def test_a_slow_links_drafts_are_one_incident_across_the_ranks_it_joins(monkeypa
     assert measured == [({0, 1}, {1, 2, 3, 4})]
     assert {d.fault for d in drafts} == {"net_throttle"}
     assert all(d.link_growth is growth for d in drafts)
+
+
+def test_a_rate_limit_on_gpu_collectives_is_a_nodes_lost_bandwidth(monkeypatch) -> None:
+    """The same growth measured on collectives that ran on a GPU stream (NCCL kernels): GPU
+    ranks reach the network through their node's NIC, so the rate limit is bandwidth_throttle,
+    whatever the head called it; where the collectives did not grow, added latency."""
+    import teller.rca.diagnose as diagnose
+
+    growth = SizeGrowth(16e3, 128e3, 2e6, 16e6, (4e3, 32e3), (64e3, 256e3))
+    monkeypatch.setattr(diagnose, "size_growth", lambda tree, ranks, flagged: growth)
+    drafts, context = _two_ended_link(stream=7)
+    drafts[0].fault = "net_throttle"
+    type_link_by_size(drafts, context)
+    assert {d.fault for d in drafts} == {"bandwidth_throttle"}
+
+    flat = SizeGrowth(16e3, 128e3, 2e6, 2.5e6, (4e3, 32e3), (64e3, 256e3))
+    monkeypatch.setattr(diagnose, "size_growth", lambda tree, ranks, flagged: flat)
+    drafts, context = _two_ended_link(stream=7)
+    drafts[0].fault = "bandwidth_throttle"
+    type_link_by_size(drafts, context)
+    assert {d.fault for d in drafts} == {"net_delay"}
 
 
 def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it() -> None:

@@ -441,18 +441,22 @@ def apply_run_rules(drafts: list[_Draft], context: RunContext) -> None:
 
 #: The link faults told apart by how a rank's collectives grew with their size.
 DELAY_FAULT, RATE_LIMIT_FAULTS = "net_delay", frozenset({"net_throttle", "bandwidth_throttle"})
+#: A rate limit's name by where its collectives ran: GPU ranks reach the network through their
+#: node's NIC (a node's lost bandwidth), a CPU collective through the rank's own link.
+GPU_RATE_LIMIT, CPU_RATE_LIMIT = "bandwidth_throttle", "net_throttle"
 
 
 def type_link_by_size(drafts: list[_Draft], context: RunContext) -> None:
-    """An engine's drafts of added latency take the rate limit's type (the localizer's
-    `net_throttle`) where its named ranks' collectives in their steps grew with their message
-    size, and its drafts of a rate limit take added latency's where they did not
-    (`teller.rca.link_size.size_growth`); where the sizes cannot tell, the types stay. The
-    measurement stays on the drafts: the explanation quotes it. Why: a learned type head reads
-    step-level numbers and calls one the other, and the explanation of a rate limit says the
-    transfers grew with their size. An engine's drafts are read together because one slow link
-    holds up every rank of the group that shares it: the pointer may name either end from step
-    to step, and one draft's few collectives are too few to measure a growth by themselves."""
+    """An engine's drafts of added latency take a rate limit's type where its named ranks'
+    collectives in their steps grew with their message size, and its drafts of a rate limit
+    take added latency's where they did not (`teller.rca.link_size.size_growth`); where the
+    sizes cannot tell, the types stay. A rate limit is named by where the named collectives
+    ran (`rate_limit_name`). The measurement stays on the drafts: the explanation quotes it.
+    Why: a learned type head reads step-level numbers and calls one the other, and the
+    explanation of a rate limit says the transfers grew with their size. An engine's drafts are
+    read together because one slow link holds up every rank of the group that shares it: the
+    pointer may name either end from step to step, and one draft's few collectives are too few
+    to measure a growth by themselves."""
     by_engine: dict[int, list[_Draft]] = {}
     for draft in drafts:
         if draft.top is not None and (
@@ -466,13 +470,17 @@ def type_link_by_size(drafts: list[_Draft], context: RunContext) -> None:
         )
         if growth is None:
             continue
-        grows = growth.grows
+        rate_limit = rate_limit_name(group, context.tree) if growth.grows else DELAY_FAULT
         for draft in group:
             draft.link_growth = growth
-            if grows and draft.fault == DELAY_FAULT:
-                draft.fault, draft.view = LINK_FAULT, view_of(LINK_FAULT)
-            elif not grows and draft.fault in RATE_LIMIT_FAULTS:
-                draft.fault, draft.view = DELAY_FAULT, view_of(DELAY_FAULT)
+            draft.fault, draft.view = rate_limit, view_of(rate_limit)
+
+
+def rate_limit_name(group: list[_Draft], tree: CallTree) -> str:
+    """`bandwidth_throttle` where most of the drafts' named operators ran on a GPU stream (an
+    NCCL collective kernel), else `net_throttle` (a CPU collective such as gloo's over TCP)."""
+    on_gpu = sum(int(tree.stream[d.top.node] >= 0) for d in group if d.top.node >= 0)
+    return GPU_RATE_LIMIT if 2 * on_gpu > len(group) else CPU_RATE_LIMIT
 
 
 def point_at_held_off_rank(drafts: list[_Draft], context: RunContext) -> None:
