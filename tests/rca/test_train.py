@@ -390,8 +390,8 @@ def test_a_steps_kv_cache_fill_is_the_last_its_lines_state(tmp_path):
 
     from ingest.test_logs_engines import SGLANG_LINES, TRTLLM_LINE
     from ingest.test_logs_vllm import V1_LINES
+    from teller.align.align import kv_fill_by_step
     from teller.ingest.logs import read_logs
-    from teller.rca.dataset.features import kv_fill_by_step
 
     quarter_free = TRTLLM_LINE.replace('"Free KV cache blocks":0', '"Free KV cache blocks":612')
     files = {

@@ -210,6 +210,17 @@ def align_logs(
     return Alignment(step, rank_out, node, confidence, method, warnings)
 
 
+def kv_fill_by_step(step: np.ndarray, fill: np.ndarray) -> dict[int, float]:
+    """Step ordinal → the KV cache's fill (0-1) its aligned log lines state (the last one, where
+    several do); `fill`: the log table's typed `kv_cache_fill`, NaN where a line states none.
+
+    Why: a full cache (preemptions) and a scheduler capped too low both leave requests waiting
+    while batches shrink; only the cache's fill tells them apart, and the engine prints it."""
+    stated = (step >= 0) & ~np.isnan(fill)
+    pairs = zip(step[stated].tolist(), fill[stated].tolist(), strict=True)
+    return {int(s): float(v) for s, v in pairs}
+
+
 #: The log event of a request the engine preempted (`teller.ingest.logs.table.EVENTS`).
 PREEMPTED_EVENT = "request_preempted"
 
@@ -240,6 +251,13 @@ class AlignResult:
         preempted = np.array(self.logs.column("event"), dtype=object) == PREEMPTED_EVENT
         steps, counts = np.unique(step[preempted & (step >= 0)], return_counts=True)
         return dict(zip(steps.tolist(), counts.tolist(), strict=True))
+
+    @cached_property
+    def kv_fill(self) -> dict[int, float]:
+        """Step ordinal → the KV cache's fill (0-1) that a log line aligned to the step states
+        (the last, where several do): the engine's word on how full its cache was then, which
+        a line from seconds before cannot give."""
+        return kv_fill_by_step(self.alignment.step, self.logs.kv_cache_fill())
 
     @cached_property
     def held_back(self) -> dict[int, int]:

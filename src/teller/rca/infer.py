@@ -113,6 +113,24 @@ def logged_preemption(records: Sequence[StepRecord]) -> np.ndarray:
     return np.array([(r.preempted or 0) > 0 for r in records], dtype=bool)
 
 
+#: A KV cache at least this full, as the engine's line in the step states it, may have run out
+#: of blocks there; below it the running batch had room for its next tokens.
+KV_FULL = 0.8
+
+
+def cache_refutes(records: Sequence[StepRecord]) -> np.ndarray:
+    """Per record, whether a log line aligned to the step states a KV cache fill under
+    `KV_FULL` (`StepRecord.kv_cache_fill`; unknown counts as not shown). Why a rule: an engine
+    preempts only when its cache has no free block, and a capped scheduler leaves requests
+    waiting just as a full cache does, so the type head can call one the other; the fill the
+    engine printed in that step tells them apart. On sim-eval-v7 the KV-pressure cases' labelled
+    steps state 86-100% and a capped scheduler's 35-42%, which the head typed kv_pressure in
+    eval7-041 (docs/scoreboard.md)."""
+    return np.array(
+        [r.kv_cache_fill is not None and r.kv_cache_fill < KV_FULL for r in records], dtype=bool
+    )
+
+
 #: The fault type whose steps must show it in the request queue (`queue_refutes`).
 QUEUED_FAULT = "scheduler_misconfig"
 
@@ -315,7 +333,8 @@ class LoadedModel:
         the rest. Operators and ranks stay per step. Where its type is a capped scheduler and the
         queue shows nothing held back (`queue_refutes`), a step the head alone flags is let go,
         and one a floor flags takes the most likely other type: the floor says the step is slow,
-        the queue says a cap was not why."""
+        the queue says a cap was not why. Likewise a step typed KV pressure whose engine line
+        states a cache with room (`cache_refutes`) takes the most likely other type."""
         if not records:
             return []
         if outputs is None:
@@ -333,6 +352,13 @@ class LoadedModel:
         )
         faults[preempting] = FAULT_NAMES.index(PREEMPTION_FAULT)
         type_probability[preempting] = 1.0  # the engine's own log, not the head's reading
+        kv = FAULT_NAMES.index(PREEMPTION_FAULT)
+        roomy = flagged & ~preempting & (faults == kv) & cache_refutes(records)
+        if roomy.any():  # the cache had room: the step keeps its flag, not that type
+            kept, kept_probability = _fault_types(
+                fault_logp, probability, roomy, pool_faults, exclude=kv
+            )
+            faults[roomy], type_probability[roomy] = kept[roomy], kept_probability[roomy]
         queued, refuted = FAULT_NAMES.index(QUEUED_FAULT), queue_refutes(records)
         flagged &= floored | ~((faults == queued) & refuted)
         retype = flagged & refuted & (faults == queued)

@@ -256,9 +256,7 @@ def log_features(
         return {}, {}
     logs = alignment.logs
     step = alignment.alignment.step
-    queues = queue_features(
-        tree, alignment.waiting, kv_fill_by_step(step, logs.kv_cache_fill()), alignment.held_back
-    )
+    queues = queue_features(tree, alignment.waiting, alignment.kv_fill, alignment.held_back)
     templates = logs.column("template_id")
     fields = logs.column("fields")
     levels = logs.column("level")
@@ -297,18 +295,6 @@ def line_features(fields: str | None, level: str | None) -> np.ndarray:
     for j, v in enumerate(numbers[: len(slots)]):
         slots[j] = np.sign(v) * np.log1p(abs(float(v))) / 10.0
     return vector
-
-
-def kv_fill_by_step(step: np.ndarray, fill: np.ndarray) -> dict[int, float]:
-    """Step ordinal → the KV cache's fill (0-1) its aligned log lines state (the last one, where
-    several do); `fill`: the log table's typed `kv_cache_fill`, NaN where a line states none.
-
-    Why: a full cache (preemptions) and a scheduler capped too low both leave requests waiting
-    while batches shrink; only the cache's fill tells them apart, and the engine prints it."""
-    stated = (step >= 0) & ~np.isnan(fill)
-    return {
-        int(s): float(v) for s, v in zip(step[stated].tolist(), fill[stated].tolist(), strict=True)
-    }
 
 
 def queue_features(

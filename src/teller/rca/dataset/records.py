@@ -82,6 +82,9 @@ class StepRecord:
     #: requests the engine's logs say it preempted in the step (`AlignResult.preempted`); None
     #: without logs
     preempted: int | None = None
+    #: the KV cache's fill (0-1) a log line aligned to the step states (`AlignResult.kv_fill`);
+    #: None where none does
+    kv_cache_fill: float | None = None
     # labels (None/False without a labels.json)
     anomalous: bool = False
     fault: str = "none"
@@ -119,6 +122,7 @@ def case_records(
     logs, queues = log_features(tree, alignment)
     held_back = alignment.held_back if alignment is not None else {}
     preempted = alignment.preempted if alignment is not None else None
+    kv_fill = alignment.kv_fill if alignment is not None else {}
     records = []
     for step in traced:
         templates, floats, lines = logs.get(step.score.iteration) or _no_lines()
@@ -138,6 +142,7 @@ def case_records(
                 dur_ns=step.score.dur_ns,
                 held_back=held_back.get(step.score.iteration),
                 preempted=(None if preempted is None else preempted.get(step.score.iteration, 0)),
+                kv_cache_fill=kv_fill.get(step.score.iteration),
             )
         )
     if labels is not None:
