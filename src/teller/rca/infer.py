@@ -135,6 +135,26 @@ def cache_refutes(records: Sequence[StepRecord]) -> np.ndarray:
 QUEUED_FAULT = "scheduler_misconfig"
 
 
+def held_back_with_room(records: Sequence[StepRecord]) -> np.ndarray:
+    """The steps that left waiting requests they had room for (`StepRecord.held_back`) while
+    their own engine line states a KV cache under `KV_FULL`: a scheduler capped below what the
+    engine and its cache could run, which is the fault itself (`QUEUED_FAULT`). Why a floor: a
+    capped scheduler makes steps smaller, not slower, so the step head can leave them under
+    its threshold (sim-eval-v7's eval7-009 and eval7-057, 14 labelled steps, none found); a
+    full cache holds requests back too, hence the fill. Over the 48 lab cases of lab-val-v1,
+    lab-eval-v1 and lab-shapes-v1 every step that held a request back was inside a capped
+    scheduler's labels (491 of its 497 labelled steps did), and on sim-eval-v7 all 40 of its
+    labelled steps did, the other 92 that did stating a cache 93.5-100% full
+    (docs/scoreboard.md)."""
+    return np.array(
+        [
+            (r.held_back or 0) > 0 and r.kv_cache_fill is not None and r.kv_cache_fill < KV_FULL
+            for r in records
+        ],
+        dtype=bool,
+    )
+
+
 def queue_refutes(records: Sequence[StepRecord]) -> np.ndarray:
     """Per record, whether the run's request records show the step left no waiting request it
     had room for (`StepRecord.held_back` is 0; unknown counts as not shown). A scheduler
@@ -342,16 +362,19 @@ class LoadedModel:
         arrays = outputs.arrays
         probability, pointer, fault_logp = outputs.probability, outputs.pointer, outputs.fault_logp
         preempting = logged_preemption(records)
-        floored = unmissable(records) | preempting
+        capped = held_back_with_room(records) & ~preempting
+        named = preempting | capped  # floors that name their type
+        floored = unmissable(records) | named
         if held_share:
             floored |= held_off_cpu(records, held_share)
         flagged = floored | (probability >= (self.threshold if threshold is None else threshold))
         # a logged preemption names its type: such steps neither join the pool nor sway it
         faults, type_probability = _fault_types(
-            fault_logp, probability, flagged & ~preempting, pool_faults
+            fault_logp, probability, flagged & ~named, pool_faults
         )
         faults[preempting] = FAULT_NAMES.index(PREEMPTION_FAULT)
-        type_probability[preempting] = 1.0  # the engine's own log, not the head's reading
+        faults[capped] = FAULT_NAMES.index(QUEUED_FAULT)
+        type_probability[named] = 1.0  # the engine's own log, not the head's reading
         kv = FAULT_NAMES.index(PREEMPTION_FAULT)
         roomy = flagged & ~preempting & (faults == kv) & cache_refutes(records)
         if roomy.any():  # the cache had room: the step keeps its flag, not that type
