@@ -90,3 +90,21 @@ def test_trtllm_iteration_json(tmp_path):
     assert stamped["ts_ns"] == unix_ns("2025-01-22 10:01:07") + 333_333_333
     assert broken["ts_ns"] == unix_ns("2025-01-22 10:01:07") + 666_666_666
     assert broken["event"] == "other" and broken["format"] == "trtllm"
+
+
+#: SGLang's scheduler line when a decode step finds no free KV slot (its format string:
+#: "KV cache pool is full. Retract requests. #retracted_reqs: {n}, #new_token_ratio: {a} -> {b}").
+SGLANG_RETRACT = (
+    "[2026-09-13 16:06:07 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, "
+    "#new_token_ratio: 0.0980 -> 0.3487"
+)
+
+
+def test_sglang_retract_lines_are_preemptions_with_their_count(tmp_path):
+    path = tmp_path / "sglang.log"
+    path.write_text(SGLANG_RETRACT + "\n" + SGLANG_RETRACT.replace(" TP0]", "]") + "\n")
+    tagged, untagged = rows(path)
+    assert (tagged["event"], tagged["level"], tagged["rank"]) == ("request_preempted", "WARNING", 0)
+    assert tagged["fields"]["retracted_reqs"] == 3
+    assert untagged["event"] == "request_preempted" and untagged["rank"] == -1
+    assert untagged["template"] == tagged["template"]

@@ -27,6 +27,7 @@ its engine is placed on that engine's steps (`logtime`), and so are its requests
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -223,6 +224,11 @@ def kv_fill_by_step(step: np.ndarray, fill: np.ndarray) -> dict[int, float]:
 
 #: The log event of a request the engine preempted (`teller.ingest.logs.table.EVENTS`).
 PREEMPTED_EVENT = "request_preempted"
+#: The field in which SGLang's retract line states how many requests it sent back.
+RETRACTED_FIELD = "retracted_reqs"
+#: The least placement confidence at which a preemption line names its step: a line known only
+#: to the second shares 1/n among the n steps of that second (`align_logs`, "second").
+PREEMPTION_PLACED = 0.5
 
 
 @dataclass
@@ -246,11 +252,26 @@ class AlignResult:
     def preempted(self) -> dict[int, int]:
         """Step ordinal → requests the engine's logs say it preempted in that step (their KV
         blocks freed for others, their prefill to be run again): the engine's own word that
-        its KV cache was full, which a step's time need not show."""
-        step = self.alignment.step
-        preempted = np.array(self.logs.column("event"), dtype=object) == PREEMPTED_EVENT
-        steps, counts = np.unique(step[preempted & (step >= 0)], return_counts=True)
-        return dict(zip(steps.tolist(), counts.tolist(), strict=True))
+        its KV cache was full, which a step's time need not show. A line counts its requests
+        (SGLang's `#retracted_reqs`, else one), and only where it is placed surely enough
+        (`PREEMPTION_PLACED`): a line known only to the second, among several steps of that
+        second, does not say which of them preempted."""
+        events = np.array(self.logs.column("event"), dtype=object)
+        rows = np.flatnonzero(
+            (events == PREEMPTED_EVENT)
+            & (self.alignment.step >= 0)
+            & (self.alignment.confidence >= PREEMPTION_PLACED)
+        )
+        if not len(rows):
+            return {}
+        fields = self.logs.table.column("fields").take(rows).to_pylist()
+        counts: dict[int, int] = {}
+        for row, text in zip(rows.tolist(), fields, strict=True):
+            stated = json.loads(text).get(RETRACTED_FIELD) if text else None
+            many = int(stated) if isinstance(stated, int | float) and stated > 0 else 1
+            step = int(self.alignment.step[row])
+            counts[step] = counts.get(step, 0) + many
+        return dict(sorted(counts.items()))
 
     @cached_property
     def kv_fill(self) -> dict[int, float]:

@@ -2,9 +2,11 @@
 
 SGLang prints no request ids; its batch lines (every `--decode-log-interval` steps) carry the
 running/queued request counts, token usage and throughput, which is what step-level alignment
-needs. The bracket holds an optional date, the time (no sub-second part) and rank tags
-(`TP0`, `EP0`, `DP1`, `PP0`); field names changed across versions (`#token` vs `#full token`,
-`.` vs `,` after the batch kind), so fields are parsed as generic `key: value` pairs.
+needs. A decode step that found no free KV slot prints `KV cache pool is full. Retract
+requests. #retracted_reqs: N, …`: a preemption of N requests. The bracket holds an optional
+date, the time (no sub-second part) and rank tags (`TP0`, `EP0`, `DP1`, `PP0`); field names
+changed across versions (`#token` vs `#full token`, `.` vs `,` after the batch kind), so
+fields are parsed as generic `key: value` pairs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ HEADER = re.compile(
 )
 _TAG = re.compile(r"(TP|DP|EP|PP|CP|RANK)(\d+)")
 _BATCH = re.compile(r"^(?P<kind>Prefill|Decode) batch[.,]")
+#: The scheduler's word that a decode step found no free KV slot and sent running requests back
+#: to the queue (`#retracted_reqs: N`): SGLang's preemption.
+_RETRACT = re.compile(r"^KV cache pool is full\. Retract requests\.")
 _LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 
 
@@ -51,6 +56,11 @@ def from_header(header: re.Match[str], line: int) -> LogRecord:
         record.template = f"sglang {kind} batch"
         record.level = "INFO"
         record.fields = {**tag_values, **key_values(message[batch.end() :])}
+    elif retract := _RETRACT.match(message):
+        record.event = "request_preempted"
+        record.template = "sglang KV cache pool is full. Retract requests."
+        record.level = "WARNING"
+        record.fields = {**tag_values, **key_values(message[retract.end() :])}
     elif access := ACCESS.match(message):
         fill_access(record, access)
         record.level = access.group("level")
