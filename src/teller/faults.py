@@ -6,6 +6,8 @@ has one output per name here, and a labelled case names one of them (DESIGN.md Â
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 #: Fault name â†’ view: "V" (one rank's own stack), "H" (across ranks), "-" (no fault / control).
 FAULTS: dict[str, str] = {
     # no fault and the negative control
@@ -35,6 +37,17 @@ FAULTS: dict[str, str] = {
 #: The names that are not faults: no fault, and the negative control (a burst of long prompts
 #: that slows steps without anything being wrong). A method must not flag them.
 FAULT_FREE = ("none", "workload_shift")
+
+
+#: Faults that act on the whole engine (its batches, its load), where no rank or operator is to
+#: blame: a finding of one names neither as its suspect.
+ENGINE_WIDE_FAULTS = frozenset({*FAULT_FREE, "scheduler_misconfig"})
+
+
+def engine_wide(fault_types: Iterable[str]) -> bool:
+    """Whether every one of `fault_types` (at least one) acts on the whole engine."""
+    kinds = set(fault_types)
+    return bool(kinds) and kinds <= ENGINE_WIDE_FAULTS
 
 
 #: Faults that slow one rank's host work and nothing else a trace records: a CPU quota (the

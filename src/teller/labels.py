@@ -17,7 +17,7 @@ from typing import Protocol
 
 from teller.atomic import write_text_atomic
 from teller.errors import TraceError
-from teller.faults import FAULT_FREE, FAULTS
+from teller.faults import ENGINE_WIDE_FAULTS, FAULTS
 from teller.layout import CaseDir
 
 
@@ -137,9 +137,6 @@ def equivalent_ranks(labels: CaseLabels) -> frozenset[int]:
 #: the stall lands on whichever operator runs when the CPU is taken away, so the label's operator
 #: is the likeliest place (the one that runs most), not the fault's. Scoring asks for the rank.
 RANK_WIDE_LAB_FAULTS = frozenset({"cpu_contention", "straggler"})
-
-#: Faults that act on the whole engine (its batches, its load), where no rank is to blame.
-ENGINE_WIDE_FAULTS = frozenset({*FAULT_FREE, "scheduler_misconfig"})
 
 
 def scored_operator(labels: CaseLabels) -> str | None:

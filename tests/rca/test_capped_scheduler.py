@@ -54,3 +54,21 @@ def test_a_calm_step_that_held_requests_back_is_flagged_only_with_room_in_its_ca
     assert after == {**before, calm: "scheduler_misconfig"}
     full = held(KV_FULL + 0.1)
     assert not held_back_with_room(full).any()
+
+
+def test_a_capped_schedulers_findings_blame_no_rank_or_operator():
+    """Its findings' measurements come from whichever rank the pointer named; the verdict groups
+    them as one incident of the engine, and its summary and terminal report suspect the engine's
+    scheduling, not that rank or operator."""
+    from teller.analysis import Analysis
+    from teller.rca.diagnose import incidents
+    from teller.report import render
+
+    analysis = Analysis(small_case("scheduler_misconfig"))
+    verdict = analysis.diagnose()
+    capped = [f for f in verdict.findings if f.fault_type == "scheduler_misconfig"]
+    assert len({f.rank for f in capped}) > 1
+    assert next(g for g in incidents(verdict.findings) if capped[0] in g) == capped
+    assert "Suspect the engine's scheduling" in verdict.summary
+    text = render(verdict, analysis.tree, "terminal")
+    assert "suspect: no single operator on all ranks — scheduler_misconfig" in text

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from teller.faults import ENGINE_WIDE_FAULTS
 from teller.lab.faults.catalog import LAB_FAULTS
-from teller.labels import ENGINE_WIDE_FAULTS
 
 TP_SIZES = (2, 3)
 RATE_RANGE = (4.0, 8.0)  # requests per second, uniform

@@ -30,7 +30,7 @@ from teller.callchain.render import short_name
 from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.callchain.tree import CallTree
 from teller.errors import TellerError
-from teller.faults import FAULTS, HOST_SLOWDOWNS, view_of
+from teller.faults import FAULTS, HOST_SLOWDOWNS, engine_wide, view_of
 from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.collectives import own_share
@@ -894,12 +894,18 @@ def _summary(tree: CallTree, localization: Localization, findings: list[Finding]
     lines = [f"{len(findings)} of {total} {verb} anomalous ({noun} {step_ranges(flagged)})."]
     for group in incidents(findings)[:SUMMARY_FINDINGS]:
         worst = worst_of(group)
-        who = f"rank {worst.rank}" if worst.rank is not None else "no single rank"
         kinds = Counter(f.fault_type for f in group if f.fault_type)
-        operators = Counter(f.operator for f in group if f.operator)
         pattern = _pattern(kinds, len(group))
-        ops = ", ".join(short_name(op, 50) for op, _ in operators.most_common(2))
         where = f" in {len(group)} of them" if len(findings) > 1 else ""
+        if engine_wide(kinds):  # a capped scheduler: no rank or operator is to blame
+            lines.append(
+                f"Suspect the engine's scheduling{where}{pattern}: no single rank or operator."
+                f" Worst: {worst.explanation}"
+            )
+            continue
+        who = f"rank {worst.rank}" if worst.rank is not None else "no single rank"
+        operators = Counter(f.operator for f in group if f.operator)
+        ops = ", ".join(short_name(op, 50) for op, _ in operators.most_common(2))
         lines.append(
             f"Suspect {who}{where}{pattern}"
             + (f"; {'operators' if len(operators) > 1 else 'operator'}: {ops}." if ops else ".")
@@ -980,10 +986,13 @@ def headline_finding(findings: list[Finding]) -> Finding | None:
 
 def incidents(findings: list[Finding]) -> list[list[Finding]]:
     """Findings grouped by the rank they blame, worst first (findings arrive worst first): a
-    fault window covers many steps whose top operator can differ when a whole rank slowed."""
-    groups: dict[int | None, list[Finding]] = {}
+    fault window covers many steps whose top operator can differ when a whole rank slowed.
+    Findings of a fault of the whole engine (`teller.faults.ENGINE_WIDE_FAULTS`) are one group
+    whatever rank their measurements came from: no rank is to blame."""
+    groups: dict[int | str | None, list[Finding]] = {}
     for finding in findings:
-        groups.setdefault(finding.rank, []).append(finding)
+        whole = engine_wide([finding.fault_type] if finding.fault_type else [])
+        groups.setdefault("engine" if whole else finding.rank, []).append(finding)
     return list(groups.values())
 
 

@@ -13,6 +13,7 @@ from teller.callchain.breakdown import RunBreakdown, StepBreakdown, idle_summary
 from teller.callchain.host_activity import IDLE_CAUSES
 from teller.callchain.render import format_ns, short_name
 from teller.errors import printable
+from teller.faults import engine_wide
 from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges, worst_of
 from teller.rca.plans import plural
 from teller.rca.verdict import Finding, Verdict
@@ -43,8 +44,10 @@ def render_terminal(
     groups = incidents(verdict.findings)
     for group in groups[:SHOWN_INCIDENTS]:
         worst = worst_of(group)
-        where = f"rank {worst.rank}" if worst.rank is not None else "all ranks"
-        counts = Counter(f.operator for f in group if f.operator)
+        # a capped scheduler's findings keep a measured operator as evidence, not as a suspect
+        whole = engine_wide(f.fault_type for f in group if f.fault_type)
+        where = f"rank {worst.rank}" if worst.rank is not None and not whole else "all ranks"
+        counts = Counter(f.operator for f in group if f.operator and not whole)
         operator = (
             ", ".join(
                 short_name(op, 60) + (f" ({plural(n, 'step')})" if len(counts) > 1 else "")
