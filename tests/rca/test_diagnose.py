@@ -626,19 +626,17 @@ def test_a_rate_limit_on_gpu_collectives_is_a_nodes_lost_bandwidth(monkeypatch) 
     whatever the head called it; where the collectives did not grow, added latency."""
     import teller.rca.diagnose as diagnose
 
-    growth = SizeGrowth(16e3, 128e3, 2e6, 16e6, (4e3, 32e3), (64e3, 256e3))
-    monkeypatch.setattr(diagnose, "size_growth", lambda tree, ranks, flagged: growth)
-    drafts, context = _two_ended_link(stream=7)
-    drafts[0].fault = "net_throttle"
-    type_link_by_size(drafts, context)
-    assert {d.fault for d in drafts} == {"bandwidth_throttle"}
-
-    flat = SizeGrowth(16e3, 128e3, 2e6, 2.5e6, (4e3, 32e3), (64e3, 256e3))
-    monkeypatch.setattr(diagnose, "size_growth", lambda tree, ranks, flagged: flat)
-    drafts, context = _two_ended_link(stream=7)
-    drafts[0].fault = "bandwidth_throttle"
-    type_link_by_size(drafts, context)
-    assert {d.fault for d in drafts} == {"net_delay"}
+    # (the larger half's mean excess, what the head called one draft, the type all then take)
+    for large_excess, head, typed in (
+        (16e6, "net_throttle", "bandwidth_throttle"),
+        (2.5e6, "bandwidth_throttle", "net_delay"),
+    ):
+        growth = SizeGrowth(16e3, 128e3, 2e6, large_excess, (4e3, 32e3), (64e3, 256e3))
+        monkeypatch.setattr(diagnose, "size_growth", lambda tree, ranks, flagged, g=growth: g)
+        drafts, context = _two_ended_link(stream=7)
+        drafts[0].fault = head
+        type_link_by_size(drafts, context)
+        assert {d.fault for d in drafts} == {typed}
 
 
 def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it() -> None:

@@ -66,11 +66,13 @@ def fit_step_model(
     coef = np.array([np.median(y), 0.0, 0.0])
     for _ in range(3):
         kept = x[usable]
-        varying = np.concatenate([[True], np.ptp(kept[:, 1:], axis=0) > 0]) if len(kept) else None
+        # the constant, and each token count that varies among the kept steps
+        varying = np.ones(x.shape[1], dtype=bool)
+        if len(kept):
+            varying[1:] = np.ptp(kept[:, 1:], axis=0) > 0
         if (
-            varying is not None
+            len(kept) >= 4
             and varying.sum() > 1
-            and usable.sum() >= 4
             and np.linalg.matrix_rank(kept[:, varying]) == varying.sum()
         ):
             # non-negative: more tokens never make a step faster, and a negative coefficient

@@ -30,7 +30,7 @@ from teller.callchain.render import short_name
 from teller.callchain.steps import BATCHED_STEP_KINDS
 from teller.callchain.tree import CallTree
 from teller.errors import TellerError
-from teller.faults import FAULTS, HOST_SLOWDOWNS, engine_wide, view_of
+from teller.faults import ENGINE_WIDE_FAULTS, FAULTS, HOST_SLOWDOWNS, engine_wide, view_of
 from teller.ingest.schema import LAYERS
 from teller.localize import Localization, OperatorCandidate, StepExplanation, StepScore
 from teller.localize.collectives import own_share
@@ -991,7 +991,7 @@ def incidents(findings: list[Finding]) -> list[list[Finding]]:
     whatever rank their measurements came from: no rank is to blame."""
     groups: dict[int | str | None, list[Finding]] = {}
     for finding in findings:
-        whole = engine_wide([finding.fault_type] if finding.fault_type else [])
+        whole = finding.fault_type in ENGINE_WIDE_FAULTS
         groups.setdefault("engine" if whole else finding.rank, []).append(finding)
     return list(groups.values())
 

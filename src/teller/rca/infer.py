@@ -146,13 +146,8 @@ def held_back_with_room(records: Sequence[StepRecord]) -> np.ndarray:
     scheduler's labels (491 of its 497 labelled steps did), and on sim-eval-v7 all 40 of its
     labelled steps did, the other 92 that did stating a cache 93.5-100% full
     (docs/scoreboard.md)."""
-    return np.array(
-        [
-            (r.held_back or 0) > 0 and r.kv_cache_fill is not None and r.kv_cache_fill < KV_FULL
-            for r in records
-        ],
-        dtype=bool,
-    )
+    held = np.array([(r.held_back or 0) > 0 for r in records], dtype=bool)
+    return held & cache_refutes(records)
 
 
 def queue_refutes(records: Sequence[StepRecord]) -> np.ndarray:
@@ -196,6 +191,22 @@ def _fault_types(
         held = np.exp(fault_logp[rows, faults[rows]])
         type_probability[rows] = float(np.average(held, weights=weights[:, 0]))
     return faults, type_probability
+
+
+def _rule_out(
+    fault_logp: np.ndarray,
+    probability: np.ndarray,
+    faults: np.ndarray,
+    type_probability: np.ndarray,
+    pool: bool,
+    rows: np.ndarray,
+    exclude: int,
+) -> None:
+    """In place: the `rows` take their most likely type other than `exclude`, pooled as
+    `_fault_types` pools them, and that type's probability."""
+    if rows.any():
+        kept, kept_probability = _fault_types(fault_logp, probability, rows, pool, exclude)
+        faults[rows], type_probability[rows] = kept[rows], kept_probability[rows]
 
 
 def step_threshold(meta: dict, config: ModelConfig) -> float:
@@ -368,28 +379,21 @@ class LoadedModel:
         if held_share:
             floored |= held_off_cpu(records, held_share)
         flagged = floored | (probability >= (self.threshold if threshold is None else threshold))
-        # a logged preemption names its type: such steps neither join the pool nor sway it
+        # a floor that names its type keeps its steps out of the pool: they neither join nor sway it
         faults, type_probability = _fault_types(
             fault_logp, probability, flagged & ~named, pool_faults
         )
-        faults[preempting] = FAULT_NAMES.index(PREEMPTION_FAULT)
-        faults[capped] = FAULT_NAMES.index(QUEUED_FAULT)
+        kv, queued = FAULT_NAMES.index(PREEMPTION_FAULT), FAULT_NAMES.index(QUEUED_FAULT)
+        faults[preempting], faults[capped] = kv, queued
         type_probability[named] = 1.0  # the engine's own log, not the head's reading
-        kv = FAULT_NAMES.index(PREEMPTION_FAULT)
+        # the cache had room: the step keeps its flag, not that type
         roomy = flagged & ~preempting & (faults == kv) & cache_refutes(records)
-        if roomy.any():  # the cache had room: the step keeps its flag, not that type
-            kept, kept_probability = _fault_types(
-                fault_logp, probability, roomy, pool_faults, exclude=kv
-            )
-            faults[roomy], type_probability[roomy] = kept[roomy], kept_probability[roomy]
-        queued, refuted = FAULT_NAMES.index(QUEUED_FAULT), queue_refutes(records)
+        types = (fault_logp, probability, faults, type_probability, pool_faults)
+        _rule_out(*types, roomy, kv)
+        refuted = queue_refutes(records)
         flagged &= floored | ~((faults == queued) & refuted)
-        retype = flagged & refuted & (faults == queued)
-        if retype.any():  # a floor keeps the step; the queue rules out its type, not the step
-            kept, kept_probability = _fault_types(
-                fault_logp, probability, retype, pool_faults, exclude=queued
-            )
-            faults[retype], type_probability[retype] = kept[retype], kept_probability[retype]
+        # a floor keeps the step; the queue rules out its type, not the step
+        _rule_out(*types, flagged & refuted & (faults == queued), queued)
         settled = flagged & (type_probability >= TYPE_SETTLES_POINTER)
         if settled.any() and self.pointer_kinds:
             pointer = self._given_fault(pointer, arrays, faults, settled)
