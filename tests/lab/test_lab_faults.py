@@ -279,7 +279,9 @@ def test_slow_operator_slows_attention_on_the_guilty_rank_only(lab_root):
 def test_scheduler_misconfig_shrinks_batches_and_raises_ttft(lab_root, baseline):
     case = record(lab_root, "scheduler_misconfig", 1.0)
     steps = case.tree.steps
-    inside = case.steps(0)
+    # the cap comes on at the worker's clock and the steps sit on the profiler's: a step that
+    # the worker scheduled just before the cap may start a little inside the window
+    inside = case.steps(0, margin_ns=CLOCK_MARGIN_NS)
     assert len(inside) >= 3
     batch = steps.context_requests + steps.generation_requests
     assert batch[inside].max() <= 1
