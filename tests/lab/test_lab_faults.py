@@ -24,6 +24,7 @@ from teller.ingest.schema import EventTable
 from teller.lab.netns import is_root
 from teller.lab.run import CaseSpec, run_case
 from teller.labels import CaseLabels
+from teller.report.terminal import render_terminal
 
 pytestmark = pytest.mark.lab
 
@@ -226,6 +227,11 @@ def test_net_throttle_makes_allreduce_time_grow_with_message_size(lab_root, base
     verdict = Analysis(case.case_dir).diagnose()
     labelled = [f for f in verdict.findings if f.step in set(labels.steps)]
     assert labelled and {f.fault_type for f in labelled} == {"net_throttle"}
+    # a TP2 link has two ends and the collectives' times cannot tell them apart: each finding
+    # lists the other end, and the report names both ranks for the one incident
+    assert all(sorted({f.rank, *f.alike_ranks}) == [0, 1] for f in labelled)
+    said = " ".join(render_terminal(verdict).split())  # as read, not as wrapped
+    assert "on rank 0 or 1 (their link times are alike) — net_throttle" in said
 
 
 def _step_ordinals(case: Case, rows: np.ndarray) -> list[int]:

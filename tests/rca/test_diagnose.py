@@ -26,7 +26,9 @@ from teller.rca.diagnose import (
     _Draft,
     _evidence_candidates,
     _pattern,
+    blamed_ranks,
     by_incident,
+    incidents,
     one_incident_per_cause,
     point_at_held_off_rank,
     pool_host_faults,
@@ -36,8 +38,9 @@ from teller.rca.diagnose import (
 from teller.rca.infer import DEFAULT_MODEL
 from teller.rca.link_size import SizeGrowth
 from teller.rca.plans import operator_text
-from teller.rca.verdict import Finding
+from teller.rca.verdict import Finding, Verdict
 from teller.report import render
+from teller.report.terminal import render_terminal
 
 from .conftest import small_case
 
@@ -646,6 +649,27 @@ def test_an_incident_is_mostly_one_type_only_when_most_of_its_findings_carry_it(
         ", host_stall or net_throttle"
     )
     assert _pattern(Counter(), 2) == ""
+
+
+def test_a_slow_links_steps_that_cannot_tell_its_ends_are_one_incident_naming_them() -> None:
+    """A rate limit on one link of a TP3 ring: each step names the end its own measurements lean
+    to (rank 1, then rank 0), and each says its peers' collective times were alike. They are one
+    incident over ranks 0-2, not two incidents blaming two ranks; a step of rank 0 that stands
+    out on its own stays apart."""
+    steps = [
+        _finding(s, 1 if s < 56 else 0, "gloo:all_reduce", 3_000_000) for s in (54, 55, 56, 57)
+    ]
+    for f in steps:
+        f.fault_type, f.view = "net_throttle", "H"
+        f.alike_ranks = [r for r in (0, 1, 2) if r != f.rank]
+    alone = _finding(90, 0, "aten::mm", 1_000_000)
+    groups = incidents([*steps, alone])
+    assert [[f.step for f in g] for g in groups] == [[54, 55, 56, 57], [90]]
+    assert blamed_ranks(groups[0]) == "rank 0, 1 or 2 (their link times are alike)"
+    assert blamed_ranks(groups[1]) == "rank 0"
+    verdict = Verdict([], [0, 1, 2], "model:default", "5 of 99 steps", [*steps, alone], [])
+    text = " ".join(render_terminal(verdict).split())  # as read, not as wrapped
+    assert "gloo:all_reduce on rank 0, 1 or 2 (their link times are alike) — net_throttle" in text
 
 
 def test_a_step_names_the_rank_its_host_counters_show_held_off_a_cpu(monkeypatch) -> None:

@@ -103,6 +103,8 @@ class StepContext:
     #: the named rank's own collective time in the step and its peers' median, where the run
     #: has collectives and peers: a slow link's end stands out only where its own time does
     rank_transfers: tuple[float, float] | None = None
+    #: the peers `rank_transfers` compares the named rank with
+    transfer_peers: tuple[int, ...] = ()
     #: a slow link's collectives over its incident's flagged steps, by size
     #: (`teller.rca.link_size`); None where the sizes could not tell or the fault is no link's
     link_growth: SizeGrowth | None = None
@@ -308,6 +310,7 @@ class RunContext:
             return context
         context.peers_ns, context.peer_rank = self._peers(iteration, candidate)
         context.rank_transfers = self._rank_transfers(rank, iteration)
+        context.transfer_peers = self._transfer_peers(rank, iteration)
         context.arrivals = self.late_arrivals(rank, iteration)
         work = self.facts.work
         context.host = self._measured(rank, iteration, lambda k: work.host_without_waits_ns[k])
@@ -466,6 +469,11 @@ class RunContext:
         if own is None or not peers:
             return None
         return own, float(np.median(peers))
+
+    def _transfer_peers(self, rank: int, iteration: int) -> tuple[int, ...]:
+        """The ranks other than `rank` with collective time in the step."""
+        sums = self._own_transfer_sums
+        return tuple(r for r in self.ranks if r != rank and (r, iteration) in sums)
 
     @cached_property
     def _own_transfer_sums(self) -> dict[tuple[int, int], float]:

@@ -382,6 +382,7 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
     )
     mechanism = choose_mechanism(step_context, draft.fault, draft.mechanism_scores)
     explanation = compose(step_context, draft.fault, mechanism, draft.state_cause)
+    alike = list(step_context.transfer_peers) if LINK_ALIKE_PLANS & set(explanation.plans) else []
     evidence = [_evidence(c) for c in _evidence_candidates(draft)]
     stated = stated_reading(step_context, draft.fault)
     if stated is not None and stated[0] != "major_faults" and top is not None:
@@ -395,6 +396,7 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
         score=_rounded_z(draft.score.z),
         probability=draft.probability,
         rank=top.rank if top else None,
+        alike_ranks=alike,
         operator=top.operator if top else None,
         operator_node=top.node if top else None,
         fault_type=draft.fault,
@@ -403,6 +405,11 @@ def _finding(tree: CallTree, context: RunContext, draft: _Draft) -> Finding:
         candidates=[_candidate(c, p) for c, p in ranked],
         evidence=evidence,
     )
+
+
+#: The caveats an explanation carries where the trace cannot tell the named rank's link from its
+#: peers' (`teller.rca.explain`): the finding then lists those peers as `alike_ranks`.
+LINK_ALIKE_PLANS = frozenset({"caveat.link_alike", "caveat.link_ends"})
 
 
 def _step_names(tree: CallTree) -> dict[int, str]:
@@ -903,7 +910,7 @@ def _summary(tree: CallTree, localization: Localization, findings: list[Finding]
                 f" Worst: {worst.explanation}"
             )
             continue
-        who = f"rank {worst.rank}" if worst.rank is not None else "no single rank"
+        who = blamed_ranks(group) or "no single rank"
         operators = Counter(f.operator for f in group if f.operator)
         ops = ", ".join(short_name(op, 50) for op, _ in operators.most_common(2))
         lines.append(
@@ -988,12 +995,35 @@ def incidents(findings: list[Finding]) -> list[list[Finding]]:
     """Findings grouped by the rank they blame, worst first (findings arrive worst first): a
     fault window covers many steps whose top operator can differ when a whole rank slowed.
     Findings of a fault of the whole engine (`teller.faults.ENGINE_WIDE_FAULTS`) are one group
-    whatever rank their measurements came from: no rank is to blame."""
-    groups: dict[int | str | None, list[Finding]] = {}
+    whatever rank their measurements came from: no rank is to blame. Findings of a slow link
+    whose ends the trace cannot tell apart are one group over those ranks: each step names the
+    end its own measurements lean to, and a window of them would otherwise read as several
+    incidents on different ranks for one link."""
+    groups: dict[int | str | tuple[int, ...] | None, list[Finding]] = {}
     for finding in findings:
-        whole = finding.fault_type in ENGINE_WIDE_FAULTS
-        groups.setdefault("engine" if whole else finding.rank, []).append(finding)
+        groups.setdefault(_incident_key(finding), []).append(finding)
     return list(groups.values())
+
+
+def _incident_key(finding: Finding) -> int | str | tuple[int, ...] | None:
+    """What an incident blames: the engine, a set of ranks the trace cannot tell apart (a slow
+    link's ends, `Finding.alike_ranks`), or one rank."""
+    if finding.fault_type in ENGINE_WIDE_FAULTS:
+        return "engine"
+    if finding.alike_ranks and finding.rank is not None:
+        return tuple(sorted({finding.rank, *finding.alike_ranks}))
+    return finding.rank
+
+
+def blamed_ranks(group: list[Finding]) -> str:
+    """The ranks an incident names: "rank 3", or "rank 0, 1 or 2" where the trace cannot tell
+    the link's ends apart, or "" where no finding names one."""
+    ranks = sorted({r for f in group if f.rank is not None for r in (f.rank, *f.alike_ranks)})
+    if not ranks:
+        return ""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"rank {', '.join(map(str, ranks[:-1]))} or {ranks[-1]} (their link times are alike)"
 
 
 def step_ranges(steps: list[int]) -> str:

@@ -51,6 +51,10 @@ class Finding:
     explanation: str
     # the model's probability that the step is anomalous; None when the localizer decided
     probability: float | None = None
+    #: the other ranks the trace cannot tell from `rank` as the guilty one: a slow link's other
+    #: end, or the peers whose collectives took as long (every member of a collective waits for
+    #: its slowest link). Empty where `rank` stands out.
+    alike_ranks: list[int] = field(default_factory=list)
     # ranked: operator, rank, score, node, kind, probability (the model pointer's; None without)
     candidates: list[dict] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)

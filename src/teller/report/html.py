@@ -282,6 +282,13 @@ def _time_cell(ts_ns: int, origin_ns: int) -> str:
     return f"{into}<br><span class='meta'>{clock} UTC</span>"
 
 
+def _rank_text(finding: Finding) -> str:
+    """The finding's rank, with the peers the trace cannot tell from it (a slow link's ends)."""
+    if not finding.alike_ranks:
+        return str(finding.rank)
+    return f"{finding.rank} (or {', '.join(map(str, finding.alike_ranks))}: alike link times)"
+
+
 def _finding_details(verdict: Verdict, finding: Finding, origin_ns: int) -> str:
     """One finding folded: per-rank times of its step, evidence, candidates, its log lines."""
     rank_rows = sorted((r for r in verdict.steps if r.step == finding.step), key=lambda r: r.rank)
@@ -289,7 +296,7 @@ def _finding_details(verdict: Verdict, finding: Finding, origin_ns: int) -> str:
         f"<details class='finding' id='finding-{finding.step}'><summary>step {finding.step} "
         f"({esc(finding.step_kind)}): {esc(finding.fault_type or 'cause unknown')} — "
         f"<code>{esc(short_name(finding.operator or '—', 80))}</code>"
-        f"{'' if finding.rank is None else f' on rank {finding.rank}'}</summary>",
+        f"{'' if finding.rank is None else ' on rank ' + esc(_rank_text(finding))}</summary>",
         f"<p>{esc(finding.explanation)}</p>",
     ]
     if rank_rows:
@@ -353,7 +360,7 @@ def _findings_table(verdict: Verdict) -> str:
             f"<td class='num'>{esc(format_ns(expected_ns))}</td>"
             f"<td class='num'>{f.score:.1f}</td>"
             f"<td class='num'>{'—' if f.probability is None else f'{f.probability:.2f}'}</td>"
-            f"<td>{esc(f.rank if f.rank is not None else '—')}</td>"
+            f"<td>{esc(_rank_text(f) if f.rank is not None else '—')}</td>"
             f"<td><code>{esc(short_name(f.operator or '—', 80))}</code></td>"
             f"<td>{esc(f.fault_type or '—')}</td><td>{esc(f.explanation)}</td></tr>"
         )

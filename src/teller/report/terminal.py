@@ -1,7 +1,8 @@
 """The verdict as a few lines for a terminal: what was slow, who, why, and what was missing.
 
-Anomalous steps that blame the same rank are one incident (`teller.rca.diagnose.incidents`): a
-person wants one paragraph per cause, not per step. Tables and wrapping come from
+Anomalous steps that blame the same rank (or the same ranks, where a slow link's ends cannot be
+told apart) are one incident (`teller.rca.diagnose.incidents`): a person wants one paragraph per
+cause, not per step. Tables and wrapping come from
 `teller.report.console`: plain text at a fixed width unless the `Look` says a terminal.
 """
 
@@ -14,7 +15,13 @@ from teller.callchain.host_activity import IDLE_CAUSES
 from teller.callchain.render import format_ns, short_name
 from teller.errors import printable
 from teller.faults import engine_wide
-from teller.rca.diagnose import MODEL_UNAVAILABLE, incidents, step_ranges, worst_of
+from teller.rca.diagnose import (
+    MODEL_UNAVAILABLE,
+    blamed_ranks,
+    incidents,
+    step_ranges,
+    worst_of,
+)
 from teller.rca.plans import plural
 from teller.rca.verdict import Finding, Verdict
 from teller.report.console import PLAIN, Look, table_lines, wrapped
@@ -46,7 +53,7 @@ def render_terminal(
         worst = worst_of(group)
         # a capped scheduler's findings keep a measured operator as evidence, not as a suspect
         whole = engine_wide(f.fault_type for f in group if f.fault_type)
-        where = f"rank {worst.rank}" if worst.rank is not None and not whole else "all ranks"
+        where = (not whole and blamed_ranks(group)) or "all ranks"
         counts = Counter(f.operator for f in group if f.operator and not whole)
         operator = (
             ", ".join(
