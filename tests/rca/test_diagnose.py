@@ -578,6 +578,26 @@ def test_a_transfer_split_over_several_collectives_is_still_the_steps_excess(mon
     assert [d.fault for d in drafts] == ["host_stall"] * 2
 
 
+def test_a_transfer_split_between_the_links_ends_is_still_the_steps_excess(monkeypatch):
+    """At a slow link's collectives either end may arrive last: rank 1 was last at one
+    all-reduce and rank 0 at the other, each last arriver's own time 9 ms over its usual of the
+    step's 20 ms excess. The step's transfers hold it together, whichever end each was timed
+    on, and the host stall is a slow link."""
+    import teller.rca.diagnose as diagnose
+
+    monkeypatch.setattr(diagnose, "pooled_fault", lambda steps, names: None)
+    drafts = _link_drafts()
+    ends = [
+        OperatorCandidate(
+            1, rank, "gloo:all_reduce", 1e6, 10e6, 1e6, 9.0, node, "own time", "transfer"
+        )
+        for rank, node in ((1, 7), (0, 8))
+    ]
+    drafts[0].ranked = [(c, 0.5) for c in ends]
+    type_by_transfer(drafts, _run_of(host=object()))
+    assert [d.fault for d in drafts] == ["net_throttle"] * 2
+
+
 def _two_ended_link(stream: int = -1) -> tuple[list[_Draft], SimpleNamespace]:
     """A slow link's drafts in one engine: three long steps name rank 1, one short step rank 0;
     the named operators ran on `stream` (-1: the CPU, as gloo's all-reduce does)."""

@@ -628,17 +628,20 @@ def _excess(draft: _Draft) -> float:
 
 
 def _excess_in_transfer(draft: _Draft) -> bool:
-    """Whether the named candidate is its rank's own collective time and that rank's
-    collectives in the step (each candidate of its own transfer time once) grew by
-    `TRANSFER_EXCESS` of the step's excess together. Why together: a rate-limited link
-    stretches every large transfer of the step, so one all-reduce may hold only half of it."""
+    """Whether the named candidate is its rank's own collective time and the step's
+    collectives (each last arriver's own transfer time once) grew by `TRANSFER_EXCESS` of the
+    step's excess together. Why together: a rate-limited link stretches every large transfer
+    of the step, so one all-reduce may hold only half of it; and over every last arriver, since
+    at a slow link's collectives which end arrives last is a coin toss (measured on the lab's
+    TP2 rate limits: each end was last at about half of a step's all-reduces, so the named
+    end's own share held half the step's excess)."""
     top, excess = draft.top, _excess(draft)
     if top is None or top.kind != "transfer" or excess <= 0:
         return False
     grown = {
-        c.node: c.observed_ns - c.normal_ns
+        (c.rank, c.node): c.observed_ns - c.normal_ns
         for c, _ in draft.ranked
-        if c.rank == top.rank and c.kind == "transfer"
+        if c.kind == "transfer"
     }
     return sum(max(g, 0) for g in grown.values()) >= TRANSFER_EXCESS * excess
 
