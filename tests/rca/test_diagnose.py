@@ -683,13 +683,17 @@ def test_a_slow_links_steps_that_cannot_tell_its_ends_are_one_incident_naming_th
         f.fault_type, f.view = "net_throttle", "H"
         f.alike_ranks = [r for r in (0, 1, 2) if r != f.rank]
     alone = _finding(90, 0, "aten::mm", 1_000_000)
-    groups = incidents([*steps, alone])
-    assert [[f.step for f in g] for g in groups] == [[54, 55, 56, 57], [90]]
+    # a step of the same type on one of those ranks whose excess lay in an operator (it names
+    # no link end) is the same incident
+    beside = _finding(53, 1, "aten::cat", 1_000_000)
+    beside.fault_type, beside.view = "net_throttle", "H"
+    groups = incidents([*steps, alone, beside])
+    assert [[f.step for f in g] for g in groups] == [[54, 55, 56, 57, 53], [90]]
     assert blamed_ranks(groups[0]) == "rank 0, 1 or 2 (their link times are alike)"
     assert blamed_ranks(groups[1]) == "rank 0"
-    verdict = Verdict([], [0, 1, 2], "model:default", "5 of 99 steps", [*steps, alone], [])
+    verdict = Verdict([], [0, 1, 2], "model:default", "6 of 99 steps", [*steps, alone, beside], [])
     text = " ".join(render_terminal(verdict).split())  # as read, not as wrapped
-    assert "gloo:all_reduce on rank 0, 1 or 2 (their link times are alike) — net_throttle" in text
+    assert "on rank 0, 1 or 2 (their link times are alike) — net_throttle" in text
 
 
 def test_a_step_names_the_rank_its_host_counters_show_held_off_a_cpu(monkeypatch) -> None:

@@ -1002,20 +1002,35 @@ def incidents(findings: list[Finding]) -> list[list[Finding]]:
     whose ends the trace cannot tell apart are one group over those ranks: each step names the
     end its own measurements lean to, and a window of them would otherwise read as several
     incidents on different ranks for one link."""
+    links = {
+        (f.fault_type, rank): _alike_key(f)
+        for f in findings
+        if f.alike_ranks and f.rank is not None
+        for rank in _alike_key(f)
+    }
     groups: dict[int | str | tuple[int, ...] | None, list[Finding]] = {}
     for finding in findings:
-        groups.setdefault(_incident_key(finding), []).append(finding)
+        groups.setdefault(_incident_key(finding, links), []).append(finding)
     return list(groups.values())
 
 
-def _incident_key(finding: Finding) -> int | str | tuple[int, ...] | None:
+def _alike_key(finding: Finding) -> tuple[int, ...]:
+    assert finding.rank is not None
+    return tuple(sorted({finding.rank, *finding.alike_ranks}))
+
+
+def _incident_key(
+    finding: Finding, links: dict[tuple[str | None, int], tuple[int, ...]]
+) -> int | str | tuple[int, ...] | None:
     """What an incident blames: the engine, a set of ranks the trace cannot tell apart (a slow
-    link's ends, `Finding.alike_ranks`), or one rank."""
+    link's ends, `Finding.alike_ranks`), or one rank. `links`: (fault type, rank) → the set of
+    ranks a finding of that type could not tell apart; a step of that type on one of them
+    whose own excess lay elsewhere (it names no link end) belongs to the same incident."""
     if finding.fault_type in ENGINE_WIDE_FAULTS:
         return "engine"
     if finding.alike_ranks and finding.rank is not None:
-        return tuple(sorted({finding.rank, *finding.alike_ranks}))
-    return finding.rank
+        return _alike_key(finding)
+    return links.get((finding.fault_type, finding.rank), finding.rank)
 
 
 def blamed_ranks(group: list[Finding]) -> str:
