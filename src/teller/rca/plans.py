@@ -845,7 +845,7 @@ _PLANS = (
     Plan(
         "caveat.link_alike",
         "Rank {rank}'s collectives took {own} in this step and its peers' {peers}: their times "
-        "alone cannot tell which rank's link it is.",
+        "alone cannot tell whether the link is this rank's or a peer's.",
         note="a link fault where the named rank's own collective time in the step is under 1.5x "
         "its peers' median (every member of a collective waits for its slowest link)",
     ),
