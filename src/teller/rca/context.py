@@ -465,7 +465,7 @@ class RunContext:
         """The rank's own collective time in the step and the median of its peers'."""
         sums = self._own_transfer_sums
         own = sums.get((rank, iteration))
-        peers = [sums[(r, iteration)] for r in self.ranks if r != rank and (r, iteration) in sums]
+        peers = [sums[(r, iteration)] for r in self._transfer_peers(rank, iteration)]
         if own is None or not peers:
             return None
         return own, float(np.median(peers))

@@ -1002,12 +1002,11 @@ def incidents(findings: list[Finding]) -> list[list[Finding]]:
     whose ends the trace cannot tell apart are one group over those ranks: each step names the
     end its own measurements lean to, and a window of them would otherwise read as several
     incidents on different ranks for one link."""
-    links = {
-        (f.fault_type, rank): _alike_key(f)
-        for f in findings
-        if f.alike_ranks and f.rank is not None
-        for rank in _alike_key(f)
-    }
+    links: dict[tuple[str | None, int], tuple[int, ...]] = {}
+    for f in findings:
+        if f.alike_ranks and f.rank is not None:
+            ends = _alike_key(f)
+            links.update(((f.fault_type, rank), ends) for rank in ends)
     groups: dict[int | str | tuple[int, ...] | None, list[Finding]] = {}
     for finding in findings:
         groups.setdefault(_incident_key(finding, links), []).append(finding)

@@ -2,8 +2,8 @@
 
 Anomalous steps that blame the same rank (or the same ranks, where a slow link's ends cannot be
 told apart) are one incident (`teller.rca.diagnose.incidents`): a person wants one paragraph per
-cause, not per step. Tables and wrapping come from
-`teller.report.console`: plain text at a fixed width unless the `Look` says a terminal.
+cause, not per step. Tables and wrapping come from `teller.report.console`: plain text at a fixed
+width unless the `Look` says a terminal.
 """
 
 from __future__ import annotations
