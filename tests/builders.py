@@ -82,3 +82,17 @@ def simulated_straggler(
     )
     simulate(config, case)
     return case
+
+
+def two_tp2_replicas(case: Path) -> Path:
+    """A simulated run of two TP2 engines on one node (`teller lab sim`, 30 steps, 2 layers, no
+    Python frames, seed 3), rank 3's GPU throttled over steps 12–17, written to `case`."""
+    from teller.lab.sim import FaultSpec, SimConfig, simulate
+    from teller.lab.sim.topology import Topology
+
+    fault = FaultSpec("gpu_throttle", rank=3, intensity=1.0, window=(12, 18))
+    config = SimConfig(
+        Topology(1, 4, 2, 1), steps=30, layers=2, python_frames=False, fault=fault, seed=3
+    )
+    simulate(config, case)
+    return case

@@ -16,8 +16,9 @@ localizer's measurements as its evidence; `method="localizer"` skips the model (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import cached_property
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,10 +26,12 @@ import pyarrow as pa
 
 from teller.align.host import HostSteps, read_host_steps
 from teller.callchain.breakdown import RunBreakdown, breakdown_of
-from teller.callchain.facts import RunFacts
+from teller.callchain.engines import EnginePlace
+from teller.callchain.facts import Iterations, RunFacts
+from teller.callchain.split import EnginePart, EngineSplit, file_steps, split_by_engine
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
-from teller.ingest import find_trace_files, read_run
+from teller.ingest import find_trace_files, map_files, read_run
 from teller.ingest.schema import EventTable, SourceInfo, ranks_of, traced_pids, warnings_of
 from teller.layout import CaseDir
 from teller.localize import SCORING_TABLES, Localization, NumericLocalizer
@@ -37,17 +40,25 @@ from teller.rca.diagnose import (
     ModelUnavailable,
     RunInputs,
     diagnose,
+    headline_finding,
     model_records,
     run_model,
     unavailable_note,
 )
+from teller.rca.merge import EngineOutcome, merged_breakdown, merged_verdict
 from teller.rca.verdict import Verdict
+from teller.report.console import PLAIN, Look
 
 if TYPE_CHECKING:
     from teller.align.align import AlignResult
     from teller.report.diff import RunDiff
 
 PathLike = str | Path
+
+#: Trace files larger than this together, and a run of several engines is analysed one engine at
+#: a time (`teller.callchain.split`): about 10 M events of simulated TP4 replicas, where the whole
+#: run's tree and tables reach 2 GB.
+BY_ENGINE_BYTES = 256 * 2**20
 
 
 class Analysis:
@@ -65,6 +76,7 @@ class Analysis:
         jobs: int = 1,
         engine: str = "local",
         ray_address: str | None = None,
+        by_engine: bool | None = None,
     ) -> None:
         if method not in METHODS:
             raise TellerError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
@@ -94,6 +106,12 @@ class Analysis:
         self.jobs = jobs  # worker processes reading the rank files (1: this process)
         self.engine = engine  # where the per-rank map runs: "local" or "ray"
         self.ray_address = ray_address  # a Ray cluster's; None: a private one on this machine
+        # a run of several engines analysed one engine at a time (True), whole (False), or one
+        # engine at a time where its trace files exceed BY_ENGINE_BYTES (None)
+        self.by_engine = by_engine
+        self.place: EnginePlace | None = None  # set where this analysis is one engine of a run
+        self.split_iterations: Iterations | None = None  # that run's iterations, then
+        self.keep_span: Callable[[str], bool] | None = None  # and its spans, by request id
 
     def _found(self, files_of: Callable[[CaseDir], list[Path]]) -> list[Path]:
         """Logs, spans or host counters beside the traces, in the case layout (`teller.layout`)."""
@@ -135,6 +153,7 @@ class Analysis:
             jobs=self.jobs,
             engine=self.engine,
             ray_address=self.ray_address,
+            place=self.place,
         )
         self._sources, self._traced_pids = run.sources, run.traced_pids
         return run.tree
@@ -142,7 +161,8 @@ class Analysis:
     @property
     def sources(self) -> list[SourceInfo]:
         """What each trace file said about itself: rank, host, format, clock, warnings."""
-        self.tree  # noqa: B018 (reading the run sets them)
+        if not hasattr(self, "_sources"):
+            self.tree  # noqa: B018 (reading the run sets them)
         return self._sources
 
     def share_read(self, done: Analysis) -> None:
@@ -184,6 +204,7 @@ class Analysis:
             self.otlp_files,
             rank_offsets=self.rank_offsets,
             trace_pids=self._traced_pids,
+            keep_span=self.keep_span,
         )
 
     # -- tables for notebooks -------------------------------------------------------------------
@@ -221,12 +242,15 @@ class Analysis:
         host was doing (blocking sync and the operator behind it, launches, scheduler, Python),
         communication compute did not hide, and the top kernels and operators by GPU time.
         `.to_arrow()` gives one row per (rank, step), `.gaps.to_arrow()` every idle gap."""
+        if self.split is not None:
+            self.verdict  # noqa: B018 (analysing the engines merges their breakdowns)
+            return self._breakdown
         return breakdown_of(self.facts)
 
     @cached_property
     def facts(self) -> RunFacts:
         """What the localizer and the model both compare (arrivals, work per step), once."""
-        return RunFacts(self.tree)
+        return RunFacts(self.tree, self.split_iterations)
 
     @cached_property
     def localization(self) -> Localization:
@@ -246,6 +270,8 @@ class Analysis:
     # -- the verdict ---------------------------------------------------------------------------
     @cached_property
     def verdict(self) -> Verdict:
+        if self.split is not None:
+            return self._verdict_by_engine(self.split)
         # where the time went is measured first, while the facts hold little beyond the tree,
         # so that its per-node context is not built beside the localizer's tables
         self.breakdown()
@@ -274,6 +300,99 @@ class Analysis:
             host,
         )
 
+    @cached_property
+    def split(self) -> EngineSplit | None:
+        """The run cut into its engines where it is analysed one engine at a time, else None.
+
+        Why: an engine's steps are compared only with its own ranks', so a run of many replicas
+        needs no more memory than its largest engine (`teller.callchain.split`). Finding the
+        engines reads every file once more, so a run is cut only where `by_engine` asks, or
+        where its trace files are large (BY_ENGINE_BYTES) and it has not been built whole.
+        What only the whole run can share out keeps it whole: steps found by repeats or
+        periods, a file holding two engines' ranks, or a log file naming two engines."""
+        if self.by_engine is False or self.place is not None or len(self.trace_files) < 2:
+            return None
+        if "tree" in self.__dict__ or "event_table" in self.__dict__:
+            return None
+        large = sum(f.stat().st_size for f in self.trace_files) >= BY_ENGINE_BYTES
+        if self.by_engine is None and not large:
+            return None
+        read = partial(file_steps, step_regex=self.step_regex)
+        files, refused = map_files(
+            read, self.trace_files, self.progress, self.jobs, self.engine, self.ray_address
+        )
+        split = None if refused else split_by_engine(files)
+        if split is None:
+            return None
+        from teller.align.engine_logs import engine_logs
+
+        self._engine_logs = engine_logs(self.log_files, len(split.parts))
+        return split if self._engine_logs is not None else None
+
+    def _engine_analysis(self, part: EnginePart) -> Analysis:
+        """One engine's analysis: its files, its logs and its requests' spans
+        (`teller.align.engine_logs`), every host counter file (each names its rank)."""
+        logs = self._engine_logs.files_of(part.place.index)
+        engine = Analysis(
+            part.files,
+            logs=logs,
+            otlp=self.otlp_files if logs else [],
+            step_regex=self.step_regex,
+            method=self.method,
+            model_dir=self.model_dir,
+            jobs=self.jobs,
+            engine=self.engine,
+            ray_address=self.ray_address,
+            by_engine=False,
+        )
+        engine.host_files = self.host_files
+        engine.place = part.place
+        engine.split_iterations = self.split.iterations if self.split is not None else None
+        engine.keep_span = self._engine_logs.keeps_span(part.place.index) if logs else None
+        return engine
+
+    def _verdict_by_engine(self, split: EngineSplit) -> Verdict:
+        """Each engine analysed on its own and let go; their verdicts made one."""
+        outcomes, sources = [], []
+        parts: Iterator[EnginePart] = iter(split.parts)
+        if self.progress:
+            from tqdm import tqdm
+
+            parts = tqdm(parts, total=len(split.parts), desc="engines", unit="engine", leave=False)
+        for part in parts:
+            engine = self._engine_analysis(part)
+            verdict = engine.verdict
+            findings = [self._run_numbered(f, part, engine.tree) for f in verdict.findings]
+            outcomes.append(
+                EngineOutcome(
+                    verdict=replace(verdict, findings=findings),
+                    breakdown=engine.breakdown(),
+                    steps_scored=len(engine.localization.steps),
+                    engine=part.place.index,
+                )
+            )
+            sources.extend(engine.sources)
+            del engine, verdict
+        self._sources = sources
+        self._breakdown = merged_breakdown([o.breakdown for o in outcomes])
+        return merged_verdict(outcomes, self.inputs, [split.note])
+
+    @staticmethod
+    def _run_numbered(finding, part: EnginePart, tree: CallTree):
+        """`finding` with its nodes numbered as the whole run's tree numbers them."""
+        node = finding.operator_node
+        candidates = [
+            {**c, "node": int(part.run_nodes(tree, [c["node"]])[0])}
+            if c.get("node") is not None
+            else c
+            for c in finding.candidates
+        ]
+        return replace(
+            finding,
+            operator_node=None if node is None else int(part.run_nodes(tree, [node])[0]),
+            candidates=candidates,
+        )
+
     def diagnose(self) -> Verdict:
         """Slow steps, the guilty operator and rank for each, the explanation and the evidence.
 
@@ -298,10 +417,35 @@ class Analysis:
             allow_mismatch=allow_mismatch,
         )
 
+    def rendered(self, format: str, look: Look = PLAIN) -> Iterator[str]:
+        """The verdict as text in `format` ("terminal", "json", "html"), in pieces to write as
+        they come (`teller.report.render_pieces`). A run analysed one engine at a time draws
+        its HTML from the engine of its headline finding, read again."""
+        from teller.report import render_pieces
+
+        verdict, breakdown = self.verdict, self.breakdown()
+        if self.split is None:
+            return render_pieces(verdict, self.tree, format, breakdown, self.facts, look)
+        if format != "html":
+            return render_pieces(verdict, None, format, breakdown, None, look)
+        worst = headline_finding(verdict.findings)
+        part = next(
+            (p for p in self.split.parts if worst is not None and worst.rank in p.ranks),
+            self.split.parts[0],
+        )
+        engine = self._engine_analysis(part)
+        findings = [
+            replace(f, operator_node=part.engine_node(f.operator_node))
+            if f.operator_node is not None and f.rank in part.ranks
+            else replace(f, operator_node=None)
+            for f in verdict.findings
+        ]
+        shown = replace(verdict, findings=findings)
+        return render_pieces(shown, engine.tree, format, breakdown, engine.facts, look)
+
     def report(self, path: PathLike, format: str | None = None) -> Path:
         """Write the verdict as HTML (default for .html), JSON (.json) or text."""
-        from teller.report import write_report
+        from teller.atomic import write_pieces_atomic
+        from teller.report import format_for
 
-        return write_report(
-            self.diagnose(), self.tree, Path(path), format, self.breakdown(), self.facts
-        )
+        return write_pieces_atomic(Path(path), self.rendered(format_for(Path(path), format)))

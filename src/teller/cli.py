@@ -172,7 +172,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from teller.atomic import write_pieces_atomic
     from teller.ingest.parallel import default_jobs
     from teller.rca.diagnose import MODEL_UNAVAILABLE
-    from teller.report import format_for, render, render_pieces
+    from teller.report import format_for
     from teller.report.console import PLAIN, look_for
 
     if args.jobs is not None and args.jobs < 1:
@@ -190,23 +190,22 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         jobs=args.jobs if args.jobs is not None else default_jobs(),
         engine=args.engine,
         ray_address=args.ray_address,
+        by_engine=args.by_engine,
     )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
-    verdict, tree, breakdown = analysis.diagnose(), analysis.tree, analysis.breakdown()
+    verdict = analysis.diagnose()
     screen = look_for(sys.stdout)
     # rendered as it is written: a long run's JSON is never held as one string
-    pieces = render_pieces(
-        verdict, tree, fmt, breakdown, analysis.facts, PLAIN if args.out else screen
-    )
+    pieces = analysis.rendered(fmt, PLAIN if args.out else screen)
     if args.perfetto:
         from teller.report.perfetto import write_perfetto
 
-        written = write_perfetto(verdict, tree, Path(args.perfetto), analysis.event_table)
+        written = write_perfetto(verdict, analysis.tree, Path(args.perfetto), analysis.event_table)
         print(f"annotated trace written to {written}")
     if args.out:
         path = write_pieces_atomic(Path(args.out), pieces)
         if fmt != "terminal":  # the verdict is the result; --quiet only drops progress bars
-            print(render(verdict, tree, "terminal", breakdown, look=screen), end="")
+            print("".join(analysis.rendered("terminal", screen)), end="")
         print(f"report written to {path}")
     else:
         _write_lines(pieces)
@@ -598,6 +597,14 @@ def _parser() -> argparse.ArgumentParser:
         help="--engine ray: a running cluster (e.g. ray://head:10001 or auto; the workers must "
         "see the rank files at the paths given); default: a private Ray on this machine with "
         "--jobs CPUs, bound to 127.0.0.1",
+    )
+    analyze.add_argument(
+        "--by-engine",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="analyse a run of several engines (replicas) one engine at a time, holding one "
+        "engine's tree at once (default: when the trace files exceed 256 MiB); --no-by-engine "
+        "holds the whole run",
     )
     _method_arguments(analyze)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from builders import two_tp2_replicas
 from conftest import real_trace
 from teller.analysis import Analysis
 from teller.callchain.engines import group_ranks, same_engine, step_base
@@ -65,17 +66,7 @@ def test_real_captures_of_two_jobs_are_two_engines() -> None:
 
 @pytest.fixture(scope="module")
 def two_replicas(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A simulated run of two TP2 engines on one node, rank 3's GPU throttled over steps 12–17."""
-    from teller.lab.sim import FaultSpec, SimConfig, simulate
-    from teller.lab.sim.topology import Topology
-
-    case = tmp_path_factory.mktemp("replicas") / "case"
-    fault = FaultSpec("gpu_throttle", rank=3, intensity=1.0, window=(12, 18))
-    config = SimConfig(
-        Topology(1, 4, 2, 1), steps=30, layers=2, python_frames=False, fault=fault, seed=3
-    )
-    simulate(config, case)
-    return case
+    return two_tp2_replicas(tmp_path_factory.mktemp("replicas") / "case")
 
 
 def test_a_fault_in_the_second_engine_is_found_there(two_replicas: Path) -> None:

@@ -442,12 +442,12 @@ def test_a_small_regression_keeps_its_pick_when_noise_makes_the_peer_look_late()
 def test_a_clean_verdict_counts_steps_per_rank(tmp_path: Path) -> None:
     """Twelve engine steps on sixteen ranks are twelve steps per rank, not "one step captured"."""
     from teller.lab.sim import SimConfig, Topology, simulate
-    from teller.rca.diagnose import _nothing_found
+    from teller.rca.diagnose import nothing_found
 
     case = tmp_path / "clean16"
     simulate(SimConfig(Topology(2, 8, 8, 2), steps=12, layers=2, python_frames=False), case)
     tree = Analysis(case, method="localizer").tree
-    said = _nothing_found(tree, total=12)
+    said = nothing_found(tree.steps.rank, tree.steps.kind, total=12)
     assert said.startswith("No anomalous step among 12 steps: every step took what its batch")
 
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -331,8 +331,12 @@ def align_tree(
     year: int | None = None,
     rank_offsets: ClockOffsets | None = None,
     trace_pids: frozenset[int] | None = None,
+    keep_span: Callable[[str], bool] | None = None,
 ) -> AlignResult:
     """Align logs (and OTLP spans) to a tree already on one clock.
+
+    `keep_span`: which spans, by request id, are this tree's where it is one engine of a run
+    analysed one engine at a time (the others' requests ran on their engines' steps).
 
     With `trace_pids` (`teller.ingest.schema.traced_pids`), a log file that states process ids
     none of which the traces recorded, and whose times all fall outside the traced span, is
@@ -348,6 +352,9 @@ def align_tree(
     if trace_pids is not None:
         logs, foreign = set_aside_foreign_logs(tree, logs, trace_pids)
     spans = read_spans(span_paths) if span_paths else None
+    if spans is not None and keep_span is not None:
+        kept = pa.array([keep_span(key) for key in spans.column("request_key")], pa.bool_())
+        spans = replace(spans, table=spans.table.filter(kept))
     times = place_log_times(tree, logs)
     log_offsets = times.log_offset
     warnings = list(rank_offsets.warnings) + logs.warnings + foreign

@@ -131,16 +131,10 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
 def record_engines(logs: LogTable, tree: CallTree) -> np.ndarray:
     """Per record, the engine of the tree its line names (see the module docstring); -1 where it
     names none, or the run has one engine."""
-    engine = np.full(len(logs), -1, dtype=np.int64)
     engines = set(tree.steps.engine.tolist())
     if len(engines) <= 1:
-        return engine
-    processes = logs.table.column("process").to_pylist()
-    raws = logs.table.column("raw").to_pylist()
-    for i, (process, raw) in enumerate(zip(processes, raws, strict=True)):
-        found = ENGINE_PROCESS.search(process or "") or ENGINE_STATS.search(raw or "")
-        if found and int(found.group(1)) in engines:
-            engine[i] = int(found.group(1))
+        return np.full(len(logs), -1, dtype=np.int64)
+    engine = named_engines(logs, engines)
     # a console whose engine lines all name one engine is that engine's: its API server's
     # request lines are that engine's requests
     files = np.asarray(logs.table.column("file").to_pylist(), dtype=object)
@@ -150,6 +144,34 @@ def record_engines(logs: LogTable, tree: CallTree) -> np.ndarray:
         if len(named) == 1:
             engine[here & (engine < 0)] = named.pop()
     return engine
+
+
+def named_engines(logs: LogTable, engines: set[int]) -> np.ndarray:
+    """Per record, the engine of `engines` its line names by its process tag or stats line; -1
+    where it names none of them."""
+    engine = np.full(len(logs), -1, dtype=np.int64)
+    processes = logs.table.column("process").to_pylist()
+    raws = logs.table.column("raw").to_pylist()
+    for i, (process, raw) in enumerate(zip(processes, raws, strict=True)):
+        found = ENGINE_PROCESS.search(process or "") or ENGINE_STATS.search(raw or "")
+        if found and int(found.group(1)) in engines:
+            engine[i] = int(found.group(1))
+    return engine
+
+
+def log_files_of_engines(logs: LogTable, engines: int) -> dict[str, int] | None:
+    """Each log file's engine, where a run of `engines` engines is analysed one engine at a
+    time: the one engine its lines name, or engine 0 (the reference rank's, where the whole
+    run's analysis places lines that name none) for a file that names none; None where a file
+    names two, whose lines only the whole run's analysis can share out."""
+    named = named_engines(logs, set(range(engines)))
+    files = logs.table.column("file").to_pylist()
+    named_in: dict[str, set[int]] = {}
+    for file, engine in zip(files, named.tolist(), strict=True):
+        named_in.setdefault(file, set()).update({engine} - {-1})
+    if any(len(found) > 1 for found in named_in.values()):
+        return None
+    return {file: (min(found) if found else 0) for file, found in named_in.items()}
 
 
 def engine_reference(tree: CallTree, engine: int) -> int:

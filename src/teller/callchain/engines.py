@@ -19,6 +19,8 @@ iteration and the rest of the pipeline, which matches steps across ranks by id, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 #: Share of common steps whose names must agree for two ranks to be one engine. The ranks of one
@@ -29,6 +31,16 @@ MIN_COMMON_STEPS = 4
 #: Steps of the n-th engine are numbered from n × this, or the next power of ten above the longest
 #: engine's step count when that is larger.
 ENGINE_STEP_BASE = 1000
+
+
+@dataclass(frozen=True)
+class EnginePlace:
+    """Where one engine sits in its run when it is analysed on its own (`teller.callchain.split`):
+    its position among the run's engines and the run's step base, so its steps keep the ids the
+    whole run's analysis gives them."""
+
+    index: int
+    base: int
 
 
 def group_ranks(rank: np.ndarray, name: list[str]) -> dict[int, int]:

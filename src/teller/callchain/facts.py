@@ -23,6 +23,7 @@ from typing import TypeVar
 import numpy as np
 
 from teller.callchain.kv_load import cached_tokens
+from teller.callchain.steps import StepTable
 from teller.callchain.tree import CallTree
 from teller.ingest.schema import COMPUTE_CODES, GPU_WORK_CODES, HOST_WORK_CODES, LAYER_CODE
 
@@ -226,7 +227,12 @@ class Iterations:
 
 def iterations_of(tree: CallTree) -> Iterations:
     """The run's `Iterations`."""
-    steps = tree.steps
+    return iterations_of_steps(tree.steps)
+
+
+def iterations_of_steps(steps: StepTable) -> Iterations:
+    """The `Iterations` of a step table: a run's, or several engines' steps joined, each
+    numbered as its run numbers it (`teller.callchain.split`)."""
     by_iteration: dict[int, list[int]] = {}
     for k in range(len(steps)):
         by_iteration.setdefault(int(steps.index[k]), []).append(k)
@@ -398,8 +404,12 @@ def kernel_sequences(tree: CallTree) -> dict[int, list[tuple[int, np.ndarray]]]:
 class RunFacts:
     """The facts of one run (`tree`), each computed on first use and kept."""
 
-    def __init__(self, tree: CallTree) -> None:
+    def __init__(self, tree: CallTree, run_iterations: Iterations | None = None) -> None:
         self.tree = tree
+        # where `tree` is one engine of a run analysed one engine at a time: the whole run's
+        # iterations, over which the step models are fitted as the whole run's analysis fits
+        # them (`teller.localize.step_model.score_steps`)
+        self.run_iterations = run_iterations
         self._derived: dict[str, object] = {}
 
     def derived(self, name: str, compute: Callable[[], T]) -> T:

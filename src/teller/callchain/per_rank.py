@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from teller.callchain.engines import EnginePlace
 from teller.callchain.tree import CallTree, RankForest, forest_of, join_forests
 from teller.ingest import map_files, note_refused, read_trace, table_span, warn_apart
 from teller.ingest.schema import SourceInfo, traced_pids
@@ -58,14 +59,16 @@ def read_tree(
     jobs: int = 1,
     engine: str = "local",
     ray_address: str | None = None,
+    place: EnginePlace | None = None,
 ) -> RunTree:
     """Every trace file under `paths` read and built into its forest (in `jobs` processes, or
     as Ray tasks), the forests joined into the run's tree. Refused files and captures that do
-    not overlap are warned on as `teller.ingest.read_run` warns."""
+    not overlap are warned on as `teller.ingest.read_run` warns. `place`: the files are one
+    engine of a larger run (`teller.callchain.split`)."""
     files, refused = map_files(file_forest, paths, progress, jobs, engine, ray_address)
     sources = [s for f in files for s in f.sources]
     note_refused(sources, refused)
     warn_apart([(f.span, f.sources) for f in files if f.span is not None])
-    tree = join_forests([f.forest for f in files], step_regex)
+    tree = join_forests([f.forest for f in files], step_regex, place)
     pids = frozenset().union(*(f.traced_pids for f in files))
     return RunTree(tree=tree, sources=sources, traced_pids=pids)

@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from teller.callchain.engines import (
     ENGINE_STEP_BASE,
+    EnginePlace,
     describe_engines,
     group_ranks,
     step_base,
@@ -133,6 +134,21 @@ class StepTable:
             {f.name: getattr(self, f.name) for f in fields(self) if f.name != "engine_base"}
         )
 
+    @classmethod
+    def joined(cls, tables: list[StepTable], engine_base: int) -> StepTable:
+        """Several tables' rows as one, in the order given (their `node`s index their own
+        trees)."""
+        columns: dict[str, object] = {}
+        for f in fields(cls):
+            if f.name == "engine_base":
+                continue
+            parts = [getattr(t, f.name) for t in tables]
+            if isinstance(parts[0], list):
+                columns[f.name] = [v for part in parts for v in part]
+            else:
+                columns[f.name] = np.concatenate(parts)
+        return cls(**columns, engine_base=engine_base)
+
 
 @dataclass
 class _StepFacts:
@@ -220,10 +236,13 @@ def _assign_by_window(
 
 
 def find_steps(
-    tree: Forest, step_regex: str | re.Pattern[str] | None = None
+    tree: Forest,
+    step_regex: str | re.Pattern[str] | None = None,
+    place: EnginePlace | None = None,
 ) -> tuple[StepTable, np.ndarray, list[str]]:
     """The step table, per node the index of its step (-1 if none), and what the search found
-    worth telling the user (which rule named the steps, which ranges could name them)."""
+    worth telling the user (which rule named the steps, which ranges could name them). With
+    `place`, the tree is one engine of a larger run and its steps are numbered as that run's."""
     custom = re.compile(step_regex) if isinstance(step_regex, str) else step_regex
     table, step = _annotated_steps(
         tree.names,
@@ -237,7 +256,7 @@ def find_steps(
         custom,
     )
     if len(table) or not len(tree):
-        return table, step, _number_engines(table)
+        return table, step, _number_engines(table, place)
     work = node_work(
         tree.names, tree.name, tree.layer, tree.rank, tree.stream, tree.dur, tree.parent, tree.depth
     )
@@ -281,14 +300,19 @@ def find_steps(
         ]
         found = [_capture_step(tree, r) for r in np.unique(tree.rank).tolist()]
     table, step = _assemble(tree, found)
-    return table, step, notes + _number_engines(table)
+    return table, step, notes + _number_engines(table, place)
 
 
-def _number_engines(table: StepTable) -> list[str]:
+def _number_engines(table: StepTable, place: EnginePlace | None = None) -> list[str]:
     """Give each step its engine and offset the steps of every engine but the first
-    (`engines.py`); the note a user gets when there is more than one."""
+    (`engines.py`); the note a user gets when there is more than one. A tree that is `place`'s
+    one engine gets that engine's number and offset instead."""
     engine_of = group_ranks(table.rank, table.name)
     if len(set(engine_of.values())) <= 1:
+        if place is not None:
+            table.engine = np.full(len(table), place.index, dtype=np.int64)
+            table.engine_base = place.base
+            table.index = table.index + place.index * place.base
         return []
     table.engine = np.asarray([engine_of[int(r)] for r in table.rank.tolist()], dtype=np.int64)
     table.engine_base = step_base(int(table.index.max()) + 1)

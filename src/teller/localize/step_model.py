@@ -138,10 +138,14 @@ def score_steps(
     min_ratio: float,
 ) -> list[StepScore]:
     """Every iteration's score against its kind's model (`fitted`, scaled to this run's machine
-    speed, or the run's own quieter steps), and its per-rank components'."""
-    iterations = facts.iterations
-    if not len(iterations):
+    speed, or the run's own quieter steps), and its per-rank components'. Where the tree is one
+    engine of a run (`RunFacts.run_iterations`), the models and spreads are the whole run's and
+    the scores this engine's."""
+    scored = facts.iterations
+    if not len(scored):
         return []
+    iterations = scored if facts.run_iterations is None else facts.run_iterations
+    rows = np.searchsorted(iterations.iteration, scored.iteration)
     kinds = iterations.kind
     dur, ctx, gen = iterations.dur_ns, iterations.context_tokens, iterations.generation_tokens
     expected = np.zeros(len(iterations))
@@ -170,6 +174,7 @@ def score_steps(
         scale[mask] = np.minimum(scale[mask], spread)
     z = np.log(np.maximum(dur, 1.0) / expected) / scale
     ratio = dur / expected
+    kinds, dur, expected, z, ratio = kinds[rows], dur[rows], expected[rows], z[rows], ratio[rows]
     component_z, component_ratio = component_scores(facts)
     z_all = np.maximum(z, component_z)
     anomalous = ((z >= step_z) & (ratio >= min_ratio)) | (
@@ -177,15 +182,15 @@ def score_steps(
     )
     return [
         StepScore(
-            iteration=int(iterations.iteration[i]),
+            iteration=int(scored.iteration[i]),
             kind=str(kinds[i]),
             dur_ns=int(dur[i]),
             expected_ns=int(expected[i]),
             z=float(z_all[i]),
             anomalous=bool(anomalous[i]),
-            ranks=list(iterations.ranks[i]),
+            ranks=list(scored.ranks[i]),
         )
-        for i in range(len(iterations))
+        for i in range(len(scored))
     ]
 
 

@@ -157,10 +157,14 @@ def diagnose(
         inputs=[str(p) for p in inputs.trace_files],
         ranks=inputs.ranks,
         method=produced_by,
-        summary=_summary(tree, localization, findings),
+        summary=summary_of(
+            findings,
+            len(localization.steps),
+            lambda: nothing_found(tree.steps.rank, tree.steps.kind, len(localization.steps)),
+        ),
         findings=findings,
         steps=_step_rows(tree, localization, flagged),
-        missing=_missing(inputs),
+        missing=missing_inputs(inputs),
         warnings=[*notes, *inputs.warnings, *tree.warnings]
         + (alignment.warnings if alignment else []),
     )
@@ -871,31 +875,32 @@ def _fault_type(tree: CallTree, top: OperatorCandidate | None) -> tuple[str | No
     return "cpu_contention", "V"
 
 
-def _nothing_found(tree: CallTree, total: int) -> str:
+def nothing_found(step_rank: Iterable[int], step_kind: Iterable[str], total: int) -> str:
     """What a clean verdict compared, so it claims no more than was checked: batches where an
     engine defines them, the run's other steps of a kind otherwise, and within a step its
-    repeated layers and its ranks."""
+    repeated layers and its ranks. `step_rank` and `step_kind`: per (rank, step) row."""
     noun = "step" if total == 1 else "steps"
-    ranks = len(set(tree.steps.rank.tolist()))
+    rank_of_row = [int(r) for r in step_rank]
+    ranks = len(set(rank_of_row))
     peers = " or against the other ranks" if ranks > 1 else ""
-    per_rank = len(tree.steps) // max(ranks, 1)
+    per_rank = len(rank_of_row) // max(ranks, 1)
     if per_rank < 2:  # one step has no batch model and no other step to compare with
         said = f"no operator stands out against the step's repeated layers{peers}"
         where = "the one step captured" + (" per rank" if ranks > 1 else "")
         return f"No anomalous step in {where}: {said}."
-    if set(tree.steps.kind) <= BATCHED_STEP_KINDS:
+    if set(step_kind) <= BATCHED_STEP_KINDS:
         said = "every step took what its batch predicts"
     else:
         said = "every step took about what the run's other steps of its kind took"
     return f"No anomalous step among {total} {noun}: {said}, and no operator stands out."
 
 
-def _summary(tree: CallTree, localization: Localization, findings: list[Finding]) -> str:
-    total = len(localization.steps)
+def summary_of(findings: list[Finding], total: int, clean: Callable[[], str]) -> str:
+    """The lines a person reads first, over `total` steps; `clean()` where nothing was found."""
     if not total:
         return "No engine steps found: pass --step-regex naming the engine's step annotation."
     if not findings:
-        return _nothing_found(tree, total)
+        return clean()
     flagged = [f.step for f in findings]
     verb = "step is" if len(findings) == 1 and total == 1 else "steps are"
     if len(findings) == 1 and total > 1:
@@ -1058,7 +1063,7 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(ranges)
 
 
-def _missing(inputs: RunInputs) -> list[str]:
+def missing_inputs(inputs: RunInputs) -> list[str]:
     missing = []
     if not inputs.log_files:
         missing.append(

@@ -44,7 +44,7 @@ def render(
 
 def render_pieces(
     verdict: Verdict,
-    tree: CallTree,
+    tree: CallTree | None,
     format: str,
     breakdown: RunBreakdown | None = None,
     facts: RunFacts | None = None,
@@ -58,8 +58,12 @@ def render_pieces(
     if breakdown is None:
         from teller.callchain.breakdown import run_breakdown
 
+        if tree is None:
+            raise ValueError("render_pieces: a breakdown or a tree is needed")
         breakdown = run_breakdown(tree)
     if format == "html":
+        if tree is None:
+            raise ValueError("render_pieces: the HTML report draws the tree")
         from teller.report.html import render_html
 
         yield render_html(verdict, tree, breakdown, facts)

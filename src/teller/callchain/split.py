@@ -1,0 +1,173 @@
+"""A run of several engines cut into its engines, so each can be analysed on its own.
+
+Data-parallel engines (replicas) share nothing an analysis compares: each schedules its own
+batches, and their steps are only ever compared with their own ranks' (`engines.py`). A run of
+many of them is too large to hold as one tree (64 ranks × 2,000 steps is about 10⁸ nodes), and
+nothing forces it to be: each engine's tree can be built, analysed and let go in turn, so memory
+is bounded by the largest engine, not the run (DESIGN.md §6, the per-rank map and its reduce).
+
+Telling engines apart needs every rank's step names, which only a built tree has. So the split
+reads every file once for them (`file_steps`, in the per-rank map's workers), keeps the names and
+the node counts, and lets the forest go; each engine's files are read again when it is analysed.
+
+Each engine keeps what the whole run's analysis gives it: its steps' ids (`EnginePlace`), its
+nodes' indices, which are shifted by the other engines' nodes that the run's tree would order
+before them (`EnginePart.run_nodes`: that tree sorts nodes by host or GPU side, then rank), and
+the step models, fitted over every engine's iterations as the whole run fits them (a step's time
+and batch are the same in its file's own tree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from teller.callchain.engines import EnginePlace, describe_engines, group_ranks, step_base
+from teller.callchain.facts import Iterations, iterations_of_steps
+from teller.callchain.per_rank import file_forest
+from teller.callchain.steps import (
+    FOUND_BY_ENGINE,
+    FOUND_BY_PROFILER_STEP,
+    FOUND_BY_REGEX,
+    StepTable,
+)
+from teller.callchain.tree import CallTree, join_forests
+
+#: Steps found by these rules carry the batch names that tell engines apart (`engines.py`).
+NAMED_BY_ANNOTATION = (FOUND_BY_ENGINE, FOUND_BY_PROFILER_STEP, FOUND_BY_REGEX)
+
+#: A node's side of the run's tree: host (CPU) nodes come before every GPU node.
+NodeSide = tuple[bool, int]  # (on a GPU, rank)
+
+
+@dataclass
+class FileSteps:
+    """What one file's own tree says about its engine: its ranks' step names, in time order."""
+
+    path: Path
+    names_of_rank: dict[int, list[str]]
+    steps: StepTable  # the file's own steps, numbered from 0 on each rank
+    annotated: bool  # every step named by an annotation (rule 1 of `steps.py`) or the regex
+    nodes_of_side: dict[NodeSide, int]  # how many nodes of each (GPU?, rank) the file has
+
+
+def file_steps(path: Path, step_regex: str | None = None) -> FileSteps:
+    """In a worker: one file read and built into its own tree, and only its steps' names and
+    node counts kept."""
+    forest = file_forest(path).forest
+    sides, counts = np.unique(
+        np.stack([(forest.stream >= 0).astype(np.int64), forest.rank.astype(np.int64)]),
+        axis=1,
+        return_counts=True,
+    )
+    nodes_of_side = {
+        (bool(gpu), int(rank)): int(count)
+        for (gpu, rank), count in zip(sides.T.tolist(), counts.tolist(), strict=True)
+    }
+    tree = join_forests([forest], step_regex)
+    steps = tree.steps
+    names_of_rank: dict[int, list[str]] = {}
+    for rank, name in zip(steps.rank.tolist(), steps.name, strict=True):
+        names_of_rank.setdefault(int(rank), []).append(name)
+    annotated = bool(len(steps)) and all(how in NAMED_BY_ANNOTATION for how in steps.found_by)
+    return FileSteps(path, names_of_rank, steps, annotated, nodes_of_side)
+
+
+@dataclass
+class EnginePart:
+    """One engine of a split run: its files and ranks, and where it sits in the run."""
+
+    place: EnginePlace
+    files: list[Path]
+    ranks: list[int]
+    #: per (GPU?, rank) of this engine: the other engines' nodes the run's tree orders first
+    shift_of_side: dict[NodeSide, int]
+    nodes_of_side: dict[NodeSide, int]  # this engine's own nodes of each (GPU?, rank)
+
+    def run_nodes(self, tree: CallTree, nodes: np.ndarray) -> np.ndarray:
+        """This engine's `tree` node indices as the whole run's tree would number them."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        shifts = np.asarray(
+            [
+                self.shift_of_side.get((bool(tree.stream[n] >= 0), int(tree.rank[n])), 0)
+                for n in nodes.tolist()
+            ],
+            dtype=np.int64,
+        )
+        return nodes + shifts
+
+    def engine_node(self, run_node: int) -> int | None:
+        """The node of this engine's tree that the run's tree numbers `run_node`; None where
+        that is another engine's node."""
+        first = 0
+        for side in sorted(self.nodes_of_side):
+            local = run_node - self.shift_of_side[side]
+            if first <= local < first + self.nodes_of_side[side]:
+                return local
+            first += self.nodes_of_side[side]
+        return None
+
+
+@dataclass
+class EngineSplit:
+    """A run cut into its engines, and the note the whole run's analysis gives about them."""
+
+    parts: list[EnginePart]
+    note: str
+    ranks: list[int]
+    iterations: Iterations  # the whole run's, which its step models are fitted over
+
+
+def split_by_engine(files: list[FileSteps]) -> EngineSplit | None:
+    """The run's engines, each with its files, or None where the run cannot be cut: one engine,
+    steps not named by annotations (ranks found by repeats or periods name no batch), or a file
+    that holds ranks of two engines."""
+    if len(files) < 2 or not all(f.annotated for f in files):
+        return None
+    names_of_rank: dict[int, list[str]] = {}
+    for file in files:
+        for rank, names in file.names_of_rank.items():
+            names_of_rank.setdefault(rank, []).extend(names)
+    ranks = sorted(names_of_rank)
+    rank_column = np.asarray([r for r in ranks for _ in names_of_rank[r]], dtype=np.int64)
+    name_column = [name for r in ranks for name in names_of_rank[r]]
+    engine_of = group_ranks(rank_column, name_column)
+    engines = sorted(set(engine_of.values()))
+    if len(engines) < 2:
+        return None
+    engine_of_file: list[int] = []
+    for file in files:
+        found = {engine_of[r] for r in file.names_of_rank}
+        if len(found) != 1:
+            return None
+        engine_of_file.append(found.pop())
+    base = step_base(max(len(names) for names in names_of_rank.values()))
+    nodes_of_side: dict[NodeSide, int] = {}
+    for file in files:
+        for side, count in file.nodes_of_side.items():
+            nodes_of_side[side] = nodes_of_side.get(side, 0) + count
+    parts = []
+    for engine in engines:
+        mine = {side for side in nodes_of_side if engine_of.get(side[1], -1) == engine}
+        others = sorted(set(nodes_of_side) - mine)
+        shift_of_side = {
+            side: sum(nodes_of_side[o] for o in others if o < side) for side in sorted(mine)
+        }
+        parts.append(
+            EnginePart(
+                place=EnginePlace(engine, base),
+                files=[f.path for f, e in zip(files, engine_of_file, strict=True) if e == engine],
+                ranks=sorted(r for r, e in engine_of.items() if e == engine),
+                shift_of_side=shift_of_side,
+                nodes_of_side={side: nodes_of_side[side] for side in sorted(mine)},
+            )
+        )
+    numbered = []
+    for file in sorted(files, key=lambda f: min(f.names_of_rank)):
+        steps = file.steps
+        engine = np.asarray([engine_of[int(r)] for r in steps.rank.tolist()], dtype=np.int64)
+        numbered.append(replace(steps, index=steps.index + engine * base, engine=engine))
+    iterations = iterations_of_steps(StepTable.joined(numbered, base))
+    return EngineSplit(parts, describe_engines(engine_of, base), ranks, iterations)
