@@ -6,6 +6,8 @@
     .venv/bin/python bench/scale.py --cases 8x800 --keep /tmp/scale   # any RANKSxSTEPS, kept
     .venv/bin/python bench/scale.py --sources /tmp/anchor/src          # another checkout's code
     .venv/bin/python bench/scale.py --cache                  # and again from the event-table cache
+    .venv/bin/python bench/scale.py --by-engine off          # hold the whole run (teller analyze's
+                                                             # --no-by-engine); on: cut by engine
 
 Each case is a `teller lab sim` run of TP4 replicas (ranks / 4 replicas of one 4-GPU node,
 Python frames on, a straggler on rank 1 over the middle tenth of the steps, seed 0), written once
@@ -271,12 +273,19 @@ def main() -> int:
     parser.add_argument(
         "--sources", type=Path, help="teller sources to analyse with (default: this checkout)"
     )
+    parser.add_argument(
+        "--by-engine",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="pass --by-engine (on) or --no-by-engine (off) to teller analyze; auto: neither",
+    )
     args = parser.parse_args()
     if args.sources is not None:
         SOURCES[0] = args.sources.resolve()
     shapes = [Shape.parse(text) for text in args.cases + (list(LARGE_CASES) if args.large else [])]
     methods = ["localizer"] + (["model"] if args.method and "model" in args.method else [])
     extra = ["--jobs", str(args.jobs)] if args.jobs else []
+    extra += {"auto": [], "on": ["--by-engine"], "off": ["--no-by-engine"]}[args.by_engine]
     temporary = None
     if args.keep is None:
         temporary = tempfile.TemporaryDirectory(prefix="teller-scale-")

@@ -60,6 +60,7 @@ def test_each_engine_keeps_the_whole_runs_steps_nodes_and_breakdown(whole_and_sp
 
     assert step_facts(verdict.steps) == step_facts(whole.diagnose().steps)
     assert split.breakdown().to_json() == whole.breakdown().to_json()
+    assert split.breakdown().to_arrow().equals(whole.breakdown().to_arrow())
     tree = whole.tree
     named = [f for f in verdict.findings if f.operator_node is not None]
     assert named
@@ -105,11 +106,15 @@ def test_the_html_report_draws_the_headline_findings_engine(tmp_path, whole_and_
 
 
 def test_the_cli_cuts_a_run_by_engine_on_request(two_replicas, tmp_path, capsys) -> None:
-    out = tmp_path / "verdict.json"
-    args = ["-q", "analyze", str(two_replicas), "--method", "localizer", "-o", str(out)]
-    assert main([*args, "--by-engine", "--jobs", "1"]) == 0
-    assert '"2 engines in one run' in out.read_text()
+    """Each engine's breakdown rows are written as they were kept, on disk: the JSON's
+    breakdown is the whole run's, byte for byte."""
+    args = ["-q", "analyze", str(two_replicas), "--method", "localizer", "--jobs", "1"]
+    assert main([*args, "--by-engine", "-o", str(tmp_path / "split.json")]) == 0
     assert "on rank 3" in capsys.readouterr().out
+    assert main([*args, "--no-by-engine", "-o", str(tmp_path / "whole.json")]) == 0
+    split, whole = ((tmp_path / f"{n}.json").read_text() for n in ("split", "whole"))
+    assert '"2 engines in one run' in split
+    assert split[split.index('"breakdown"') :] == whole[whole.index('"breakdown"') :]
 
 
 def test_a_log_naming_two_engines_keeps_the_run_whole(two_replicas, tmp_path) -> None:

@@ -45,7 +45,13 @@ from teller.rca.diagnose import (
     run_model,
     unavailable_note,
 )
-from teller.rca.merge import EngineOutcome, merged_breakdown, merged_verdict
+from teller.rca.merge import (
+    EngineOutcome,
+    SpilledRows,
+    kept_rows,
+    merged_breakdown,
+    merged_verdict,
+)
 from teller.rca.verdict import Verdict
 from teller.report.console import PLAIN, Look
 
@@ -353,7 +359,7 @@ class Analysis:
 
     def _verdict_by_engine(self, split: EngineSplit) -> Verdict:
         """Each engine analysed on its own and let go; their verdicts made one."""
-        outcomes, sources = [], []
+        outcomes, sources, rows = [], [], SpilledRows()
         parts: Iterator[EnginePart] = iter(split.parts)
         if self.progress:
             from tqdm import tqdm
@@ -366,7 +372,7 @@ class Analysis:
             outcomes.append(
                 EngineOutcome(
                     verdict=replace(verdict, findings=findings),
-                    breakdown=engine.breakdown(),
+                    breakdown=kept_rows(engine.breakdown(), {f.step for f in findings}, rows),
                     steps_scored=len(engine.localization.steps),
                     engine=part.place.index,
                 )
@@ -374,7 +380,7 @@ class Analysis:
             sources.extend(engine.sources)
             del engine, verdict
         self._sources = sources
-        self._breakdown = merged_breakdown([o.breakdown for o in outcomes])
+        self._breakdown = merged_breakdown([o.breakdown for o in outcomes], rows)
         return merged_verdict(outcomes, self.inputs, [split.note])
 
     @staticmethod
@@ -441,7 +447,9 @@ class Analysis:
             for f in verdict.findings
         ]
         shown = replace(verdict, findings=findings)
-        return render_pieces(shown, engine.tree, format, breakdown, engine.facts, look)
+        # its own steps' rows in full: the report compares the headline step with a normal one
+        drawn = replace(breakdown, steps=engine.breakdown().steps)
+        return render_pieces(shown, engine.tree, format, drawn, engine.facts, look)
 
     def report(self, path: PathLike, format: str | None = None) -> Path:
         """Write the verdict as HTML (default for .html), JSON (.json) or text."""

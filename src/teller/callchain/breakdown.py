@@ -22,6 +22,7 @@ steps' spans can overlap; a rank's whole run spans all of its host and GPU event
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -180,6 +181,11 @@ class StepBreakdown:
         return self.idle.idle_ns
 
     @property
+    def idle_share(self) -> float:
+        """The share of its span the GPU sat idle."""
+        return self.idle_ns / self.span_ns if self.span_ns else 0.0
+
+    @property
     def where(self) -> str:
         return f"step {self.step}" if self.step is not None else "the run"
 
@@ -245,9 +251,13 @@ class RunBreakdown:
     """Where the time went on every rank with GPU activity: its whole run and each step."""
 
     runs: list[StepBreakdown]  # one per rank, ascending
-    steps: list[StepBreakdown]  # one per (rank, step), by rank then step
+    steps: list[StepBreakdown]  # one per (rank, step), by rank then step; or some (`rows`)
     gaps: IdleGaps
     ranks_without_gpu: list[int] = field(default_factory=list)
+    #: every (rank, step) row as JSON, where `steps` holds only some of them: a run analysed one
+    #: engine at a time keeps its finding steps' and each engine's most idle step's, and the
+    #: rest on disk (`teller.rca.merge.SpilledRows`)
+    rows: Collection[dict] | None = None
 
     def run(self, rank: int) -> StepBreakdown | None:
         return next((b for b in self.runs if b.rank == rank), None)
@@ -257,22 +267,24 @@ class RunBreakdown:
 
     def to_arrow(self) -> pa.Table:
         """One row per (rank, step), the whole run's rows first with a null step."""
-        rows = [*self.runs, *self.steps]
-        columns: dict[str, list] = {
-            "rank": [b.rank for b in rows],
-            "step": [b.step for b in rows],
-            "start_ns": [b.start_ns for b in rows],
-            "span_ns": [b.span_ns for b in rows],
-            "busy_ns": [b.busy.busy_ns for b in rows],
-            "compute_ns": [b.busy.compute_ns for b in rows],
-            "communication_ns": [b.busy.communication_ns for b in rows],
-            "memory_ns": [b.busy.memory_ns for b in rows],
-            "exposed_communication_ns": [b.busy.exposed_communication_ns for b in rows],
-            "idle_ns": [b.idle_ns for b in rows],
-        }
+        steps = self.rows if self.rows is not None else (b.to_json() for b in self.steps)
+        rows = [*(b.to_json() for b in self.runs), *steps]
+        names = (
+            "rank",
+            "step",
+            "start_ns",
+            "span_ns",
+            "busy_ns",
+            "compute_ns",
+            "communication_ns",
+            "memory_ns",
+            "exposed_communication_ns",
+            "idle_ns",
+        )
+        columns: dict[str, list] = {name: [row[name] for row in rows] for name in names}
         for cause in IDLE_CAUSES:
-            columns[f"idle_{cause}_ns"] = [b.idle.of(cause) for b in rows]
-        columns["summary"] = [idle_summary(b) for b in rows]
+            columns[f"idle_{cause}_ns"] = [row["idle_by_cause_ns"][cause] for row in rows]
+        columns["summary"] = [row["summary"] for row in rows]
         return pa.table(
             {k: pa.array(v, pa.int64()) if k not in ("summary",) else v for k, v in columns.items()}
         )
@@ -280,7 +292,9 @@ class RunBreakdown:
     def to_json(self) -> dict:
         return {
             "runs": [b.to_json() for b in self.runs],
-            "steps": [b.to_json() for b in self.steps],
+            "steps": list(self.rows)
+            if self.rows is not None
+            else [b.to_json() for b in self.steps],
             "ranks_without_gpu": list(self.ranks_without_gpu),
         }
 

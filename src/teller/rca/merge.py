@@ -9,7 +9,10 @@ said about its own inputs is kept, named by engine where it is that engine's alo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,6 +26,44 @@ from teller.rca.diagnose import (
     summary_of,
 )
 from teller.rca.verdict import Verdict
+
+
+class SpilledRows:
+    """Rows kept in a temporary file as JSON lines and read back one at a time when iterated.
+
+    Why: the breakdown of a long run has a row per rank and step, a few kB each (about 0.5 GB
+    at 64 ranks × 2,000 steps). Each engine's rows are written here as its analysis ends, and
+    the JSON verdict reads them back as it writes them (`teller.report.render_pieces`)."""
+
+    def __init__(self) -> None:
+        # open as long as the rows are: closing it deletes it
+        self._file = tempfile.NamedTemporaryFile(prefix="teller-rows-", suffix=".jsonl")  # noqa: SIM115
+        self._count = 0
+
+    def add(self, rows: Iterable[dict]) -> None:
+        for row in rows:
+            self._file.write(json.dumps(row).encode() + b"\n")
+            self._count += 1
+        self._file.flush()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[dict]:
+        with open(self._file.name, "rb") as lines:
+            for line in lines:
+                yield json.loads(line)
+
+
+def kept_rows(breakdown: RunBreakdown, steps: set[int], rows: SpilledRows) -> RunBreakdown:
+    """An engine's breakdown with every step row written to `rows` and only those the
+    renderers read kept: the rows of `steps` (its findings') and its most idle step's."""
+    rows.add(b.to_json() for b in breakdown.steps)
+    kept = [b for b in breakdown.steps if b.step in steps]
+    if breakdown.steps:
+        idlest = max(breakdown.steps, key=lambda b: b.idle_share)
+        kept = sorted({id(b): b for b in [*kept, idlest]}.values(), key=lambda b: (b.rank, b.step))
+    return replace(breakdown, steps=kept)
 
 
 @dataclass
@@ -77,8 +118,9 @@ def _engine_warnings(outcomes: list[EngineOutcome]) -> list[str]:
     return out
 
 
-def merged_breakdown(breakdowns: list[RunBreakdown]) -> RunBreakdown:
-    """Where the time went on every rank of the run, from each engine's."""
+def merged_breakdown(breakdowns: list[RunBreakdown], rows: SpilledRows) -> RunBreakdown:
+    """Where the time went on every rank of the run, from each engine's (`kept_rows`), with
+    every step row in `rows`."""
     gaps = [b.gaps for b in breakdowns]
     by_rank = np.argsort(np.concatenate([g.rank for g in gaps]), kind="stable")
 
@@ -102,4 +144,5 @@ def merged_breakdown(breakdowns: list[RunBreakdown]) -> RunBreakdown:
             cpu_operator=listed("cpu_operator"),
         ),
         ranks_without_gpu=sorted({r for b in breakdowns for r in b.ranks_without_gpu}),
+        rows=rows,
     )

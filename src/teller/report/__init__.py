@@ -4,7 +4,8 @@ annotated Perfetto trace."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,10 +69,29 @@ def render_pieces(
 
         yield render_html(verdict, tree, breakdown, facts)
     elif format == "json":
-        document = {**verdict.to_json(), "breakdown": breakdown.to_json()}
+        if breakdown.rows is None:
+            written = breakdown.to_json()
+        else:  # rows kept on disk (a run analysed by engine) are read back as they are written
+            written = {**replace(breakdown, rows=[]).to_json(), "steps": _Lazily(breakdown.rows)}
+        document = {**verdict.to_json(), "breakdown": written}
         yield from json.JSONEncoder(indent=2).iterencode(document)
     else:
         yield render_terminal(verdict, breakdown, look)
+
+
+class _Lazily(list):
+    """Rows a JSON encoder with an indent (the standard library's Python one, which takes any
+    `list` by its length and iteration) writes as it reads them, none of them held here."""
+
+    def __init__(self, rows: Collection[dict]) -> None:
+        super().__init__()
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self._rows)
 
 
 def write_atomic(path: Path, text: str) -> Path:

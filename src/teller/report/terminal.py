@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from teller.callchain.breakdown import RunBreakdown, StepBreakdown, idle_summary, share
+from teller.callchain.breakdown import RunBreakdown, idle_summary, share
 from teller.callchain.host_activity import IDLE_CAUSES
 from teller.callchain.render import format_ns, short_name
 from teller.errors import printable
@@ -160,10 +160,10 @@ def render_breakdown(breakdown: RunBreakdown, look: Look = PLAIN) -> list[str]:
     hidden = len(breakdown.runs) - SHOWN_RANKS
     if hidden > 0:
         lines.append(f"  … and {hidden} more ranks")
-    most_idle_run = max(breakdown.runs, key=_idle_share)
+    most_idle_run = max(breakdown.runs, key=lambda b: b.idle_share)
     lines.extend(wrapped("  ", idle_summary(most_idle_run), look))
     if len(breakdown.steps) > 1:
-        most_idle = idle_summary(max(breakdown.steps, key=_idle_share))
+        most_idle = idle_summary(max(breakdown.steps, key=lambda b: b.idle_share))
         lines.extend(wrapped("  most idle step: ", most_idle, look))
     busiest = max(breakdown.runs, key=lambda run: run.busy.busy_ns)
     where = f" on rank {busiest.rank}" if len(breakdown.runs) > 1 else ""
@@ -192,10 +192,6 @@ def render_breakdown(breakdown: RunBreakdown, look: Look = PLAIN) -> list[str]:
         header = ["share", "calls", "per call", noun]
         lines.extend(table_lines(header, top, look, indent=4, right=(0, 1, 2)))
     return lines
-
-
-def _idle_share(breakdown: StepBreakdown) -> float:
-    return breakdown.idle_ns / breakdown.span_ns if breakdown.span_ns else 0.0
 
 
 def _method_warnings(verdict: Verdict) -> list[str]:
