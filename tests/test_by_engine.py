@@ -30,7 +30,7 @@ def two_replicas(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def whole_and_split(two_replicas: Path) -> tuple[Analysis, Analysis]:
     whole = Analysis(two_replicas, method="localizer", by_engine=False)
-    split = Analysis(two_replicas, method="localizer", by_engine=True)
+    split = Analysis(two_replicas, method="localizer", by_engine=True, jobs=2)
     whole.diagnose(), split.diagnose()
     return whole, split
 
