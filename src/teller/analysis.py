@@ -52,7 +52,7 @@ from teller.rca.merge import (
     merged_breakdown,
     merged_verdict,
 )
-from teller.rca.verdict import Verdict
+from teller.rca.verdict import Finding, Verdict
 from teller.report.console import PLAIN, Look
 
 if TYPE_CHECKING:
@@ -353,7 +353,7 @@ class Analysis:
         )
         engine.host_files = self.host_files
         engine.place = part.place
-        engine.split_iterations = self.split.iterations if self.split is not None else None
+        engine.split_iterations = self.split.iterations
         engine.keep_span = self._engine_logs.keeps_span(part.place.index) if logs else None
         return engine
 
@@ -384,7 +384,7 @@ class Analysis:
         return merged_verdict(outcomes, self.inputs, [split.note])
 
     @staticmethod
-    def _run_numbered(finding, part: EnginePart, tree: CallTree):
+    def _run_numbered(finding: Finding, part: EnginePart, tree: CallTree) -> Finding:
         """`finding` with its nodes numbered as the whole run's tree numbers them."""
         node = finding.operator_node
         candidates = [

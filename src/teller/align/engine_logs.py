@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from teller.align.logtime import log_files_of_engines
+from teller.align.logtime import named_engines
 from teller.ingest.logs import find_log_files, read_logs
-from teller.ingest.logs.table import request_key
+from teller.ingest.logs.table import LogTable, request_key
 
 
 @dataclass
@@ -59,3 +59,18 @@ def engine_logs(log_paths: list[Path], engines: int) -> EngineLogs | None:
         if key is not None:
             requests.setdefault(engine_of.get(name, 0), set()).add(key)
     return EngineLogs(files, {e: frozenset(keys) for e, keys in requests.items()})
+
+
+def log_files_of_engines(logs: LogTable, engines: int) -> dict[str, int] | None:
+    """Each log file's engine, where a run of `engines` engines is analysed one engine at a
+    time: the one engine its lines name, or engine 0 (the reference rank's, where the whole
+    run's analysis places lines that name none) for a file that names none; None where a file
+    names two, whose lines only the whole run's analysis can share out."""
+    named = named_engines(logs, set(range(engines)))
+    files = logs.table.column("file").to_pylist()
+    named_in: dict[str, set[int]] = {}
+    for file, engine in zip(files, named.tolist(), strict=True):
+        named_in.setdefault(file, set()).update({engine} - {-1})
+    if any(len(found) > 1 for found in named_in.values()):
+        return None
+    return {file: (min(found) if found else 0) for file, found in named_in.items()}

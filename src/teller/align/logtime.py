@@ -159,21 +159,6 @@ def named_engines(logs: LogTable, engines: set[int]) -> np.ndarray:
     return engine
 
 
-def log_files_of_engines(logs: LogTable, engines: int) -> dict[str, int] | None:
-    """Each log file's engine, where a run of `engines` engines is analysed one engine at a
-    time: the one engine its lines name, or engine 0 (the reference rank's, where the whole
-    run's analysis places lines that name none) for a file that names none; None where a file
-    names two, whose lines only the whole run's analysis can share out."""
-    named = named_engines(logs, set(range(engines)))
-    files = logs.table.column("file").to_pylist()
-    named_in: dict[str, set[int]] = {}
-    for file, engine in zip(files, named.tolist(), strict=True):
-        named_in.setdefault(file, set()).update({engine} - {-1})
-    if any(len(found) > 1 for found in named_in.values()):
-        return None
-    return {file: (min(found) if found else 0) for file, found in named_in.items()}
-
-
 def engine_reference(tree: CallTree, engine: int) -> int:
     """The lowest rank of `engine`: the rank its lines are placed on."""
     steps = tree.steps

@@ -7,8 +7,9 @@ nothing forces it to be: each engine's tree can be built, analysed and let go in
 is bounded by the largest engine, not the run (DESIGN.md §6, the per-rank map and its reduce).
 
 Telling engines apart needs every rank's step names, which only a built tree has. So the split
-reads every file once for them (`file_steps`, in the per-rank map's workers), keeps the names and
-the node counts, and lets the forest go; each engine's files are read again when it is analysed.
+reads every file once for them (`file_steps`, in the per-rank map's workers), keeps its step
+table and node counts, and lets the forest go; the tables joined are numbered and grouped into
+engines as the whole run's steps are (`steps.number_engines`); each engine's files are read again when it is analysed.
 
 Each engine keeps what the whole run's analysis gives it: its steps' ids (`EnginePlace`), its
 nodes' indices, which are shifted by the other engines' nodes that the run's tree would order
@@ -19,12 +20,12 @@ and batch are the same in its file's own tree).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from teller.callchain.engines import EnginePlace, describe_engines, group_ranks, step_base
+from teller.callchain.engines import ENGINE_STEP_BASE, EnginePlace
 from teller.callchain.facts import Iterations, iterations_of_steps
 from teller.callchain.per_rank import file_forest
 from teller.callchain.steps import (
@@ -32,6 +33,7 @@ from teller.callchain.steps import (
     FOUND_BY_PROFILER_STEP,
     FOUND_BY_REGEX,
     StepTable,
+    number_engines,
 )
 from teller.callchain.tree import CallTree, join_forests
 
@@ -44,17 +46,16 @@ NodeSide = tuple[bool, int]  # (on a GPU, rank)
 
 @dataclass
 class FileSteps:
-    """What one file's own tree says about its engine: its ranks' step names, in time order."""
+    """What one file's own tree says about its engine: its ranks' steps, in time order."""
 
     path: Path
-    names_of_rank: dict[int, list[str]]
     steps: StepTable  # the file's own steps, numbered from 0 on each rank
     annotated: bool  # every step named by an annotation (rule 1 of `steps.py`) or the regex
     nodes_of_side: dict[NodeSide, int]  # how many nodes of each (GPU?, rank) the file has
 
 
 def file_steps(path: Path, step_regex: str | None = None) -> FileSteps:
-    """In a worker: one file read and built into its own tree, and only its steps' names and
+    """In a worker: one file read and built into its own tree, and only its step table and
     node counts kept."""
     forest = file_forest(path).forest
     sides, counts = np.unique(
@@ -66,13 +67,9 @@ def file_steps(path: Path, step_regex: str | None = None) -> FileSteps:
         (bool(gpu), int(rank)): int(count)
         for (gpu, rank), count in zip(sides.T.tolist(), counts.tolist(), strict=True)
     }
-    tree = join_forests([forest], step_regex)
-    steps = tree.steps
-    names_of_rank: dict[int, list[str]] = {}
-    for rank, name in zip(steps.rank.tolist(), steps.name, strict=True):
-        names_of_rank.setdefault(int(rank), []).append(name)
+    steps = join_forests([forest], step_regex).steps
     annotated = bool(len(steps)) and all(how in NAMED_BY_ANNOTATION for how in steps.found_by)
-    return FileSteps(path, names_of_rank, steps, annotated, nodes_of_side)
+    return FileSteps(path, steps, annotated, nodes_of_side)
 
 
 @dataclass
@@ -126,30 +123,25 @@ def split_by_engine(files: list[FileSteps]) -> EngineSplit | None:
     that holds ranks of two engines."""
     if len(files) < 2 or not all(f.annotated for f in files):
         return None
-    names_of_rank: dict[int, list[str]] = {}
-    for file in files:
-        for rank, names in file.names_of_rank.items():
-            names_of_rank.setdefault(rank, []).extend(names)
-    ranks = sorted(names_of_rank)
-    rank_column = np.asarray([r for r in ranks for _ in names_of_rank[r]], dtype=np.int64)
-    name_column = [name for r in ranks for name in names_of_rank[r]]
-    engine_of = group_ranks(rank_column, name_column)
-    engines = sorted(set(engine_of.values()))
-    if len(engines) < 2:
+    # the run's step table, numbered as the whole run's analysis numbers it
+    by_rank = sorted(files, key=lambda f: int(f.steps.rank.min()))
+    steps = StepTable.joined([f.steps for f in by_rank], ENGINE_STEP_BASE)
+    notes = number_engines(steps)
+    if not notes:
         return None
+    engine_of = dict(zip(steps.rank.tolist(), steps.engine.tolist(), strict=True))
     engine_of_file: list[int] = []
     for file in files:
-        found = {engine_of[r] for r in file.names_of_rank}
+        found = {engine_of[r] for r in file.steps.rank.tolist()}
         if len(found) != 1:
             return None
         engine_of_file.append(found.pop())
-    base = step_base(max(len(names) for names in names_of_rank.values()))
     nodes_of_side: dict[NodeSide, int] = {}
     for file in files:
         for side, count in file.nodes_of_side.items():
             nodes_of_side[side] = nodes_of_side.get(side, 0) + count
     parts = []
-    for engine in engines:
+    for engine in sorted(set(engine_of.values())):
         mine = {side for side in nodes_of_side if engine_of.get(side[1], -1) == engine}
         others = sorted(set(nodes_of_side) - mine)
         shift_of_side = {
@@ -157,17 +149,11 @@ def split_by_engine(files: list[FileSteps]) -> EngineSplit | None:
         }
         parts.append(
             EnginePart(
-                place=EnginePlace(engine, base),
+                place=EnginePlace(engine, steps.engine_base),
                 files=[f.path for f, e in zip(files, engine_of_file, strict=True) if e == engine],
                 ranks=sorted(r for r, e in engine_of.items() if e == engine),
                 shift_of_side=shift_of_side,
                 nodes_of_side={side: nodes_of_side[side] for side in sorted(mine)},
             )
         )
-    numbered = []
-    for file in sorted(files, key=lambda f: min(f.names_of_rank)):
-        steps = file.steps
-        engine = np.asarray([engine_of[int(r)] for r in steps.rank.tolist()], dtype=np.int64)
-        numbered.append(replace(steps, index=steps.index + engine * base, engine=engine))
-    iterations = iterations_of_steps(StepTable.joined(numbered, base))
-    return EngineSplit(parts, describe_engines(engine_of, base), ranks, iterations)
+    return EngineSplit(parts, notes[0], sorted(engine_of), iterations_of_steps(steps))

@@ -256,7 +256,7 @@ def find_steps(
         custom,
     )
     if len(table) or not len(tree):
-        return table, step, _number_engines(table, place)
+        return table, step, number_engines(table, place)
     work = node_work(
         tree.names, tree.name, tree.layer, tree.rank, tree.stream, tree.dur, tree.parent, tree.depth
     )
@@ -300,13 +300,14 @@ def find_steps(
         ]
         found = [_capture_step(tree, r) for r in np.unique(tree.rank).tolist()]
     table, step = _assemble(tree, found)
-    return table, step, notes + _number_engines(table, place)
+    return table, step, notes + number_engines(table, place)
 
 
-def _number_engines(table: StepTable, place: EnginePlace | None = None) -> list[str]:
+def number_engines(table: StepTable, place: EnginePlace | None = None) -> list[str]:
     """Give each step its engine and offset the steps of every engine but the first
     (`engines.py`); the note a user gets when there is more than one. A tree that is `place`'s
-    one engine gets that engine's number and offset instead."""
+    one engine gets that engine's number and offset instead. Also what numbers a split run's
+    steps, joined from its files' own tables (`teller.callchain.split`)."""
     engine_of = group_ranks(table.rank, table.name)
     if len(set(engine_of.values())) <= 1:
         if place is not None:

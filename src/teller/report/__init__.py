@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from teller.atomic import write_pieces_atomic, write_text_atomic
+from teller.atomic import write_text_atomic
 from teller.report.console import PLAIN, Look
 from teller.report.terminal import render_terminal
 
@@ -97,15 +97,3 @@ class _Lazily(list):
 def write_atomic(path: Path, text: str) -> Path:
     """Write via a temp file and rename, so a failure never leaves half a report."""
     return write_text_atomic(path, text)
-
-
-def write_report(
-    verdict: Verdict,
-    tree: CallTree,
-    path: Path,
-    format: str | None = None,
-    breakdown: RunBreakdown | None = None,
-    facts: RunFacts | None = None,
-) -> Path:
-    pieces = render_pieces(verdict, tree, format_for(path, format), breakdown, facts)
-    return write_pieces_atomic(path, pieces)
