@@ -145,3 +145,36 @@ def test_real_ranks_of_one_job_are_never_cut() -> None:
     assert split.split is None
     whole = Analysis(paths, method="localizer", by_engine=False)
     assert split.diagnose() == whole.diagnose()
+
+
+def test_each_engine_is_loaded_from_the_kept_forests_not_parsed_again(
+    two_replicas, monkeypatch
+) -> None:
+    import teller.callchain.per_rank as per_rank
+
+    run = Analysis(two_replicas, method="localizer", jobs=1)  # by engine is the default
+    assert [len(p.kept) for p in run.split.parts] == [2, 2]
+
+    def refuse(path: Path):
+        raise AssertionError(f"{path} parsed a second time")
+
+    monkeypatch.setattr(per_rank, "file_forest", refuse)
+    assert run.diagnose().findings
+
+
+def test_engines_whose_forests_were_not_kept_are_read_again(
+    two_replicas, whole_and_split, monkeypatch
+) -> None:
+    """A Ray worker on another machine cannot see the folder the forests go to: it keeps none,
+    and each engine's files are parsed again, to the same verdict."""
+    import teller.analysis as analysis
+    from teller.callchain.split import file_steps
+
+    def unseen(path: Path, step_regex: str | None = None, keep_in: Path | None = None):
+        return file_steps(path, step_regex, keep_in=Path("/nonexistent/teller-forests"))
+
+    monkeypatch.setattr(analysis, "file_steps", unseen)
+    run = Analysis(two_replicas, method="localizer", jobs=1)
+    assert [p.kept for p in run.split.parts] == [{}, {}]
+    _, split = whole_and_split
+    assert run.diagnose() == split.diagnose()

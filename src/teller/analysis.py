@@ -16,6 +16,7 @@ localizer's measurements as its evidence; `method="localizer"` skips the model (
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property, partial
@@ -61,11 +62,6 @@ if TYPE_CHECKING:
 
 PathLike = str | Path
 
-#: Trace files larger than this together, and a run of several engines is analysed one engine at
-#: a time (`teller.callchain.split`): about 10 M events of simulated TP4 replicas, where the whole
-#: run's tree and tables reach 2 GB.
-BY_ENGINE_BYTES = 256 * 2**20
-
 
 class Analysis:
     """One run (all its rank files, logs and spans) and everything teller concludes about it."""
@@ -82,7 +78,7 @@ class Analysis:
         jobs: int = 1,
         engine: str = "local",
         ray_address: str | None = None,
-        by_engine: bool | None = None,
+        by_engine: bool = True,
     ) -> None:
         if method not in METHODS:
             raise TellerError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
@@ -112,12 +108,13 @@ class Analysis:
         self.jobs = jobs  # worker processes reading the rank files (1: this process)
         self.engine = engine  # where the per-rank map runs: "local" or "ray"
         self.ray_address = ray_address  # a Ray cluster's; None: a private one on this machine
-        # a run of several engines analysed one engine at a time (True), whole (False), or one
-        # engine at a time where its trace files exceed BY_ENGINE_BYTES (None)
+        # a run of several engines analysed one engine at a time (True) or whole (False)
         self.by_engine = by_engine
         self.place: EnginePlace | None = None  # set where this analysis is one engine of a run
         self.split_iterations: Iterations | None = None  # that run's iterations, then
         self.keep_span: Callable[[str], bool] | None = None  # and its spans, by request id
+        #: trace file → its forest on disk, built by the run's first pass (`split`)
+        self.kept_forests: dict[Path, Path] | None = None
 
     def _found(self, files_of: Callable[[CaseDir], list[Path]]) -> list[Path]:
         """Logs, spans or host counters beside the traces, in the case layout (`teller.layout`)."""
@@ -152,6 +149,7 @@ class Analysis:
             self._sources, self._traced_pids = events.sources, traced_pids(events)
             tree, self.rank_offsets = on_one_clock(build_tree(events, step_regex=self.step_regex))
             return tree
+        split = self.split  # a multi-engine run's first pass keeps the forests it built
         run, self.rank_offsets = read_on_one_clock(
             self.trace_files,
             step_regex=self.step_regex,
@@ -160,7 +158,10 @@ class Analysis:
             engine=self.engine,
             ray_address=self.ray_address,
             place=self.place,
+            kept=self.kept_forests,
         )
+        if split is None:  # else each engine's analysis loads them again
+            self._let_kept_forests_go()
         self._sources, self._traced_pids = run.sources, run.traced_pids
         return run.tree
 
@@ -310,23 +311,24 @@ class Analysis:
     def split(self) -> EngineSplit | None:
         """The run cut into its engines where it is analysed one engine at a time, else None.
 
-        Why: an engine's steps are compared only with its own ranks', so a run of many replicas
-        needs no more memory than its largest engine (`teller.callchain.split`). Finding the
-        engines reads every file once more, so a run is cut only where `by_engine` asks, or
-        where its trace files are large (BY_ENGINE_BYTES) and it has not been built whole.
-        What only the whole run can share out keeps it whole: steps found by repeats or
-        periods, a file holding two engines' ranks, or a log file naming two engines."""
+        Why: an engine's steps are compared only with its own ranks', and the root-cause
+        model's inputs are one engine's (`teller.rca.dataset`), so a run of several replicas is
+        analysed replica by replica, and needs no more memory than its largest
+        (`teller.callchain.split`). Finding the engines reads every file once; the forests built
+        on the way are kept on disk (`kept_forests`) and loaded back, whether the run is then
+        cut or held whole. What only the whole run can share out keeps it whole: steps found
+        by repeats or periods, a file holding two engines' ranks, or a log file naming two
+        engines; and so does `by_engine=False`."""
         if self.by_engine is False or self.place is not None or len(self.trace_files) < 2:
             return None
         if "tree" in self.__dict__ or "event_table" in self.__dict__:
             return None
-        large = sum(f.stat().st_size for f in self.trace_files) >= BY_ENGINE_BYTES
-        if self.by_engine is None and not large:
-            return None
-        read = partial(file_steps, step_regex=self.step_regex)
+        self._kept_dir = tempfile.TemporaryDirectory(prefix="teller-forests-")
+        read = partial(file_steps, step_regex=self.step_regex, keep_in=Path(self._kept_dir.name))
         files, refused = map_files(
             read, self.trace_files, self.progress, self.jobs, self.engine, self.ray_address
         )
+        self.kept_forests = {f.path: f.kept for f in files if f.kept is not None}
         split = None if refused else split_by_engine(files)
         if split is None:
             return None
@@ -334,6 +336,14 @@ class Analysis:
 
         self._engine_logs = engine_logs(self.log_files, len(split.parts))
         return split if self._engine_logs is not None else None
+
+    def _let_kept_forests_go(self) -> None:
+        """A run held whole needs its kept forests no more once its tree is built. (A run cut
+        by engine keeps them while the analysis lives: a report draws its headline engine's
+        tree again; the folder goes with the analysis, or at exit.)"""
+        if hasattr(self, "_kept_dir"):
+            self._kept_dir.cleanup()
+            self.kept_forests = None
 
     def _engine_analysis(self, part: EnginePart) -> Analysis:
         """One engine's analysis: its files, its logs and its requests' spans
@@ -354,6 +364,7 @@ class Analysis:
         engine.host_files = self.host_files
         engine.place = part.place
         engine.split_iterations = self.split.iterations
+        engine.kept_forests = part.kept
         engine.keep_span = self._engine_logs.keeps_span(part.place.index) if logs else None
         return engine
 

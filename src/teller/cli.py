@@ -601,10 +601,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument(
         "--by-engine",
         action=argparse.BooleanOptionalAction,
-        default=None,
+        default=True,
         help="analyse a run of several engines (replicas) one engine at a time, holding one "
-        "engine's tree at once (default: when the trace files exceed 256 MiB); --no-by-engine "
-        "holds the whole run",
+        "engine's tree at once (the default); --no-by-engine holds the whole run",
     )
     _method_arguments(analyze)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builders import simulated_straggler
+from builders import simulated_straggler, two_tp2_replicas
 from conftest import real_trace
 from teller.cli import main
 from teller.errors import TellerError
@@ -44,6 +44,20 @@ def test_ray_and_both_pools_give_the_same_verdict_on_16_ranks(
         assert main([*argv, *engine]) == 0
         verdicts.append(capsys.readouterr().out)
     assert verdicts[0] == verdicts[1] == verdicts[2]
+
+
+def test_a_run_of_two_engines_on_ray_is_cut_by_engine_to_the_same_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first pass's Ray tasks keep their forests where the analysing process reads them."""
+    case = two_tp2_replicas(tmp_path / "case")
+    verdicts = []
+    argv = ["-q", "analyze", str(case), "--format", "json", "--method", "localizer"]
+    for engine in (["--jobs", "1"], ["--engine", "ray", "--jobs", "2"]):
+        assert main([*argv, *engine]) == 0
+        verdicts.append(capsys.readouterr().out)
+    assert '"2 engines in one run' in verdicts[0]
+    assert verdicts[0] == verdicts[1]
 
 
 def test_without_ray_the_error_says_how_to_install_it(

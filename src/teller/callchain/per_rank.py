@@ -12,24 +12,24 @@ a thread or a correlation id shared by two files of one rank, which one table wo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from teller.callchain.engines import EnginePlace
-from teller.callchain.tree import CallTree, RankForest, forest_of, join_forests
-from teller.ingest import map_files, note_refused, read_trace, table_span, warn_apart
+from teller.callchain.kept_forest import load_forest
+from teller.callchain.tree import CallTree, FileForest, forest_of, join_forests
+from teller.errors import TraceError
+from teller.ingest import (
+    find_trace_files,
+    map_files,
+    note_refused,
+    read_trace,
+    table_span,
+    warn_apart,
+)
+from teller.ingest.parallel import read_each
 from teller.ingest.schema import SourceInfo, traced_pids
-
-
-@dataclass
-class FileForest:
-    """One file's forest with what the file said about itself."""
-
-    forest: RankForest
-    sources: list[SourceInfo]
-    traced_pids: frozenset[int]  # the host process ids the file recorded
-    span: tuple[int, int] | None  # when its events begin and end (ns)
 
 
 @dataclass
@@ -45,6 +45,7 @@ def file_forest(path: Path) -> FileForest:
     """In a worker: one trace file read without its raw arguments and built into its forest."""
     events = read_trace(path, args=False)
     return FileForest(
+        path=path,
         forest=forest_of(events),
         sources=events.sources,
         traced_pids=traced_pids(events),
@@ -60,12 +61,29 @@ def read_tree(
     engine: str = "local",
     ray_address: str | None = None,
     place: EnginePlace | None = None,
+    kept: Mapping[Path, Path] | None = None,
 ) -> RunTree:
     """Every trace file under `paths` read and built into its forest (in `jobs` processes, or
     as Ray tasks), the forests joined into the run's tree. Refused files and captures that do
     not overlap are warned on as `teller.ingest.read_run` warns. `place`: the files are one
-    engine of a larger run (`teller.callchain.split`)."""
-    files, refused = map_files(file_forest, paths, progress, jobs, engine, ray_address)
+    engine of a larger run (`teller.callchain.split`); `kept`: forests an earlier pass built
+    and wrote to disk (`kept_forest`), by trace file, loaded instead of parsing the file."""
+    kept = kept or {}
+    in_order = find_trace_files(list(paths))
+    to_read = [p for p in in_order if p not in kept]
+    read: list[FileForest] = []
+    refused: list[TraceError] = []
+    if to_read and not kept:
+        read, refused = map_files(file_forest, to_read, progress, jobs, engine, ray_address)
+    elif to_read:  # every file left to read may be refused: the kept ones still make a run
+        for result in read_each(file_forest, to_read, jobs, engine, ray_address):
+            (refused if isinstance(result, TraceError) else read).append(result)
+    forest_of_file = {f.path: f for f in read}
+    files = [
+        load_forest(kept[p]) if p in kept else forest_of_file[p]
+        for p in in_order
+        if p in kept or p in forest_of_file
+    ]
     sources = [s for f in files for s in f.sources]
     note_refused(sources, refused)
     warn_apart([(f.span, f.sources) for f in files if f.span is not None])

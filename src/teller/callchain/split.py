@@ -7,9 +7,11 @@ nothing forces it to be: each engine's tree can be built, analysed and let go in
 is bounded by the largest engine, not the run (DESIGN.md §6, the per-rank map and its reduce).
 
 Telling engines apart needs every rank's step names, which only a built tree has. So the split
-reads every file once for them (`file_steps`, in the per-rank map's workers), keeps its step
-table and node counts, and lets the forest go; the tables joined are numbered and grouped into
-engines as the whole run's steps are (`steps.number_engines`); each engine's files are read again when it is analysed.
+reads every file once for them (`file_steps`, in the per-rank map's workers) and keeps its
+step table and node counts; the tables joined are numbered and grouped into engines as the
+whole run's steps are (`steps.number_engines`). The forests themselves are written to disk as
+they are built (`kept_forest`), and each engine's are loaded back when it is analysed: memory
+holds one engine, and no file is parsed twice.
 
 Each engine keeps what the whole run's analysis gives it: its steps' ids (`EnginePlace`), its
 nodes' indices, which are shifted by the other engines' nodes that the run's tree would order
@@ -27,6 +29,7 @@ import numpy as np
 
 from teller.callchain.engines import ENGINE_STEP_BASE, EnginePlace
 from teller.callchain.facts import Iterations, iterations_of_steps
+from teller.callchain.kept_forest import keep_forest
 from teller.callchain.per_rank import file_forest
 from teller.callchain.steps import (
     FOUND_BY_ENGINE,
@@ -52,24 +55,33 @@ class FileSteps:
     steps: StepTable  # the file's own steps, numbered from 0 on each rank
     annotated: bool  # every step named by an annotation (rule 1 of `steps.py`) or the regex
     nodes_of_side: dict[NodeSide, int]  # how many nodes of each (GPU?, rank) the file has
+    kept: Path | None  # where its forest was written (`kept_forest`); None: not written
 
 
-def file_steps(path: Path, step_regex: str | None = None) -> FileSteps:
+def file_steps(path: Path, step_regex: str | None = None, keep_in: Path | None = None) -> FileSteps:
     """In a worker: one file read and built into its own tree, and only its step table and
-    node counts kept."""
-    forest = file_forest(path).forest
-    sides, counts = np.unique(
-        np.stack([(forest.stream >= 0).astype(np.int64), forest.rank.astype(np.int64)]),
-        axis=1,
-        return_counts=True,
-    )
-    nodes_of_side = {
-        (bool(gpu), int(rank)): int(count)
-        for (gpu, rank), count in zip(sides.T.tolist(), counts.tolist(), strict=True)
-    }
+    node counts kept; its forest written under `keep_in` where that folder exists here (a Ray
+    worker on another machine does not see it, and that engine's files are read again)."""
+    read = file_forest(path)
+    kept = keep_forest(read, keep_in) if keep_in is not None and keep_in.is_dir() else None
+    forest = read.forest
+    nodes_of_side = _nodes_of_side(forest.stream >= 0, forest.rank)
     steps = join_forests([forest], step_regex).steps
     annotated = bool(len(steps)) and all(how in NAMED_BY_ANNOTATION for how in steps.found_by)
-    return FileSteps(path, steps, annotated, nodes_of_side)
+    return FileSteps(path, steps, annotated, nodes_of_side, kept)
+
+
+def _nodes_of_side(on_gpu: np.ndarray, rank: np.ndarray) -> dict[NodeSide, int]:
+    """How many nodes each (GPU?, rank) has: a count per side, the ranks being few."""
+    if not len(rank):
+        return {}
+    lowest = int(rank.min())
+    side = (rank.astype(np.int64) - lowest) * 2 + on_gpu
+    return {
+        (bool(key % 2), key // 2 + lowest): int(count)
+        for key, count in enumerate(np.bincount(side).tolist())
+        if count
+    }
 
 
 @dataclass
@@ -78,6 +90,7 @@ class EnginePart:
 
     place: EnginePlace
     files: list[Path]
+    kept: dict[Path, Path]  # a file's forest where the first pass wrote it (`kept_forest`)
     ranks: list[int]
     #: per (GPU?, rank) of this engine: the other engines' nodes the run's tree orders first
     shift_of_side: dict[NodeSide, int]
@@ -144,13 +157,15 @@ def split_by_engine(files: list[FileSteps]) -> EngineSplit | None:
     for engine in sorted(set(engine_of.values())):
         mine = {side for side in nodes_of_side if engine_of.get(side[1], -1) == engine}
         others = sorted(set(nodes_of_side) - mine)
+        mine_files = [f for f, e in zip(files, engine_of_file, strict=True) if e == engine]
         shift_of_side = {
             side: sum(nodes_of_side[o] for o in others if o < side) for side in sorted(mine)
         }
         parts.append(
             EnginePart(
                 place=EnginePlace(engine, steps.engine_base),
-                files=[f.path for f, e in zip(files, engine_of_file, strict=True) if e == engine],
+                files=[f.path for f in mine_files],
+                kept={f.path: f.kept for f in mine_files if f.kept is not None},
                 ranks=sorted(r for r, e in engine_of.items() if e == engine),
                 shift_of_side=shift_of_side,
                 nodes_of_side={side: nodes_of_side[side] for side in sorted(mine)},

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +28,7 @@ from numba import njit
 from teller.callchain.engines import EnginePlace
 from teller.callchain.steps import StepTable, find_steps
 from teller.ingest.comm_names import collective_kind
-from teller.ingest.schema import LAYER_CODE, LAYERS, TREE_LAYERS, EventTable
+from teller.ingest.schema import LAYER_CODE, LAYERS, TREE_LAYERS, EventTable, SourceInfo
 
 #: Real Kineto files round start and duration separately (to µs, or ns in "ns" files), so a child
 #: can end up to a rounding step after its parent. Ends within this much still nest.
@@ -213,6 +214,17 @@ class RankForest:
 
     def __len__(self) -> int:
         return len(self.parent)
+
+
+@dataclass
+class FileForest:
+    """One file's forest with what the file said about itself."""
+
+    path: Path  # the trace file it was read from
+    forest: RankForest
+    sources: list[SourceInfo]
+    traced_pids: frozenset[int]  # the host process ids the file recorded
+    span: tuple[int, int] | None  # when its events begin and end (ns)
 
 
 def build_tree(events: EventTable, step_regex: str | re.Pattern[str] | None = None) -> CallTree:
