@@ -181,11 +181,12 @@ class SelfTimeHistory:
             if not len(columns):
                 continue
             local = keys[mine] - self.first_key[engine]
-            values = self.blocks[engine][local][:, columns].astype(np.float64)
+            # the few reference columns of the rows, not the rows' every iteration first
+            values = self.blocks[engine][local[:, None], columns[None, :]].astype(np.float64)
             counts[mine] = (~np.isnan(values)).sum(axis=1)
             some = counts[mine] > 0
             if some.any():
-                medians[mine[some]] = np.nanmedian(values[some], axis=1)
+                medians[mine[some]] = row_nanmedians(values[some])
         return medians, counts
 
     def peer_medians(self, rows: np.ndarray, iteration: int) -> np.ndarray:
@@ -207,8 +208,18 @@ class SelfTimeHistory:
             values = np.where(ran, self.blocks[engine][local, column[0]].astype(np.float64), values)
         some = (~np.isnan(values)).any(axis=1)
         if some.any():
-            out[some] = np.nanmedian(values[some], axis=1)
+            out[some] = row_nanmedians(values[some])
         return out
+
+
+def row_nanmedians(values: np.ndarray) -> np.ndarray:
+    """Each row's median over its values that are not NaN (every row has one), as
+    `np.nanmedian(values, axis=1)` gives it: that goes through masked arrays for narrow
+    tables, and the localizer asks it for a few columns of thousands of rows per step."""
+    ordered = np.sort(values, axis=1)  # NaN sorts last
+    count = (~np.isnan(values)).sum(axis=1)
+    rows = np.arange(len(values))
+    return (ordered[rows, (count - 1) // 2] + ordered[rows, count // 2]) / 2
 
 
 #: The run's facts keep its `RunTables` under this name, for every scoring of the run to share.
@@ -244,10 +255,18 @@ def propose(
         if not s.anomalous:
             normal_of_engine.setdefault(engine_of.get(s.iteration, 0), []).append(s.iteration)
     tables = facts.derived(CANDIDATE_TABLES, lambda: RunTables.of(facts))
+    nearest = {
+        engine: NearestSteps(normal, kind_of, tokens_of)
+        for engine, normal in normal_of_engine.items()
+    }
     out: dict[int, list[OperatorCandidate]] = {}
     for iteration in sorted(proposed):
-        normal_iterations = normal_of_engine.get(engine_of.get(iteration, 0), [])
-        reference = _nearest(iteration, normal_iterations, kind_of, tokens_of, NEAREST_STEPS)
+        engine = engine_of.get(iteration, 0)
+        reference = (
+            nearest[engine].of(iteration, kind_of.get(iteration), tokens_of.get(iteration, 0.0))
+            if engine in nearest
+            else []
+        )
         out[iteration] = step_candidates(tables, iteration, reference, top_k, noise_floor_ns)
     return out
 
@@ -499,21 +518,31 @@ def keep_top(candidates: list[OperatorCandidate], k: int) -> list[OperatorCandid
     return [candidates[i] for i in kept]
 
 
-def _nearest(
-    iteration: int,
-    normal: list[int],
-    kind_of: dict[int, str],
-    tokens_of: dict[int, float],
-    count: int,
-) -> list[int]:
-    """The `count` normal steps nearest to `iteration`: the same kind where there are any, then
-    the closest in tokens, then in time."""
-    normal = [n for n in normal if n != iteration]  # a step proposed while normal is not its own
-    same_kind = [n for n in normal if kind_of.get(n) == kind_of.get(iteration)] or normal
-    target = tokens_of.get(iteration, 0.0)
-    return sorted(
-        same_kind, key=lambda n: (abs(tokens_of.get(n, 0.0) - target), abs(n - iteration))
-    )[:count]
+class NearestSteps:
+    """An engine's normal steps, for each step to find the `NEAREST_STEPS` most like it: the
+    same kind where there are any, then the closest in tokens, then in time. Held as arrays
+    because every step of a run asks (the model's records propose candidates on all of them),
+    and sorting the engine's normal steps in Python for each made that quadratic in steps."""
+
+    def __init__(
+        self, normal: list[int], kind_of: dict[int, str], tokens_of: dict[int, float]
+    ) -> None:
+        self.iterations = np.asarray(normal, dtype=np.int64)
+        self.kind_code = {kind: code for code, kind in enumerate(dict.fromkeys(kind_of.values()))}
+        self.kinds = np.asarray(
+            [self.kind_code.get(kind_of.get(n), -1) for n in normal], dtype=np.int64
+        )
+        self.tokens = np.asarray([tokens_of.get(n, 0.0) for n in normal], dtype=np.float64)
+
+    def of(self, iteration: int, kind: str | None, tokens: float) -> list[int]:
+        """The nearest normal steps to `iteration` (a step proposed while normal is not its
+        own reference), nearest first; equals keep the order the steps were given in."""
+        other = self.iterations != iteration
+        same_kind = other & (self.kinds == self.kind_code.get(kind, -2))
+        chosen = same_kind if same_kind.any() else other
+        iterations = self.iterations[chosen]
+        order = np.lexsort((np.abs(iterations - iteration), np.abs(self.tokens[chosen] - tokens)))
+        return iterations[order[:NEAREST_STEPS]].tolist()
 
 
 def _small_median(values: list[int]) -> float:
