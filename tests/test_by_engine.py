@@ -178,3 +178,11 @@ def test_engines_whose_forests_were_not_kept_are_read_again(
     assert [p.kept for p in run.split.parts] == [{}, {}]
     _, split = whole_and_split
     assert run.diagnose() == split.diagnose()
+
+
+def test_the_model_on_engines_held_whole_says_so(two_replicas) -> None:
+    """Its inputs are one engine's; held whole, a run of several can mislead it."""
+    whole = Analysis(two_replicas, by_engine=False).diagnose()
+    assert any("the root-cause model read 2 engines held whole" in w for w in whole.warnings)
+    split = Analysis(two_replicas).diagnose()
+    assert not any("held whole" in w for w in split.warnings)

@@ -23,6 +23,7 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from teller.align.host import HostSteps, read_host_steps
@@ -286,6 +287,13 @@ class Analysis:
         host = self.host
         notes += self.host_warnings
         if self.method == "model":
+            engines = len(np.unique(self.tree.steps.engine))
+            if engines > 1:
+                notes.append(
+                    f"the root-cause model read {engines} engines held whole, where its inputs "
+                    "are one engine's: its verdict may flag steps that ran normally (analyse "
+                    "without --no-by-engine, or use --method localizer)"
+                )
             case_id = self.paths[0].name if len(self.paths) == 1 else ""
             try:
                 records = model_records(self.tree, self.alignment, case_id, self.facts)
