@@ -19,7 +19,6 @@ from pathlib import Path
 from teller.callchain.engines import EnginePlace
 from teller.callchain.kept_forest import load_forest
 from teller.callchain.tree import CallTree, FileForest, forest_of, join_forests
-from teller.errors import TraceError
 from teller.ingest import (
     find_trace_files,
     map_files,
@@ -28,7 +27,6 @@ from teller.ingest import (
     table_span,
     warn_apart,
 )
-from teller.ingest.parallel import read_each
 from teller.ingest.schema import SourceInfo, traced_pids
 
 
@@ -71,13 +69,11 @@ def read_tree(
     kept = kept or {}
     in_order = find_trace_files(list(paths))
     to_read = [p for p in in_order if p not in kept]
-    read: list[FileForest] = []
-    refused: list[TraceError] = []
-    if to_read and not kept:
-        read, refused = map_files(file_forest, to_read, progress, jobs, engine, ray_address)
-    elif to_read:  # every file left to read may be refused: the kept ones still make a run
-        for result in read_each(file_forest, to_read, jobs, engine, ray_address):
-            (refused if isinstance(result, TraceError) else read).append(result)
+    read, refused = (
+        map_files(file_forest, to_read, progress, jobs, engine, ray_address, others_read=bool(kept))
+        if to_read
+        else ([], [])
+    )
     forest_of_file = {f.path: f for f in read}
     files = [
         load_forest(kept[p]) if p in kept else forest_of_file[p]

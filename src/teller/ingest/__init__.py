@@ -90,10 +90,12 @@ def map_files(
     jobs: int = 1,
     engine: str = "local",
     ray_address: str | None = None,
+    others_read: bool = False,
 ) -> tuple[list[T], list[TraceError]]:
     """`read(file)` for every trace file under `paths`, in file order (the per-rank map,
     `teller.ingest.parallel`): what each gave, and the files it refused. Raises the first
-    refusal when every file was refused, and a TraceError when there is no file."""
+    refusal when every file was refused (unless `others_read`: the caller has the run's other
+    files already), and a TraceError when there is no file."""
     paths = list(paths)  # named again in the error below
     files = find_trace_files(paths)
     if not files:
@@ -114,7 +116,7 @@ def map_files(
             refused.append(result)
         else:
             kept.append(result)
-    if not kept:
+    if not kept and not others_read:
         raise refused[0]
     return kept, refused
 
