@@ -1,14 +1,14 @@
 """A file's built forest kept on disk between the two passes over a run's files.
 
 A run's files are needed twice: once for every file's steps, which tell the engines apart
-(`split.file_steps`), and again to build each engine's tree, or the whole run's (`teller.analysis`).
-Parsing a rank file is most of that reading (about 6 s for 1.6 M Kineto events on one core), and
-the forest it is built into is a few plain arrays, so the first pass writes each forest to disk
-and the second loads it instead of parsing the file again.
+(`split.file_steps`), and again to build each engine's tree, or the whole run's
+(`teller.analysis`). Parsing a rank file is most of that reading, and the forest it is built
+into is a few plain arrays, so the first pass writes each forest to disk and the second loads
+it instead of parsing the file again.
 
-The arrays go to an Arrow IPC file compressed with zstd (about a sixth of the `.json.gz`, read
-back in a fifth of a second), and what is not an array to JSON beside it: nothing of it is ever
-unpickled, and it is only read from the temporary directory this process made.
+The arrays go to an Arrow IPC file compressed with zstd (much smaller than the `.json.gz`, and
+read back far faster than it parses), and what is not an array to JSON beside it: nothing of it
+is ever unpickled, and it is only read from the temporary directory this process made.
 """
 
 from __future__ import annotations
