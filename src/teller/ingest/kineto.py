@@ -11,12 +11,13 @@ strings, string pids, and `baseTimeNanoseconds` offsets. Anything it cannot plac
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
@@ -201,7 +202,7 @@ def read(path: str | Path, rank: int | None = None) -> EventTable:
         compressed = raw[:2] == b"\x1f\x8b"
         reader = None
         if _text_size_guess(raw, compressed) > SLICED_ABOVE_BYTES:
-            reader = _read_in_slices(path, _text_pieces(path, raw, compressed))
+            reader = _read_in_slices(path, _text_pieces(path, io.BytesIO(raw), compressed))
         if reader is None:
             reader = _read_whole(path, raw, compressed, notes)
         del raw
@@ -222,7 +223,11 @@ def _read_whole(path: Path, raw: bytes, compressed: bool, notes: list[str]) -> _
     return reader
 
 
-def _read_in_slices(path: Path, pieces: Iterator[bytes | memoryview]) -> _KinetoEvents | None:
+def _read_in_slices(
+    path: Path,
+    pieces: Iterator[bytes | memoryview],
+    spill: Callable[[dict[str, Any]], None] | None = None,
+) -> _KinetoEvents | None:
     """The events decoded and placed a slice at a time as the text arrives (inflated, or read),
     so that the columns, one slice's events and a window of text are held at once, never the
     whole text or every event as a Python object (an 8 x 800 rank file of 19.7 MB gzipped
@@ -234,7 +239,8 @@ def _read_in_slices(path: Path, pieces: Iterator[bytes | memoryview]) -> _Kineto
     an event's args, the list cannot close there). The last slice is decoded with the start
     of the document, so that it also yields the document's other keys. None for anything but
     a well-formed document (cut, lenient, wrong-shaped, a damaged gzip stream), which the
-    whole-document path then reads with its own warnings and errors."""
+    whole-document path then reads with its own warnings and errors. `spill`: where each
+    slice's arrays go instead of the reader (`_KinetoEvents.spill`)."""
     window = _TextWindow(pieces)
     try:
         while (first := _FIRST_CONTENT.match(window.text)) is None:
@@ -252,6 +258,7 @@ def _read_in_slices(path: Path, pieces: Iterator[bytes | memoryview]) -> _Kineto
             _DOCUMENT.decode(head + b"]}")  # the document's own key, not a nested object's
         window.drop(opens_at)  # from here the window starts at a bracket or a comma
         reader = _KinetoEvents(path, {})
+        reader.spill = spill
         while (cut := _next_slice(window)) is not None:
             events, end = cut
             reader.place(events, memoryview(window.text)[: end + 1])
@@ -335,48 +342,59 @@ def _next_slice(window: _TextWindow) -> tuple[list[_Event], int] | None:
         return events, end
 
 
-def _text_pieces(path: Path, raw: bytes, compressed: bool) -> Iterator[bytes | memoryview]:
-    """A file's JSON text in pieces: inflated a piece at a time from gzip (with `_gunzip`'s
-    limits), or cut from the bytes read. A damaged stream raises `_NotSliceable`: the whole
-    read then says what is wrong, or keeps what a cut stream holds."""
+def _text_pieces(
+    path: Path, source: BinaryIO, compressed: bool, limit: int | None = MAX_TRACE_BYTES
+) -> Iterator[bytes | memoryview]:
+    """A file's JSON text in pieces, read from `source` (the file's bytes in memory, or the
+    file itself where it is too large to hold): inflated a piece at a time from gzip (with
+    `_gunzip`'s limits; `limit` None: no cap on the text, the ratio still checked), or cut from
+    the bytes read. A damaged stream raises `_NotSliceable`: the whole read then says what is
+    wrong, or keeps what a cut stream holds."""
     if not compressed:
-        view = memoryview(raw)
-        for start in range(0, len(raw), _PIECE_BYTES):
-            yield view[start : start + _PIECE_BYTES]
+        while piece := source.read(_PIECE_BYTES):
+            yield piece
         return
     try:
-        yield from _inflate(path, raw, _PIECE_BYTES)
+        yield from _inflate(path, source, _PIECE_BYTES, limit)
     except (EOFError, zlib.error, isal_zlib.error, TraceError):
         raise _NotSliceable from None
 
 
-def _inflate(path: Path, raw: bytes, piece_bytes: int) -> Iterator[bytes]:
-    """A gzip file's text, at most `piece_bytes` at a time; EOFError where the stream ends
+def _inflate(
+    path: Path, source: BinaryIO, piece_bytes: int, limit: int | None = MAX_TRACE_BYTES
+) -> Iterator[bytes]:
+    """A gzip stream's text, at most `piece_bytes` at a time; EOFError where the stream ends
     before its end-of-stream marker, TraceError where it inflates absurdly (`_check_expansion`).
     """
     # ISA-L's inflate is much faster than zlib's, and inflating is a large part of reading a trace.
     # Input goes in by slices, so the bytes consumed (the ratio's denominator) are known exactly.
     total = fed = 0
     pending = b""  # input given to the inflater but not yet consumed, or the next member
+    at_end = False
     decompressor = isal_zlib.decompressobj(wbits=31)
     while True:
-        if not pending:
-            pending = raw[fed : fed + _INFLATE_INPUT]
+        if not pending and not at_end:
+            pending = source.read(_INFLATE_INPUT)
             fed += len(pending)
+            at_end = len(pending) < _INFLATE_INPUT
         piece = decompressor.decompress(pending, piece_bytes)
         total += len(piece)
         pending = decompressor.unconsumed_tail
-        _check_expansion(path, total, max(fed - len(pending), 1))
+        _check_expansion(path, total, max(fed - len(pending), 1), limit)
         if piece:
             yield piece
         if decompressor.eof:
-            pending = (decompressor.unused_data + raw[fed:]).lstrip(b"\x00")
-            fed = len(raw)
+            pending = decompressor.unused_data.lstrip(b"\x00")
+            while not pending and not at_end:  # padding, or the next member's first bytes
+                more = source.read(_INFLATE_INPUT)
+                fed += len(more)
+                at_end = len(more) < _INFLATE_INPUT
+                pending = more.lstrip(b"\x00")
             if not pending:
                 return
             decompressor = isal_zlib.decompressobj(wbits=31)  # the next gzip member
             continue
-        if not pending and not piece and fed >= len(raw):
+        if not pending and not piece and at_end:
             raise EOFError("compressed file ended before the end-of-stream marker")
 
 
@@ -412,7 +430,7 @@ def _gunzip(path: Path, raw: bytes, notes: list[str]) -> bytes:
     parts: list[bytes] = []
     error: Exception | None = None
     try:
-        for piece in _inflate(path, raw, _INFLATE_CHUNK):
+        for piece in _inflate(path, io.BytesIO(raw), _INFLATE_CHUNK):
             parts.append(piece)
     except (EOFError, zlib.error, isal_zlib.error) as failure:
         error = failure
@@ -436,11 +454,11 @@ def _gunzip(path: Path, raw: bytes, notes: list[str]) -> bytes:
     return data
 
 
-def _check_expansion(path: Path, inflated: int, compressed: int) -> None:
-    if inflated > MAX_TRACE_BYTES:
-        raise TraceError(
-            path, f"inflates to more than the {MAX_TRACE_BYTES} bytes teller reads per trace"
-        )
+def _check_expansion(
+    path: Path, inflated: int, compressed: int, limit: int | None = MAX_TRACE_BYTES
+) -> None:
+    if limit is not None and inflated > limit:
+        raise TraceError(path, f"inflates to more than the {limit} bytes teller reads per trace")
     if inflated > _RATIO_FLOOR_BYTES and inflated > MAX_GZIP_RATIO * compressed:
         raise TraceError(
             path,
@@ -766,6 +784,9 @@ class _KinetoEvents:
         self.kinds: dict[tuple, tuple] = {}
         self.beyond_int64: dict[str, int] = dict.fromkeys(_ID_COLUMNS, 0)
         self.rounded_timestamps = False  # some slice's sub-µs digits could not be recovered
+        #: where each slice's arrays go instead of `sealed`, for a file read in time windows
+        #: (`kineto_windows`): the pass then holds one slice at a time
+        self.spill: Callable[[dict[str, Any]], None] | None = None
 
     def describe(self, top: dict) -> None:
         """What the document's keys besides its events say (a sliced read learns them last)."""
@@ -940,7 +961,13 @@ class _KinetoEvents:
             sealed[column] = np.asarray(columns[column], dtype=np.int32)
         for column in _ID_COLUMNS:
             sealed[column] = self._int64_array(column, columns[column])
-        self.sealed.append(sealed)
+        if self.spill is None:
+            self.sealed.append(sealed)
+            return
+        # a spilled pass holds no slice once it is written: its launch flows are applied now
+        self._apply_flows(sealed)
+        self.flow_events.clear()
+        self.spill(sealed)
 
     def _end_pass(self) -> None:
         """After the last slice: what the pass counted, said; the slices' arrays joined into the
@@ -976,7 +1003,7 @@ class _KinetoEvents:
                 "no event could be placed: expected Chrome-trace events with ph, ts and dur",
                 where=f"event {first}",
             )
-        self._apply_flows()
+        self._apply_flows(self.columns)
         self._clock()
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -1054,15 +1081,15 @@ class _KinetoEvents:
         elif kind == "thread_name":
             self.source.thread_names[f"{key}:{event.tid}"] = str(args.get("name", ""))
 
-    def _apply_flows(self) -> None:
-        """Legacy files may link launches only by flow events: lift their ids into `correlation`.
+    def _apply_flows(self, columns: dict[str, Any]) -> None:
+        """Legacy files may link launches only by flow events: lift their ids into the
+        `correlation` of `columns` (the file's, or one spilled slice's).
 
         Flow events are looked at only here, and only when some launch or GPU row lacks a
         correlation id: current Kineto files carry it in args, and their tens of thousands of
         `ac2g` flows would otherwise cost the pass a dict entry each."""
         if not self.flow_events:
             return
-        columns = self.columns
         corr = columns["correlation"]
         runtime_code = LAYER_CODE["runtime"]
         linked = [
