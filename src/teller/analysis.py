@@ -28,12 +28,18 @@ import pyarrow as pa
 
 from teller.align.host import HostSteps, read_host_steps
 from teller.callchain.breakdown import RunBreakdown, breakdown_of
-from teller.callchain.engines import EnginePlace
+from teller.callchain.engines import EnginePlace, StepNumbering
 from teller.callchain.facts import Iterations, RunFacts
-from teller.callchain.split import EnginePart, EngineSplit, file_steps, split_by_engine
+from teller.callchain.split import (
+    EnginePart,
+    EngineSplit,
+    FileSteps,
+    file_steps,
+    split_by_engine,
+)
 from teller.callchain.tree import CallTree, build_tree
 from teller.errors import TellerError
-from teller.ingest import find_trace_files, map_files, read_run
+from teller.ingest import find_trace_files, map_files, note_refused, read_run
 from teller.ingest.schema import EventTable, SourceInfo, ranks_of, traced_pids, warnings_of
 from teller.layout import CaseDir
 from teller.localize import SCORING_TABLES, Localization, NumericLocalizer
@@ -50,6 +56,7 @@ from teller.rca.diagnose import (
 from teller.rca.merge import (
     EngineOutcome,
     SpilledRows,
+    WindowBreakdowns,
     kept_rows,
     merged_breakdown,
     merged_verdict,
@@ -80,6 +87,7 @@ class Analysis:
         engine: str = "local",
         ray_address: str | None = None,
         by_engine: bool = True,
+        window_events: int | None = None,
     ) -> None:
         if method not in METHODS:
             raise TellerError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
@@ -116,6 +124,12 @@ class Analysis:
         self.keep_span: Callable[[str], bool] | None = None  # and its spans, by request id
         #: trace file → its forest on disk, built by the run's first pass (`split`)
         self.kept_forests: dict[Path, Path] | None = None
+        #: a run read in time windows of about this many events (`teller.callchain.windows`);
+        #: None: only where a trace file is too large to hold
+        self.window_events = window_events
+        self.numbering: StepNumbering | None = None  # set where this analysis is one window
+        self.window_files: list[FileSteps] | None = None  # that window's first pass, then
+        self.log_window: tuple[int, int] | None = None  # and the time its logs are kept from
 
     def _found(self, files_of: Callable[[CaseDir], list[Path]]) -> list[Path]:
         """Logs, spans or host counters beside the traces, in the case layout (`teller.layout`)."""
@@ -160,6 +174,7 @@ class Analysis:
             ray_address=self.ray_address,
             place=self.place,
             kept=self.kept_forests,
+            numbering=self.numbering,
         )
         if split is None:  # else each engine's analysis loads them again
             self._let_kept_forests_go()
@@ -213,6 +228,7 @@ class Analysis:
             rank_offsets=self.rank_offsets,
             trace_pids=self._traced_pids,
             keep_span=self.keep_span,
+            within=self.log_window,
         )
 
     # -- tables for notebooks -------------------------------------------------------------------
@@ -250,8 +266,8 @@ class Analysis:
         host was doing (blocking sync and the operator behind it, launches, scheduler, Python),
         communication compute did not hide, and the top kernels and operators by GPU time.
         `.to_arrow()` gives one row per (rank, step), `.gaps.to_arrow()` every idle gap."""
-        if self.split is not None:
-            self.verdict  # noqa: B018 (analysing the engines merges their breakdowns)
+        if self.windowed or self.split is not None:
+            self.verdict  # noqa: B018 (analysing the parts merges their breakdowns)
             return self._breakdown
         return breakdown_of(self.facts)
 
@@ -278,6 +294,8 @@ class Analysis:
     # -- the verdict ---------------------------------------------------------------------------
     @cached_property
     def verdict(self) -> Verdict:
+        if self.windowed:
+            return self._verdict_by_window()
         if self.split is not None:
             return self._verdict_by_engine(self.split)
         # where the time went is measured first, while the facts hold little beyond the tree,
@@ -329,15 +347,20 @@ class Analysis:
         engines; and so does `by_engine=False`."""
         if self.by_engine is False or self.place is not None or len(self.trace_files) < 2:
             return None
-        if "tree" in self.__dict__ or "event_table" in self.__dict__:
+        if "tree" in self.__dict__ or "event_table" in self.__dict__ or self.windowed:
             return None
-        self._kept_dir = tempfile.TemporaryDirectory(prefix="teller-forests-")
-        read = partial(file_steps, step_regex=self.step_regex, keep_in=Path(self._kept_dir.name))
-        files, refused = map_files(
-            read, self.trace_files, self.progress, self.jobs, self.engine, self.ray_address
-        )
-        self.kept_forests = {f.path: f.kept for f in files if f.kept is not None}
-        split = None if refused else split_by_engine(files)
+        if self.window_files is not None:  # a time window: its first pass found its steps
+            files, refused = self.window_files, []
+        else:
+            self._kept_dir = tempfile.TemporaryDirectory(prefix="teller-forests-")
+            read = partial(
+                file_steps, step_regex=self.step_regex, keep_in=Path(self._kept_dir.name)
+            )
+            files, refused = map_files(
+                read, self.trace_files, self.progress, self.jobs, self.engine, self.ray_address
+            )
+            self.kept_forests = {f.path: f.kept for f in files if f.kept is not None}
+        split = None if refused else split_by_engine(files, self.numbering)
         if split is None:
             return None
         from teller.align.engine_logs import engine_logs
@@ -371,6 +394,8 @@ class Analysis:
         )
         engine.host_files = self.host_files
         engine.place = part.place
+        engine.numbering = self.numbering
+        engine.log_window = self.log_window
         engine.split_iterations = self.split.iterations
         engine.kept_forests = part.kept
         engine.keep_span = self._engine_logs.keeps_span(part.place.index) if logs else None
@@ -418,6 +443,110 @@ class Analysis:
             candidates=candidates,
         )
 
+    # -- a run read in time windows ------------------------------------------------------------
+    @cached_property
+    def windowed(self) -> bool:
+        """Whether the run is read and analysed a time window at a time: asked for
+        (`window_events`), or some trace file is too large to hold (`windows.too_large`).
+        A window's own analysis is never cut again."""
+        if self.place is not None or self.numbering is not None or self.window_files is not None:
+            return False
+        from teller.callchain.windows import can_window, too_large
+
+        if self.window_events is None and not any(too_large(p) for p in self.trace_files):
+            return False
+        if self.window_events is not None and self.window_events < 1:
+            raise TellerError(f"window_events must be 1 or more, not {self.window_events}")
+        unreadable = [p for p in self.trace_files if not can_window(p)]
+        if unreadable:
+            shown = ", ".join(map(str, unreadable[:3]))
+            if self.window_events is not None:
+                raise TellerError(
+                    f"{shown}: only Kineto/Chrome JSON traces can be read in time windows"
+                )
+            return False
+        return True
+
+    def _verdict_by_window(self) -> Verdict:
+        """Each time window analysed as a run of its own and let go; the steps each owns
+        reported, numbered as the whole run numbers them (`teller.callchain.windows`)."""
+        from teller.callchain.windows import WINDOW_EVENTS, Ledger, read_windows
+
+        events = self.window_events or WINDOW_EVENTS
+        self._window_dir = tempfile.TemporaryDirectory(prefix="teller-windows-")
+        read = read_windows(
+            self.trace_files,
+            Path(self._window_dir.name),
+            events,
+            self.step_regex,
+            self.progress,
+            self.jobs,
+        )
+        ledger = Ledger(read.passes)
+        self._ledger = ledger
+        outcomes, rows, parts = [], SpilledRows(), WindowBreakdowns()
+        sources: dict[str, SourceInfo] = {}
+        windows: Iterator[int] = iter(range(len(read.passes)))
+        if self.progress:
+            from tqdm import tqdm
+
+            windows = tqdm(windows, total=len(read.passes), desc="windows", unit="window")
+        for index in windows:
+            if not read.passes[index].files:
+                continue
+            window = self._window_analysis(index)
+            verdict = window.verdict
+            findings = [f for f in verdict.findings if ledger.owns(index, f.step)]
+            steps = [r for r in verdict.steps if ledger.owns(index, r.step)]
+            breakdown = window.breakdown()
+            mine = [b for b in breakdown.steps if ledger.owns(index, b.step)]
+            rows.add(b.to_json() for b in mine)
+            gaps = ledger.owned_gaps(index, breakdown.gaps)
+            parts.add(mine, {f.step for f in findings}, gaps, breakdown.ranks_without_gpu)
+            outcomes.append(
+                EngineOutcome(
+                    verdict=replace(verdict, findings=findings, steps=steps),
+                    breakdown=RunBreakdown(runs=[], steps=[], gaps=gaps),
+                    steps_scored=len({r.step for r in steps}),
+                    engine=index,
+                )
+            )
+            for source in window.sources:
+                sources.setdefault(source.path, source)
+            del window, verdict, breakdown, mine
+        if not outcomes:
+            raise TellerError(f"{self.trace_files[0]}: no events could be read in any window")
+        self._sources = list(sources.values())
+        note_refused(self._sources, read.refused)
+        self._breakdown = parts.merged(rows)
+        note = (
+            f"read in {len(read.passes)} time windows of about {events:,} events each (a trace "
+            "file too large to hold, or --window-events): each window's steps are compared "
+            "with the steps near them, and a step is reported by the window it starts in"
+        )
+        return merged_verdict(outcomes, self.inputs, [note, *read.notes], part="window")
+
+    def _window_analysis(self, index: int) -> Analysis:
+        """Window `index` of a windowed run as a run of its own, from the forests its first pass
+        kept (`teller.callchain.windows`)."""
+        done = self._ledger.passes[index]
+        window = Analysis(
+            [f.path for f in done.files],
+            logs=self.log_files,
+            otlp=self.otlp_files,
+            step_regex=self.step_regex,
+            method=self.method,
+            model_dir=self.model_dir,
+            jobs=self.jobs,
+            by_engine=self.by_engine,
+        )
+        window.host_files = self.host_files
+        window.numbering = self._ledger.numbering(index)
+        window.log_window = (done.window.read_start_ns, done.window.read_end_ns)
+        window.window_files = done.files
+        window.kept_forests = {f.path: f.kept for f in done.files if f.kept is not None}
+        return window
+
     def diagnose(self) -> Verdict:
         """Slow steps, the guilty operator and rank for each, the explanation and the evidence.
 
@@ -449,6 +578,8 @@ class Analysis:
         from teller.report import render_pieces
 
         verdict, breakdown = self.verdict, self.breakdown()
+        if self.windowed:
+            return self._rendered_by_window(format, look)
         if self.split is None:
             return render_pieces(verdict, self.tree, format, breakdown, self.facts, look)
         if format != "html":
@@ -469,6 +600,36 @@ class Analysis:
         # its own steps' rows in full: the report compares the headline step with a normal one
         drawn = replace(breakdown, steps=engine.breakdown().steps)
         return render_pieces(shown, engine.tree, format, drawn, engine.facts, look)
+
+    def _rendered_by_window(self, format: str, look: Look) -> Iterator[str]:
+        """A windowed run's verdict; its HTML drawn from the window that owns the headline
+        finding, built again whole (its findings' nodes are numbered as its whole tree numbers
+        them, whether it was analysed whole or by engine)."""
+        from teller.report import render_pieces
+
+        verdict, breakdown = self.verdict, self.breakdown()
+        if format != "html":
+            return render_pieces(verdict, None, format, breakdown, None, look)
+        worst = headline_finding(verdict.findings)
+        ledger = self._ledger
+        index = next(
+            (
+                i
+                for i, done in enumerate(ledger.passes)
+                if done.files and worst is not None and ledger.owns(i, worst.step)
+            ),
+            next(i for i, done in enumerate(ledger.passes) if done.files),
+        )
+        window = self._window_analysis(index)
+        window.by_engine = False
+        findings = [
+            f if ledger.owns(index, f.step) else replace(f, operator_node=None)
+            for f in verdict.findings
+        ]
+        shown = replace(verdict, findings=findings)
+        # its own steps' rows in full: the report compares the headline step with a normal one
+        drawn = replace(breakdown, steps=window.breakdown().steps)
+        return render_pieces(shown, window.tree, format, drawn, window.facts, look)
 
     def report(self, path: PathLike, format: str | None = None) -> Path:
         """Write the verdict as HTML (default for .html), JSON (.json) or text."""

@@ -191,7 +191,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         engine=args.engine,
         ray_address=args.ray_address,
         by_engine=args.by_engine,
+        window_events=args.window_events,
     )
+    if args.perfetto and analysis.windowed:
+        raise TellerError(
+            "--perfetto writes every event of the run, and this run is read in time windows "
+            "(a trace file's JSON is over 1 GiB, or --window-events): leave out --perfetto"
+        )
     fmt = format_for(Path(args.out), args.format) if args.out else (args.format or "terminal")
     verdict = analysis.diagnose()
     screen = look_for(sys.stdout)
@@ -604,6 +610,13 @@ def _parser() -> argparse.ArgumentParser:
         default=True,
         help="analyse a run of several engines (replicas) one engine at a time, holding one "
         "engine's tree at once (the default); --no-by-engine holds the whole run",
+    )
+    analyze.add_argument(
+        "--window-events",
+        type=int,
+        metavar="N",
+        help="read the run in time windows of about N events each, holding one window at once "
+        "(default: only where a trace file's JSON is over 1 GiB, in windows of 1,500,000)",
     )
     _method_arguments(analyze)
 

@@ -332,11 +332,14 @@ def align_tree(
     rank_offsets: ClockOffsets | None = None,
     trace_pids: frozenset[int] | None = None,
     keep_span: Callable[[str], bool] | None = None,
+    within: tuple[int, int] | None = None,
 ) -> AlignResult:
     """Align logs (and OTLP spans) to a tree already on one clock.
 
     `keep_span`: which spans, by request id, are this tree's where it is one engine of a run
-    analysed one engine at a time (the others' requests ran on their engines' steps).
+    analysed one engine at a time (the others' requests ran on their engines' steps). `within`:
+    the tree is one time window of a run (`teller.callchain.windows`), and only the records
+    that may lie in it (ns, trace clock) are aligned, once placed.
 
     With `trace_pids` (`teller.ingest.schema.traced_pids`), a log file that states process ids
     none of which the traces recorded, and whose times all fall outside the traced span, is
@@ -356,6 +359,10 @@ def align_tree(
         kept = pa.array([keep_span(key) for key in spans.column("request_key")], pa.bool_())
         spans = replace(spans, table=spans.table.filter(kept))
     times = place_log_times(tree, logs)
+    if within is not None:
+        inside = times.within(*within)
+        logs = replace(logs, table=logs.table.filter(pa.array(inside)))
+        times = times.kept(inside)
     log_offsets = times.log_offset
     warnings = list(rank_offsets.warnings) + logs.warnings + foreign
     if log_offsets is not None:

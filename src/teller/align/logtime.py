@@ -67,10 +67,46 @@ class LogTimes:
     warnings: list[str] = field(default_factory=list)
     #: the engine a line names, in a run of several (`record_engines`); -1: none or one engine
     engine: np.ndarray | None = None
+    #: its printed second on the trace clock (the log offsets' bounds applied); -1: none printed
+    second_lo_ns: np.ndarray | None = None
+    second_hi_ns: np.ndarray | None = None
 
     @property
     def mid_ns(self) -> np.ndarray:
         return self.lo_ns + (self.hi_ns - self.lo_ns) // 2
+
+    def within(self, start_ns: int, end_ns: int) -> np.ndarray:
+        """Per record: whether it most likely lies in [start_ns, end_ns) (the middle of where
+        it may lie: of its interval, narrowed by the second it printed), or has no time at all.
+        Why the middle: a line placed only to its printed second may lie anywhere in it, and a
+        window of a run (`teller.callchain.windows`) takes the lines its neighbours do not."""
+        timeless = np.asarray([h == "none" for h in self.how], dtype=bool)
+        lo, hi = self.lo_ns, self.hi_ns
+        if self.second_lo_ns is not None and self.second_hi_ns is not None:
+            # a line bracketed by file order (before its file's first anchor, say) is also
+            # bounded by the second it printed
+            printed = (
+                (self.second_lo_ns >= 0) & (self.second_lo_ns <= hi) & (self.second_hi_ns >= lo)
+            )
+            lo = np.where(printed, np.maximum(lo, self.second_lo_ns), lo)
+            hi = np.where(printed, np.minimum(hi, self.second_hi_ns), hi)
+        middle = lo + (hi - lo) // 2
+        return timeless | ((middle >= start_ns) & (middle < end_ns))
+
+    def kept(self, keep: np.ndarray) -> LogTimes:
+        """The records where `keep` is true, in order."""
+        rows = np.flatnonzero(keep).tolist()
+        return LogTimes(
+            lo_ns=self.lo_ns[keep],
+            hi_ns=self.hi_ns[keep],
+            how=[self.how[i] for i in rows],
+            anchor_step=self.anchor_step[keep],
+            log_offset=self.log_offset,
+            warnings=self.warnings,
+            engine=None if self.engine is None else self.engine[keep],
+            second_lo_ns=None if self.second_lo_ns is None else self.second_lo_ns[keep],
+            second_hi_ns=None if self.second_hi_ns is None else self.second_hi_ns[keep],
+        )
 
 
 def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None = None) -> LogTimes:
@@ -125,7 +161,18 @@ def place_log_times(tree: CallTree, logs: LogTable, reference_rank: int | None =
         if how[i] == "none" and ts[i] >= 0:
             lo[i], hi[i] = second_lo[i], second_hi[i]
             how[i] = "second"
-    return LogTimes(lo, hi, how, anchor_step, log_offset, warnings, engine)
+    printed = ts >= 0
+    return LogTimes(
+        lo,
+        hi,
+        how,
+        anchor_step,
+        log_offset,
+        warnings,
+        engine,
+        second_lo_ns=np.where(printed, second_lo, -1),
+        second_hi_ns=np.where(printed, second_hi, -1),
+    )
 
 
 def record_engines(logs: LogTable, tree: CallTree) -> np.ndarray:
@@ -276,7 +323,8 @@ def _counter_shift(
         pos = np.searchsorted(ordinals, target)
         hit = (pos < len(ordinals)) & (ordinals[np.minimum(pos, len(ordinals) - 1)] == target)
         matches = int(hit.sum())
-        if matches < max(MIN_MATCHES, len(counter) // 2):
+        # half of the smaller side: logs often run longer than the capture (or its window)
+        if matches < max(MIN_MATCHES, min(len(counter), len(ordinals)) // 2):
             continue
         error = float(np.median(np.abs(log_elapsed[hit] - np.log(durations[pos[hit]]))))
         if best is None or error < best[0]:

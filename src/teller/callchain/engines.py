@@ -43,6 +43,21 @@ class EnginePlace:
     base: int
 
 
+@dataclass(frozen=True)
+class StepNumbering:
+    """How one time window of a run numbers its steps so that they keep the whole run's ids
+    (`teller.callchain.windows`): each rank's steps from its first step's ordinal in the run,
+    and the run's step base for engines after the first."""
+
+    base: int
+    first_of_rank: tuple[tuple[int, int], ...]  # (rank, ordinal of its first step here)
+
+    def shift(self, rank: np.ndarray) -> np.ndarray:
+        """Per row of `rank`, what its rank's ordinals start from."""
+        first = dict(self.first_of_rank)
+        return np.asarray([first.get(int(r), 0) for r in rank.tolist()], dtype=np.int64)
+
+
 def group_ranks(rank: np.ndarray, name: list[str]) -> dict[int, int]:
     """Each rank's engine (0 for the lowest rank's), from the step table's ranks and names, rows
     sorted by rank then time."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from teller.callchain.engines import EnginePlace
+from teller.callchain.engines import EnginePlace, StepNumbering
 from teller.callchain.kept_forest import load_forest
 from teller.callchain.tree import CallTree, FileForest, forest_of, join_forests
 from teller.ingest import (
@@ -60,12 +60,14 @@ def read_tree(
     ray_address: str | None = None,
     place: EnginePlace | None = None,
     kept: Mapping[Path, Path] | None = None,
+    numbering: StepNumbering | None = None,
 ) -> RunTree:
     """Every trace file under `paths` read and built into its forest (in `jobs` processes, or
     as Ray tasks), the forests joined into the run's tree. Refused files and captures that do
     not overlap are warned on as `teller.ingest.read_run` warns. `place`: the files are one
     engine of a larger run (`teller.callchain.split`); `kept`: forests an earlier pass built
-    and wrote to disk (`kept_forest`), by trace file, loaded instead of parsing the file."""
+    and wrote to disk (`kept_forest`), by trace file, loaded instead of parsing the file;
+    `numbering`: the files' forests are one time window of the run (`windows.py`)."""
     kept = kept or {}
     in_order = find_trace_files(list(paths))
     to_read = [p for p in in_order if p not in kept]
@@ -83,6 +85,6 @@ def read_tree(
     sources = [s for f in files for s in f.sources]
     note_refused(sources, refused)
     warn_apart([(f.span, f.sources) for f in files if f.span is not None])
-    tree = join_forests([f.forest for f in files], step_regex, place)
+    tree = join_forests([f.forest for f in files], step_regex, place, numbering)
     pids = frozenset().union(*(f.traced_pids for f in files))
     return RunTree(tree=tree, sources=sources, traced_pids=pids)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from teller.callchain.engines import ENGINE_STEP_BASE, EnginePlace
+from teller.callchain.engines import ENGINE_STEP_BASE, EnginePlace, StepNumbering
 from teller.callchain.facts import Iterations, iterations_of_steps
 from teller.callchain.kept_forest import keep_forest
 from teller.callchain.per_rank import file_forest
@@ -38,7 +38,7 @@ from teller.callchain.steps import (
     StepTable,
     number_engines,
 )
-from teller.callchain.tree import CallTree, join_forests
+from teller.callchain.tree import CallTree, FileForest, join_forests
 
 #: Steps found by these rules carry the batch names that tell engines apart (`engines.py`).
 NAMED_BY_ANNOTATION = (FOUND_BY_ENGINE, FOUND_BY_PROFILER_STEP, FOUND_BY_REGEX)
@@ -62,7 +62,15 @@ def file_steps(path: Path, step_regex: str | None = None, keep_in: Path | None =
     """In a worker: one file read and built into its own tree, and only its step table and
     node counts kept; its forest written under `keep_in` where that folder exists here (a Ray
     worker on another machine does not see it, and that engine's files are read again)."""
-    read = file_forest(path)
+    return forest_steps(file_forest(path), step_regex, keep_in)
+
+
+def forest_steps(
+    read: FileForest, step_regex: str | None = None, keep_in: Path | None = None
+) -> FileSteps:
+    """What `file_steps` keeps of a forest already built (a file's, or one time window of it:
+    `windows.py`)."""
+    path = read.path
     kept = keep_forest(read, keep_in) if keep_in is not None and keep_in.is_dir() else None
     forest = read.forest
     nodes_of_side = _nodes_of_side(forest.stream >= 0, forest.rank)
@@ -130,16 +138,18 @@ class EngineSplit:
     iterations: Iterations  # the whole run's, which its step models are fitted over
 
 
-def split_by_engine(files: list[FileSteps]) -> EngineSplit | None:
+def split_by_engine(
+    files: list[FileSteps], numbering: StepNumbering | None = None
+) -> EngineSplit | None:
     """The run's engines, each with its files, or None where the run cannot be cut: one engine,
     steps not named by annotations (ranks found by repeats or periods name no batch), or a file
-    that holds ranks of two engines."""
+    that holds ranks of two engines. `numbering`: the files are one time window of a run."""
     if len(files) < 2 or not all(f.annotated for f in files):
         return None
     # the run's step table, numbered as the whole run's analysis numbers it
     by_rank = sorted(files, key=lambda f: int(f.steps.rank.min()))
     steps = StepTable.joined([f.steps for f in by_rank], ENGINE_STEP_BASE)
-    notes = number_engines(steps)
+    notes = number_engines(steps, numbering=numbering)
     if not notes:
         return None
     engine_of = dict(zip(steps.rank.tolist(), steps.engine.tolist(), strict=True))

@@ -40,6 +40,7 @@ import pyarrow as pa
 from teller.callchain.engines import (
     ENGINE_STEP_BASE,
     EnginePlace,
+    StepNumbering,
     describe_engines,
     group_ranks,
     step_base,
@@ -239,10 +240,12 @@ def find_steps(
     tree: Forest,
     step_regex: str | re.Pattern[str] | None = None,
     place: EnginePlace | None = None,
+    numbering: StepNumbering | None = None,
 ) -> tuple[StepTable, np.ndarray, list[str]]:
     """The step table, per node the index of its step (-1 if none), and what the search found
     worth telling the user (which rule named the steps, which ranges could name them). With
-    `place`, the tree is one engine of a larger run and its steps are numbered as that run's."""
+    `place`, the tree is one engine of a larger run and its steps are numbered as that run's;
+    with `numbering`, it is one time window of a run (`windows.py`), numbered likewise."""
     custom = re.compile(step_regex) if isinstance(step_regex, str) else step_regex
     table, step = _annotated_steps(
         tree.names,
@@ -256,7 +259,7 @@ def find_steps(
         custom,
     )
     if len(table) or not len(tree):
-        return table, step, number_engines(table, place)
+        return table, step, number_engines(table, place, numbering)
     work = node_work(
         tree.names, tree.name, tree.layer, tree.rank, tree.stream, tree.dur, tree.parent, tree.depth
     )
@@ -300,14 +303,20 @@ def find_steps(
         ]
         found = [_capture_step(tree, r) for r in np.unique(tree.rank).tolist()]
     table, step = _assemble(tree, found)
-    return table, step, notes + number_engines(table, place)
+    return table, step, notes + number_engines(table, place, numbering)
 
 
-def number_engines(table: StepTable, place: EnginePlace | None = None) -> list[str]:
+def number_engines(
+    table: StepTable, place: EnginePlace | None = None, numbering: StepNumbering | None = None
+) -> list[str]:
     """Give each step its engine and offset the steps of every engine but the first
     (`engines.py`); the note a user gets when there is more than one. A tree that is `place`'s
     one engine gets that engine's number and offset instead. Also what numbers a split run's
-    steps, joined from its files' own tables (`teller.callchain.split`)."""
+    steps, joined from its files' own tables (`teller.callchain.split`). A time window's steps
+    (`numbering`) count on from each rank's steps before the window, with the run's base."""
+    if numbering is not None:
+        table.index = table.index + numbering.shift(table.rank)
+        table.engine_base = numbering.base
     engine_of = group_ranks(table.rank, table.name)
     if len(set(engine_of.values())) <= 1:
         if place is not None:
@@ -316,7 +325,9 @@ def number_engines(table: StepTable, place: EnginePlace | None = None) -> list[s
             table.index = table.index + place.index * place.base
         return []
     table.engine = np.asarray([engine_of[int(r)] for r in table.rank.tolist()], dtype=np.int64)
-    table.engine_base = step_base(int(table.index.max()) + 1)
+    table.engine_base = (
+        numbering.base if numbering is not None else step_base(int(table.index.max()) + 1)
+    )
     table.index = table.index + table.engine * table.engine_base
     return [describe_engines(engine_of, table.engine_base)]
 

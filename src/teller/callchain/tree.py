@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
-from teller.callchain.engines import EnginePlace
+from teller.callchain.engines import EnginePlace, StepNumbering
 from teller.callchain.steps import StepTable, find_steps
 from teller.ingest.comm_names import collective_kind
 from teller.ingest.schema import LAYER_CODE, LAYERS, TREE_LAYERS, EventTable, SourceInfo
@@ -296,6 +296,7 @@ def join_forests(
     forests: list[RankForest],
     step_regex: str | re.Pattern[str] | None = None,
     place: EnginePlace | None = None,
+    numbering: StepNumbering | None = None,
 ) -> CallTree:
     """The run's call-chain forest from its files' forests, in file order: nodes in the order
     one table of all the files would give them (CPU rows first, by rank, thread and time, then
@@ -303,7 +304,8 @@ def join_forests(
 
     The forests' node arrays are taken: each is emptied once its joined array is built, so the
     join holds the run's nodes about once, not once in the forests and again in the tree.
-    `place`: the forests are one engine of a larger run (`find_steps`)."""
+    `place`: the forests are one engine of a larger run, `numbering`: one time window of one
+    (`find_steps`)."""
     names, name_maps = _joined_names([f.names for f in forests])
     row_base = np.cumsum([0] + [f.table_rows for f in forests[:-1]])
     node_base = np.cumsum([0] + [len(f) for f in forests[:-1]])
@@ -380,7 +382,9 @@ def join_forests(
         child_index=child_index,
         warnings=warnings,
     )
-    tree.steps, tree.step, step_notes = find_steps(tree, step_regex=step_regex, place=place)
+    tree.steps, tree.step, step_notes = find_steps(
+        tree, step_regex=step_regex, place=place, numbering=numbering
+    )
     warnings.extend(step_notes)
     roots = _joined_roots(forests, node_base, position)
     tree.comm = _comm_instances(tree, roots)

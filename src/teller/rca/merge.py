@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from teller.callchain.breakdown import IdleGaps, RunBreakdown
+from teller.callchain.breakdown import (
+    GAPS_IN_RUN,
+    TOP_IN_RUN,
+    GpuBusy,
+    IdleGaps,
+    IdleTime,
+    RunBreakdown,
+    StepBreakdown,
+)
 from teller.rca.diagnose import (
     MODEL_UNAVAILABLE,
     RunInputs,
@@ -76,15 +84,17 @@ class EngineOutcome:
     engine: int  # its position among the run's engines
 
 
-def merged_verdict(outcomes: list[EngineOutcome], inputs: RunInputs, notes: list[str]) -> Verdict:
-    """The run's verdict from its engines': `notes` (the split's own, first) and then each
-    engine's warnings (`_engine_warnings`)."""
+def merged_verdict(
+    outcomes: list[EngineOutcome], inputs: RunInputs, notes: list[str], part: str = "engine"
+) -> Verdict:
+    """The run's verdict from its engines' (or its time windows', `part` "window"): `notes`
+    (the split's own, first) and then each part's warnings (`_engine_warnings`)."""
     findings = by_incident([f for o in outcomes for f in o.verdict.findings])
     steps = sorted(
         (row for o in outcomes for row in o.verdict.steps), key=lambda row: (row.rank, row.start_ns)
     )
     total = sum(o.steps_scored for o in outcomes)
-    warnings = list(dict.fromkeys([*notes, *_engine_warnings(outcomes)]))
+    warnings = list(dict.fromkeys([*notes, *_engine_warnings(outcomes, part)]))
     return Verdict(
         inputs=[str(p) for p in inputs.trace_files],
         ranks=inputs.ranks,
@@ -101,10 +111,12 @@ def merged_verdict(outcomes: list[EngineOutcome], inputs: RunInputs, notes: list
     )
 
 
-def _engine_warnings(outcomes: list[EngineOutcome]) -> list[str]:
+def _engine_warnings(outcomes: list[EngineOutcome], part: str = "engine") -> list[str]:
     """Each engine's warnings, named by engine ("engine 1: 8 requests were never admitted…"),
     or once as "each engine: …" where every engine gave the same one: a count in it is then each
-    engine's, not the run's. The model that could not load is said once, as it was."""
+    engine's, not the run's. The model that could not load is said once, as it was. Time
+    windows (`part` "window") read the same files and logs, so one that every window gave is
+    the run's, said once as it was."""
     everyone = set.intersection(*(set(o.verdict.warnings) for o in outcomes))
     out = []
     for outcome in outcomes:
@@ -112,16 +124,26 @@ def _engine_warnings(outcomes: list[EngineOutcome]) -> list[str]:
             if warning.startswith(MODEL_UNAVAILABLE):
                 out.append(warning)
             elif warning in everyone:
-                out.append(f"each engine: {warning}")
+                out.append(warning if part == "window" else f"each {part}: {warning}")
             else:
-                out.append(f"engine {outcome.engine}: {warning}")
+                out.append(f"{part} {outcome.engine}: {warning}")
     return out
 
 
 def merged_breakdown(breakdowns: list[RunBreakdown], rows: SpilledRows) -> RunBreakdown:
     """Where the time went on every rank of the run, from each engine's (`kept_rows`), with
     every step row in `rows`."""
-    gaps = [b.gaps for b in breakdowns]
+    return RunBreakdown(
+        runs=sorted((r for b in breakdowns for r in b.runs), key=lambda r: r.rank),
+        steps=sorted((s for b in breakdowns for s in b.steps), key=lambda s: (s.rank, s.step)),
+        gaps=joined_gaps([b.gaps for b in breakdowns]),
+        ranks_without_gpu=sorted({r for b in breakdowns for r in b.ranks_without_gpu}),
+        rows=rows,
+    )
+
+
+def joined_gaps(gaps: list[IdleGaps]) -> IdleGaps:
+    """Several parts' idle gaps as one table, by rank (each part's order kept within a rank)."""
     by_rank = np.argsort(np.concatenate([g.rank for g in gaps]), kind="stable")
 
     def joined(column: str) -> np.ndarray:
@@ -131,18 +153,110 @@ def merged_breakdown(breakdowns: list[RunBreakdown], rows: SpilledRows) -> RunBr
         values = [v for g in gaps for v in getattr(g, column)]
         return [values[i] for i in by_rank.tolist()]
 
-    return RunBreakdown(
-        runs=sorted((r for b in breakdowns for r in b.runs), key=lambda r: r.rank),
-        steps=sorted((s for b in breakdowns for s in b.steps), key=lambda s: (s.rank, s.step)),
-        gaps=IdleGaps(
-            rank=joined("rank"),
-            step=joined("step"),
-            start_ns=joined("start_ns"),
-            dur_ns=joined("dur_ns"),
-            cause=listed("cause"),
-            host_call=listed("host_call"),
-            cpu_operator=listed("cpu_operator"),
+    return IdleGaps(
+        rank=joined("rank"),
+        step=joined("step"),
+        start_ns=joined("start_ns"),
+        dur_ns=joined("dur_ns"),
+        cause=listed("cause"),
+        host_call=listed("host_call"),
+        cpu_operator=listed("cpu_operator"),
+    )
+
+
+class WindowBreakdowns:
+    """What a windowed run keeps of each window's breakdown as the windows go: every owned
+    step row goes to disk (`SpilledRows`, by the caller); the rows of finding steps and the most
+    idle one stay, with each rank's run summed so far and the owned idle gaps."""
+
+    def __init__(self) -> None:
+        self.runs: list[StepBreakdown] = []
+        self.kept: list[StepBreakdown] = []
+        self.idlest: StepBreakdown | None = None
+        self.gaps: list[IdleGaps] = []
+        self.without_gpu: set[int] = set()
+
+    def add(
+        self, owned: list[StepBreakdown], steps: set[int], gaps: IdleGaps, without_gpu: list[int]
+    ) -> None:
+        self.runs = summed_runs([*self.runs, *owned])
+        self.kept.extend(b for b in owned if b.step in steps)
+        for b in owned:
+            if self.idlest is None or b.idle_share > self.idlest.idle_share:
+                self.idlest = b
+        self.gaps.append(gaps)
+        self.without_gpu.update(without_gpu)
+
+    def merged(self, rows: SpilledRows) -> RunBreakdown:
+        kept = [*self.kept, *([self.idlest] if self.idlest is not None else [])]
+        return RunBreakdown(
+            runs=self.runs,
+            steps=sorted({id(b): b for b in kept}.values(), key=lambda b: (b.rank, b.step)),
+            gaps=joined_gaps(self.gaps),
+            ranks_without_gpu=sorted(self.without_gpu),
+            rows=rows,
+        )
+
+
+def summed_runs(rows: Iterable[StepBreakdown]) -> list[StepBreakdown]:
+    """Each rank's whole-run breakdown as the sum of its step rows `rows`: a run analysed in time
+    windows has no whole tree to measure, and its windows overlap, so only the steps each owns
+    add up to the run without counting a margin twice. Time outside every step is not in it, and
+    the top kernels, operators and idle contributors are summed from each step's own top lists."""
+    by_rank: dict[int, list[StepBreakdown]] = {}
+    for row in rows:
+        by_rank.setdefault(row.rank, []).append(row)
+    return [_summed(rank, by_rank[rank]) for rank in sorted(by_rank)]
+
+
+def _summed(rank: int, rows: list[StepBreakdown]) -> StepBreakdown:
+    def total(parts: list, kind: type) -> object:
+        return kind(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(kind)})
+
+    def top(items: Iterable, key: Callable, size_of: str, limit: int) -> list:
+        merged: dict = {}
+        for item in items:
+            k = key(item)
+            if k in merged:
+                before = merged[k]
+                merged[k] = replace(
+                    before,
+                    **{
+                        f.name: getattr(before, f.name) + getattr(item, f.name)
+                        for f in fields(before)
+                        if f.type in ("int", int)
+                    },
+                )
+            else:
+                merged[k] = item
+        return sorted(merged.values(), key=lambda i: -getattr(i, size_of))[:limit]
+
+    return StepBreakdown(
+        rank=rank,
+        step=None,
+        start_ns=min(r.start_ns for r in rows),
+        span_ns=sum(r.span_ns for r in rows),
+        busy=total([r.busy for r in rows], GpuBusy),  # type: ignore[arg-type]
+        idle=total([r.idle for r in rows], IdleTime),  # type: ignore[arg-type]
+        idle_contributors=top(
+            (c for r in rows for c in r.idle_contributors),
+            lambda c: (c.cause, c.host_call, c.cpu_operator),
+            "idle_ns",
+            TOP_IN_RUN,
         ),
-        ranks_without_gpu=sorted({r for b in breakdowns for r in b.ranks_without_gpu}),
-        rows=rows,
+        longest_gaps=sorted((g for r in rows for g in r.longest_gaps), key=lambda g: -g.dur_ns)[
+            :GAPS_IN_RUN
+        ],
+        top_kernels=top(
+            (k for r in rows for k in r.top_kernels),
+            lambda k: (k.name, k.kind),
+            "gpu_ns",
+            TOP_IN_RUN,
+        ),
+        top_operators=top(
+            (o for r in rows for o in r.top_operators),
+            lambda o: (o.name, o.layer),
+            "gpu_ns",
+            TOP_IN_RUN,
+        ),
     )

@@ -162,7 +162,8 @@ def render_breakdown(breakdown: RunBreakdown, look: Look = PLAIN) -> list[str]:
         lines.append(f"  … and {hidden} more ranks")
     most_idle_run = max(breakdown.runs, key=lambda b: b.idle_share)
     lines.extend(wrapped("  ", idle_summary(most_idle_run), look))
-    if len(breakdown.steps) > 1:
+    steps = len(breakdown.rows) if breakdown.rows is not None else len(breakdown.steps)
+    if steps > 1:  # a run analysed in parts keeps a few step rows, and every one in `rows`
         most_idle = idle_summary(max(breakdown.steps, key=lambda b: b.idle_share))
         lines.extend(wrapped("  most idle step: ", most_idle, look))
     busiest = max(breakdown.runs, key=lambda run: run.busy.busy_ns)
