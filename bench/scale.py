@@ -8,9 +8,13 @@
     .venv/bin/python bench/scale.py --cache                  # and again from the event-table cache
     .venv/bin/python bench/scale.py --by-engine off          # hold the whole run (teller analyze's
                                                              # --no-by-engine); on: cut by engine
+    .venv/bin/python bench/scale.py --cases 1x150000 --method model --jobs 2   # one 2 GB .json.gz,
+                                                             # read in time windows
+    .venv/bin/python bench/scale.py --window-events 500000   # pass --window-events to analyze
 
 Each case is a `teller lab sim` run of TP4 replicas (ranks / 4 replicas of one 4-GPU node,
-Python frames on, a straggler on rank 1 over the middle tenth of the steps, seed 0), written once
+Python frames on, a straggler on rank 1 over the middle tenth of the steps, seed 0; fewer than 4
+ranks are one engine of them all, and a single rank has its GPU throttled instead), written once
 (reused from `--keep DIR` when already there). Each analysis is a fresh interpreter running
 `teller -q analyze CASE --format json`; its CPU seconds (user + system, workers included) come
 from `os.wait4`, its peak RSS from its own `/proc/self/status` VmHWM read just before it exits
@@ -182,6 +186,9 @@ def build(shape: Shape, root: Path) -> Built:
         return Built(case, int(events), _input_bytes(case), float(wall))
     shutil.rmtree(case, ignore_errors=True)
     start = shape.steps // 2
+    # fewer ranks than a node: one engine of them all (one rank: a throttled GPU, no peers)
+    per_node = min(shape.ranks, GPUS_PER_NODE)
+    fault = ["straggler", "--rank", "1"] if per_node > 1 else ["gpu_throttle", "--rank", "0"]
     command = [
         sys.executable,
         "-c",
@@ -190,17 +197,15 @@ def build(shape: Shape, root: Path) -> Built:
         "lab",
         "sim",
         "--nodes",
-        str(shape.ranks // GPUS_PER_NODE),
+        str(max(shape.ranks // GPUS_PER_NODE, 1)),
         "--gpus-per-node",
-        str(GPUS_PER_NODE),
+        str(per_node),
         "--tp",
-        str(GPUS_PER_NODE),
+        str(per_node),
         "--steps",
         str(shape.steps),
         "--fault",
-        "straggler",
-        "--rank",
-        "1",
+        *fault,
         "--window",
         f"{start}:{start + max(2, shape.steps // 10)}",
         "--seed",
@@ -279,6 +284,9 @@ def main() -> int:
         default="auto",
         help="pass --by-engine (on) or --no-by-engine (off) to teller analyze; auto: neither",
     )
+    parser.add_argument(
+        "--window-events", type=int, help="pass --window-events N to teller analyze"
+    )
     args = parser.parse_args()
     if args.sources is not None:
         SOURCES[0] = args.sources.resolve()
@@ -286,6 +294,7 @@ def main() -> int:
     methods = ["localizer"] + (["model"] if args.method and "model" in args.method else [])
     extra = ["--jobs", str(args.jobs)] if args.jobs else []
     extra += {"auto": [], "on": ["--by-engine"], "off": ["--no-by-engine"]}[args.by_engine]
+    extra += ["--window-events", str(args.window_events)] if args.window_events else []
     temporary = None
     if args.keep is None:
         temporary = tempfile.TemporaryDirectory(prefix="teller-scale-")
