@@ -83,8 +83,11 @@ class Shape:
     @classmethod
     def parse(cls, text: str) -> Shape:
         match = re.fullmatch(r"(\d+)x(\d+)", text)
-        if match is None or int(match[1]) % GPUS_PER_NODE:
-            raise SystemExit(f"case {text!r}: expected RANKSxSTEPS with RANKS a multiple of 4")
+        ranks = int(match[1]) if match else 0
+        if match is None or not ranks or (ranks > GPUS_PER_NODE and ranks % GPUS_PER_NODE):
+            raise SystemExit(
+                f"case {text!r}: expected RANKSxSTEPS with RANKS at most 4, or a multiple of 4"
+            )
         return cls(int(match[1]), int(match[2]))
 
     @property
