@@ -403,6 +403,9 @@ class _RankBreakdown:
         busy = busy_union.covered(lo, hi)
         kind_ns = [k.covered(lo, hi) for k in by_kind]
         overlapped = kind_ns[COMPUTE] + kind_ns[COMMUNICATION] - compute_or_comm.covered(lo, hi)
+        # each union joins gaps under ROUNDING_GAP_NS, so the joint one may cover a few ns more
+        # than the two apart: never less than no overlap, nor more than the smaller of the two
+        overlapped = np.clip(overlapped, 0, np.minimum(kind_ns[COMPUTE], kind_ns[COMMUNICATION]))
 
         gaps = busy_union.complement(int(lo[0]), int(hi[0]))
         window, piece_lo, piece_hi = clip_to_windows(gaps, lo, hi)
