@@ -4,6 +4,7 @@ on a simulated run and on real recorded traces."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,16 @@ def test_windows_only_read_kineto_json(capsys) -> None:
     err = capsys.readouterr().err
     assert str(sqlite) in err and "time windows" in err
     assert Analysis(sqlite, method="localizer").windowed is False  # never on its own
+
+
+def test_a_windowed_runs_json_verdict_keeps_its_schema(tp2_case: Path, tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    out = tmp_path / "verdict.json"
+    argv = ["-q", "analyze", str(tp2_case), "--method", "localizer", "--window-events", "150000"]
+    assert main([*argv, "--format", "json", "-o", str(out)]) == 0
+    schema_path = Path(__file__).resolve().parents[1] / "src/teller/report/verdict.schema.json"
+    verdict = json.loads(out.read_text())
+    jsonschema.validate(verdict, json.loads(schema_path.read_text()))
+    rows = verdict["breakdown"]["steps"]
+    assert len({(r["rank"], r["step"]) for r in rows}) == len(rows) == 2 * 1200
+    assert main([*argv, "--perfetto", str(tmp_path / "p.json.gz")]) == 2  # every event: refused

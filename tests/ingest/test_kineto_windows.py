@@ -47,13 +47,26 @@ def test_windows_of_a_spilled_trace_are_the_file_row_for_row(relative: str, tmp_
     assert read_window(spilled, end, end + BUCKET_NS) is None  # nothing starts there
 
 
-def test_a_trace_that_cannot_be_sliced_is_refused_naming_it(tmp_path: Path) -> None:
+def test_a_cut_trace_is_read_as_far_as_it_goes_with_a_warning(tmp_path: Path) -> None:
     text = gzip.decompress(real_trace(SLICED[0]).read_bytes())
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(gzip.compress(text[: len(text) // 2]))  # ends mid-event, no closing bracket
+    spilled = spill_kineto(cut, tmp_path / "slices")
+    whole = read_trace(real_trace(SLICED[0]), args=False)
+    assert 0 < spilled.events < whole.table.num_rows
+    assert "cut short or damaged" in spilled.source["warnings"][-1]
+    first, last = min(spilled.events_of_bucket), max(spilled.events_of_bucket)
+    read = read_window(spilled, first * BUCKET_NS, (last + 1) * BUCKET_NS)
+    assert read is not None and read.table.num_rows == spilled.events
+    assert any("cut short" in w for w in read.sources[0].warnings)
+
+
+def test_a_trace_that_cannot_be_sliced_is_refused_naming_it(tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.json"
+    wrong.write_bytes(b'{"traceEvents": 3, "x": "' + b"y" * (1 << 20) + b'"}')
     with pytest.raises(TraceError) as refused:
-        spill_kineto(cut, tmp_path / "slices")
-    assert "cut.json.gz" in str(refused.value)
+        spill_kineto(wrong, tmp_path / "slices")
+    assert "wrong.json" in str(refused.value)
     assert "too large to read whole" in str(refused.value)
 
 

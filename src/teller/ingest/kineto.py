@@ -227,6 +227,7 @@ def _read_in_slices(
     path: Path,
     pieces: Iterator[bytes | memoryview],
     spill: Callable[[dict[str, Any]], None] | None = None,
+    reader: _KinetoEvents | None = None,
 ) -> _KinetoEvents | None:
     """The events decoded and placed a slice at a time as the text arrives (inflated, or read),
     so that the columns, one slice's events and a window of text are held at once, never the
@@ -240,7 +241,8 @@ def _read_in_slices(
     of the document, so that it also yields the document's other keys. None for anything but
     a well-formed document (cut, lenient, wrong-shaped, a damaged gzip stream), which the
     whole-document path then reads with its own warnings and errors. `spill`: where each
-    slice's arrays go instead of the reader (`_KinetoEvents.spill`)."""
+    slice's arrays go instead of the reader (`_KinetoEvents.spill`); `reader`: the reader to
+    place them with, which a caller keeps what it placed of (a new one where None)."""
     window = _TextWindow(pieces)
     try:
         while (first := _FIRST_CONTENT.match(window.text)) is None:
@@ -257,7 +259,7 @@ def _read_in_slices(
             head = bytes(window.text[: opens_at + 1])
             _DOCUMENT.decode(head + b"]}")  # the document's own key, not a nested object's
         window.drop(opens_at)  # from here the window starts at a bracket or a comma
-        reader = _KinetoEvents(path, {})
+        reader = reader if reader is not None else _KinetoEvents(path, {})
         reader.spill = spill
         while (cut := _next_slice(window)) is not None:
             events, end = cut

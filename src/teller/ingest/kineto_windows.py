@@ -117,16 +117,22 @@ def spill_kineto(path: Path, folder: Path) -> SpilledTrace:
                     raise TraceError(path, "empty file, expected a Kineto/Chrome trace (JSON)")
                 handle.seek(0)
                 pieces = _text_pieces(path, handle, head[:2] == b"\x1f\x8b", limit=None)
-                reader = _read_in_slices(path, pieces, spill=write)
+                reader = _KinetoEvents(path, {})
+                whole = _read_in_slices(path, pieces, spill=write, reader=reader)
         except OSError as error:
             raise TraceError(path, f"cannot read: {error.strerror or error}") from None
         except _NotSliceable:
-            reader = None
-        if reader is None:
+            whole = None
+        if whole is None and not slices:
             raise TraceError(
                 path,
-                "too large to read whole, and not a well-formed Chrome trace that can be read "
-                "in slices (cut short, damaged gzip, or not a JSON list of events)",
+                "too large to read whole, and not a Chrome trace that can be read in slices "
+                "(not a JSON list of events, or damaged before its first slice's end)",
+            )
+        if whole is None:  # cut short or damaged past its first slices: they are analysed
+            reader.source.warnings.append(
+                f"the trace is cut short or damaged after {reader.events_seen:,} events "
+                f"({len(slices)} slices): analysed as far as it goes"
             )
     base = _base_ns(reader.top)
     return SpilledTrace(
