@@ -46,6 +46,10 @@ NS_PER_S = 1_000_000_000
 ANCHOR_GAP_NS = 50_000_000
 #: Fewer elapsed-time matches than this and the counter shift is not trusted.
 MIN_MATCHES = 5
+#: Counter shifts scored one by one where there are fewer than this; beyond, only the
+#: `SHIFT_CANDIDATES` whose elapsed times correlate best with the steps' (`_candidate_shifts`).
+EXACT_SHIFTS = 4096
+SHIFT_CANDIDATES = 32
 #: A log line's engine: its process tag, else the engine its stats line names.
 ENGINE_PROCESS = re.compile(r"EngineCore_(?:DP)?(\d+)")
 ENGINE_STATS = re.compile(r"\bEngine (\d{3}):")
@@ -315,16 +319,14 @@ def _counter_shift(
     log_elapsed = np.log(np.asarray(elapsed))
     ordinals = np.asarray(sorted(ordinal_dur), dtype=np.int64)
     durations = np.asarray([max(ordinal_dur[o], 1) for o in ordinals.tolist()], dtype=np.float64)
+    # half of the smaller side: logs often run longer than the capture (or its window)
+    least = max(MIN_MATCHES, min(len(counter), len(ordinals)) // 2)
     best: tuple[float, int] | None = None
-    for shift in range(
-        int(ordinals.min() - counter.max()), int(ordinals.max() - counter.min()) + 1
-    ):
+    for shift in _candidate_shifts(counter, log_elapsed, ordinals, np.log(durations), least):
         target = counter + shift
         pos = np.searchsorted(ordinals, target)
         hit = (pos < len(ordinals)) & (ordinals[np.minimum(pos, len(ordinals) - 1)] == target)
-        matches = int(hit.sum())
-        # half of the smaller side: logs often run longer than the capture (or its window)
-        if matches < max(MIN_MATCHES, min(len(counter), len(ordinals)) // 2):
+        if int(hit.sum()) < least:
             continue
         error = float(np.median(np.abs(log_elapsed[hit] - np.log(durations[pos[hit]]))))
         if best is None or error < best[0]:
@@ -338,6 +340,48 @@ def _counter_shift(
             f"{100 * (np.exp(best[0]) - 1):.0f}% (median): step matching is doubtful"
         )
     return best[1]
+
+
+def _candidate_shifts(
+    counter: np.ndarray,
+    log_elapsed: np.ndarray,
+    ordinals: np.ndarray,
+    log_durations: np.ndarray,
+    least: int,
+) -> list[int]:
+    """The shifts worth scoring exactly: every one, where the counters and ordinals span few
+    (`EXACT_SHIFTS`); else those where at least `least` lines meet a step, the `SHIFT_CANDIDATES`
+    whose lines' elapsed times correlate best with the steps' durations (both as deviations
+    from their own mean, summed per shift by FFT: a log of 10⁵ iterations against a capture, or
+    a window of it, of 10³ steps would otherwise take 10⁵ medians over 10³ lines)."""
+    low = int(ordinals.min() - counter.max())
+    high = int(ordinals.max() - counter.min())
+    if high - low < EXACT_SHIFTS:
+        return list(range(low, high + 1))
+    line_at = np.zeros(int(counter.max() - counter.min()) + 1)
+    step_at = np.zeros(int(ordinals.max() - ordinals.min()) + 1)
+    line_on = np.zeros_like(line_at)
+    step_on = np.zeros_like(step_at)
+    np.add.at(line_at, counter - counter.min(), log_elapsed - log_elapsed.mean())
+    np.add.at(line_on, counter - counter.min(), 1.0)
+    step_at[ordinals - ordinals.min()] = log_durations - log_durations.mean()
+    step_on[ordinals - ordinals.min()] = 1.0
+    size = 1 << int(len(line_at) + len(step_at)).bit_length()
+
+    def correlated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        # per shift k (ordinal - counter = low + k): the sum over lines of a[line] b[line + shift]
+        full = np.fft.irfft(np.fft.rfft(a[::-1], size) * np.fft.rfft(b, size), size)
+        return full[: len(a) + len(b) - 1]
+
+    product = correlated(line_at, step_at)
+    meeting = np.rint(correlated(line_on, step_on))
+    shift_of = np.arange(len(product)) + low
+    enough = np.flatnonzero(meeting >= least)
+    if not len(enough):
+        return []
+    score = product[enough] / meeting[enough]
+    best = enough[np.argsort(-score, kind="stable")[:SHIFT_CANDIDATES]]
+    return sorted(int(shift_of[k]) for k in best)
 
 
 def _log_offsets(
