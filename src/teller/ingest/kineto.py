@@ -345,11 +345,11 @@ def _next_slice(window: _TextWindow) -> tuple[list[_Event], int] | None:
 
 
 def _text_pieces(
-    path: Path, source: BinaryIO, compressed: bool, limit: int | None = MAX_TRACE_BYTES
+    path: Path, source: BinaryIO, compressed: bool, capped: bool = True
 ) -> Iterator[bytes | memoryview]:
     """A file's JSON text in pieces, read from `source` (the file's bytes in memory, or the
     file itself where it is too large to hold): inflated a piece at a time from gzip (with
-    `_gunzip`'s limits; `limit` None: no cap on the text, the ratio still checked), or cut from
+    `_gunzip`'s limits; not `capped`: no cap on the text, the ratio still checked), or cut from
     the bytes read. A damaged stream raises `_NotSliceable`: the whole read then says what is
     wrong, or keeps what a cut stream holds."""
     if not compressed:
@@ -357,13 +357,13 @@ def _text_pieces(
             yield piece
         return
     try:
-        yield from _inflate(path, source, _PIECE_BYTES, limit)
+        yield from _inflate(path, source, _PIECE_BYTES, capped)
     except (EOFError, zlib.error, isal_zlib.error, TraceError):
         raise _NotSliceable from None
 
 
 def _inflate(
-    path: Path, source: BinaryIO, piece_bytes: int, limit: int | None = MAX_TRACE_BYTES
+    path: Path, source: BinaryIO, piece_bytes: int, capped: bool = True
 ) -> Iterator[bytes]:
     """A gzip stream's text, at most `piece_bytes` at a time; EOFError where the stream ends
     before its end-of-stream marker, TraceError where it inflates absurdly (`_check_expansion`).
@@ -382,7 +382,7 @@ def _inflate(
         piece = decompressor.decompress(pending, piece_bytes)
         total += len(piece)
         pending = decompressor.unconsumed_tail
-        _check_expansion(path, total, max(fed - len(pending), 1), limit)
+        _check_expansion(path, total, max(fed - len(pending), 1), capped)
         if piece:
             yield piece
         if decompressor.eof:
@@ -456,11 +456,11 @@ def _gunzip(path: Path, raw: bytes, notes: list[str]) -> bytes:
     return data
 
 
-def _check_expansion(
-    path: Path, inflated: int, compressed: int, limit: int | None = MAX_TRACE_BYTES
-) -> None:
-    if limit is not None and inflated > limit:
-        raise TraceError(path, f"inflates to more than the {limit} bytes teller reads per trace")
+def _check_expansion(path: Path, inflated: int, compressed: int, capped: bool = True) -> None:
+    if capped and inflated > MAX_TRACE_BYTES:
+        raise TraceError(
+            path, f"inflates to more than the {MAX_TRACE_BYTES} bytes teller reads per trace"
+        )
     if inflated > _RATIO_FLOOR_BYTES and inflated > MAX_GZIP_RATIO * compressed:
         raise TraceError(
             path,

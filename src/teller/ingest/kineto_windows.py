@@ -116,7 +116,7 @@ def spill_kineto(path: Path, folder: Path) -> SpilledTrace:
                 if _FIRST_CONTENT.match(head) is None:
                     raise TraceError(path, "empty file, expected a Kineto/Chrome trace (JSON)")
                 handle.seek(0)
-                pieces = _text_pieces(path, handle, head[:2] == b"\x1f\x8b", limit=None)
+                pieces = _text_pieces(path, handle, head[:2] == b"\x1f\x8b", capped=False)
                 reader = _KinetoEvents(path, {})
                 whole = _read_in_slices(path, pieces, spill=write, reader=reader)
         except OSError as error:
