@@ -12,6 +12,7 @@ import pytest
 from conftest import real_trace
 from teller.analysis import Analysis
 from teller.cli import main
+from teller.rca.verdict import Verdict
 
 RESOLVER = "hta/df_index_resolver_rank1_of2_216k_events.json.gz"
 FAULT_STEPS = range(600, 630)
@@ -121,3 +122,32 @@ def test_a_windowed_runs_json_verdict_keeps_its_schema(tp2_case: Path, tmp_path:
     rows = verdict["breakdown"]["steps"]
     assert len({(r["rank"], r["step"]) for r in rows}) == len(rows) == 2 * 1200
     assert main([*argv, "--perfetto", str(tmp_path / "p.json.gz")]) == 2  # every event: refused
+
+
+def test_window_warnings_that_differ_in_their_count_are_said_once() -> None:
+    from teller.rca.merge import EngineOutcome, _engine_warnings
+
+    def said(index: int, *warnings: str) -> EngineOutcome:
+        verdict = Verdict(
+            inputs=[],
+            ranks=[],
+            method="localizer",
+            summary="",
+            findings=[],
+            steps=[],
+            warnings=list(warnings),
+        )
+        return EngineOutcome(verdict, None, 0, index)  # type: ignore[arg-type]
+
+    outcomes = [
+        said(0, "no collectives in the trace"),
+        said(1, "no collectives in the trace", "196 GPU activities have no launch"),
+        said(2, "no collectives in the trace", "3 GPU activities have no launch", "cut here"),
+    ]
+    assert _engine_warnings(outcomes, "window") == [
+        "no collectives in the trace",
+        "no collectives in the trace",
+        "no collectives in the trace",
+        "window 2: cut here",
+        "windows 1 and 2: 199 GPU activities have no launch",
+    ]

@@ -10,6 +10,7 @@ said about its own inputs is kept, named by engine where it is that engine's alo
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
@@ -118,6 +119,8 @@ def _engine_warnings(outcomes: list[EngineOutcome], part: str = "engine") -> lis
     windows (`part` "window") read the same files and logs, so one that every window gave is
     the run's, said once as it was."""
     everyone = set.intersection(*(set(o.verdict.warnings) for o in outcomes))
+    if part == "window":
+        return _window_warnings(outcomes, everyone)
     out = []
     for outcome in outcomes:
         for warning in outcome.verdict.warnings:
@@ -127,6 +130,33 @@ def _engine_warnings(outcomes: list[EngineOutcome], part: str = "engine") -> lis
                 out.append(warning if part == "window" else f"each {part}: {warning}")
             else:
                 out.append(f"{part} {outcome.engine}: {warning}")
+    return out
+
+
+#: A warning that starts with a count ("196 GPU activities have no launching runtime call …").
+_COUNTED = re.compile(r"(\d+) (.*)", re.DOTALL)
+
+
+def _window_warnings(outcomes: list[EngineOutcome], everyone: set[str]) -> list[str]:
+    """Time windows' warnings: one every window gave, as it was; one that some windows gave
+    with their own count ("window 2: 196 GPU activities …" from the activities at a window's
+    edge) said once, summed, naming the windows ("windows 2, 6 and 13: 357 GPU activities …")."""
+    out: list[str] = []
+    counted: dict[str, tuple[int, list[int]]] = {}
+    for outcome in outcomes:
+        for warning in outcome.verdict.warnings:
+            found = _COUNTED.fullmatch(warning)
+            if warning.startswith(MODEL_UNAVAILABLE) or warning in everyone:
+                out.append(warning)
+            elif found is None:
+                out.append(f"window {outcome.engine}: {warning}")
+            else:
+                total, windows = counted.get(found[2], (0, []))
+                counted[found[2]] = (total + int(found[1]), [*windows, outcome.engine])
+    for rest, (total, windows) in counted.items():
+        named = [str(w) for w in windows]
+        which = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+        out.append(f"window{'s' if len(named) > 1 else ''} {which}: {total} {rest}")
     return out
 
 
