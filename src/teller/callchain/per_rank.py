@@ -27,7 +27,7 @@ from teller.ingest import (
     table_span,
     warn_apart,
 )
-from teller.ingest.schema import SourceInfo, traced_pids
+from teller.ingest.schema import EventTable, SourceInfo, traced_pids
 
 
 @dataclass
@@ -41,7 +41,11 @@ class RunTree:
 
 def file_forest(path: Path) -> FileForest:
     """In a worker: one trace file read without its raw arguments and built into its forest."""
-    events = read_trace(path, args=False)
+    return forest_of_events(path, read_trace(path, args=False))
+
+
+def forest_of_events(path: Path, events: EventTable) -> FileForest:
+    """`events`, read from `path` (the whole file, or a time window of it), as a forest."""
     return FileForest(
         path=path,
         forest=forest_of(events),

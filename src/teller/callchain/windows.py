@@ -26,20 +26,18 @@ import numpy as np
 
 from teller.callchain.breakdown import IdleGaps
 from teller.callchain.engines import StepNumbering, step_base
+from teller.callchain.per_rank import forest_of_events
 from teller.callchain.split import FileSteps, forest_steps
 from teller.callchain.steps import StepTable, number_engines
-from teller.callchain.tree import FileForest, forest_of
 from teller.errors import TraceError
-from teller.ingest import map_files, table_span
+from teller.ingest import map_files
+from teller.ingest.kineto import text_size_guess
 from teller.ingest.kineto_windows import BUCKET_NS, SpilledTrace, read_window, spill_kineto
 from teller.ingest.parallel import read_each
-from teller.ingest.schema import traced_pids
 
 #: A trace file whose JSON text is larger than this is read in windows unless told otherwise
 #: (`too_large`): a whole analysis peaks at about its text's size (docs/benchmarks.md).
 WINDOWED_ABOVE_TEXT_BYTES = 1 << 30
-#: Traces compress 5-30x: a gzip file's text is at least this many times its size.
-GZIP_LEAST_RATIO = 4
 #: Events a window reads, margins included, unless the caller says otherwise: about 1 GB at the
 #: peak of an analysis (docs/benchmarks.md).
 WINDOW_EVENTS = 1_500_000
@@ -117,15 +115,7 @@ def window_file_steps(
     events = read_window(traces[path], window.read_start_ns, window.read_end_ns)
     if events is None:
         return None
-    read = FileForest(
-        path=path,
-        forest=forest_of(events),
-        sources=events.sources,
-        traced_pids=traced_pids(events),
-        span=table_span(events),
-    )
-    del events
-    return forest_steps(read, step_regex, keep_in)
+    return forest_steps(forest_of_events(path, events), step_regex, keep_in)
 
 
 @dataclass
@@ -202,19 +192,8 @@ class Ledger:
         """The idle gaps window `index` reports: those of the steps it owns, and those outside
         every step that start in its own time."""
         window = self.passes[index].window
-        keep = np.asarray(
-            [
-                self.owns(index, step) if step >= 0 else own
-                for step, own in zip(
-                    gaps.step.tolist(),
-                    (
-                        (gaps.start_ns >= window.own_start_ns) & (gaps.start_ns < window.own_end_ns)
-                    ).tolist(),
-                    strict=True,
-                )
-            ],
-            dtype=bool,
-        )
+        in_own_time = (gaps.start_ns >= window.own_start_ns) & (gaps.start_ns < window.own_end_ns)
+        keep = np.where(gaps.step >= 0, self.owns_each(index, gaps.step), in_own_time)
         rows = np.flatnonzero(keep).tolist()
         return IdleGaps(
             rank=gaps.rank[keep],
@@ -226,18 +205,23 @@ class Ledger:
             cpu_operator=[gaps.cpu_operator[i] for i in rows],
         )
 
+    def owns_each(self, index: int, steps: np.ndarray) -> np.ndarray:
+        """`owns` for an array of run step ids (-1: none)."""
+        engine, ordinal = np.divmod(np.asarray(steps, dtype=np.int64), self.base)
+        low = np.zeros(len(engine), dtype=np.int64)
+        high = np.zeros(len(engine), dtype=np.int64)
+        for e, (lo, hi) in self.owned[index].items():
+            low[engine == e], high[engine == e] = lo, hi
+        return (np.asarray(steps) >= 0) & (low <= ordinal) & (ordinal < high)
+
     def numbering(self, index: int) -> StepNumbering:
         return StepNumbering(self.base, tuple(sorted(self.first_of_rank[index].items())))
 
-    def owns(self, index: int, step: int | None, rank: int | None = None) -> bool:
+    def owns(self, index: int, step: int | None) -> bool:
         """Whether window `index` reports `step` (a run step id): its engine's iteration is
         one the window owns. A row outside every step (None) is owned by the window whose own
         time holds it, which the caller checks."""
-        if step is None or step < 0:
-            return False
-        engine, ordinal = divmod(int(step), self.base)
-        low, high = self.owned[index].get(engine, (0, 0))
-        return low <= ordinal < high
+        return step is not None and bool(self.owns_each(index, np.asarray([step]))[0])
 
 
 def _starts_of_rank(files: list[FileSteps]) -> dict[int, np.ndarray]:
@@ -246,9 +230,7 @@ def _starts_of_rank(files: list[FileSteps]) -> dict[int, np.ndarray]:
     for f in files:
         table = f.steps
         for rank in np.unique(table.rank).tolist():
-            rows = table.rank == rank
-            order = np.argsort(table.index[rows], kind="stable")
-            starts.setdefault(int(rank), []).append(table.start_ns[rows][order])
+            starts.setdefault(int(rank), []).append(table.start_ns[table.rank == rank])
     return {r: np.sort(np.concatenate(parts)) for r, parts in starts.items()}
 
 
@@ -259,21 +241,17 @@ def can_window(path: Path) -> bool:
 
 
 def too_large(path: Path) -> bool:
-    """Whether a trace file's JSON text is likely larger than an analysis holds whole: a gzip
-    file states its text's size modulo 4 GiB in its last four bytes, so the guess is the least
-    size of that remainder that is at least `GZIP_LEAST_RATIO` times the file."""
+    """Whether a trace file's JSON text is likely larger than an analysis holds whole
+    (`kineto.text_size_guess`)."""
     try:
         size = path.stat().st_size
-        if not path.name.lower().endswith(".gz"):
-            return size > WINDOWED_ABOVE_TEXT_BYTES
         with open(path, "rb") as handle:
             handle.seek(max(size - 4, 0))
-            remainder = int.from_bytes(handle.read(4), "little")
+            last_four = handle.read(4)
     except OSError:
         return False  # the read names the problem
-    least = size * GZIP_LEAST_RATIO
-    text = remainder + max(0, -(-(least - remainder) // (1 << 32))) * (1 << 32)
-    return text > WINDOWED_ABOVE_TEXT_BYTES
+    compressed = path.name.lower().endswith(".gz")
+    return text_size_guess(size, last_four, compressed) > WINDOWED_ABOVE_TEXT_BYTES
 
 
 @dataclass

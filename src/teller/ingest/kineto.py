@@ -201,7 +201,7 @@ def read(path: str | Path, rank: int | None = None) -> EventTable:
         raw = _load_file(path)
         compressed = raw[:2] == b"\x1f\x8b"
         reader = None
-        if _text_size_guess(raw, compressed) > SLICED_ABOVE_BYTES:
+        if text_size_guess(len(raw), raw[-4:], compressed) > SLICED_ABOVE_BYTES:
             reader = _read_in_slices(path, _text_pieces(path, io.BytesIO(raw), compressed))
         if reader is None:
             reader = _read_whole(path, raw, compressed, notes)
@@ -226,7 +226,6 @@ def _read_whole(path: Path, raw: bytes, compressed: bool, notes: list[str]) -> _
 def _read_in_slices(
     path: Path,
     pieces: Iterator[bytes | memoryview],
-    spill: Callable[[dict[str, Any]], None] | None = None,
     reader: _KinetoEvents | None = None,
 ) -> _KinetoEvents | None:
     """The events decoded and placed a slice at a time as the text arrives (inflated, or read),
@@ -240,9 +239,9 @@ def _read_in_slices(
     an event's args, the list cannot close there). The last slice is decoded with the start
     of the document, so that it also yields the document's other keys. None for anything but
     a well-formed document (cut, lenient, wrong-shaped, a damaged gzip stream), which the
-    whole-document path then reads with its own warnings and errors. `spill`: where each
-    slice's arrays go instead of the reader (`_KinetoEvents.spill`); `reader`: the reader to
-    place them with, which a caller keeps what it placed of (a new one where None)."""
+    whole-document path then reads with its own warnings and errors. `reader`: the reader to
+    place them with (a new one where None), whose `spill` may take each slice's arrays, and
+    which a caller keeps what it placed of."""
     window = _TextWindow(pieces)
     try:
         while (first := _FIRST_CONTENT.match(window.text)) is None:
@@ -260,7 +259,6 @@ def _read_in_slices(
             _DOCUMENT.decode(head + b"]}")  # the document's own key, not a nested object's
         window.drop(opens_at)  # from here the window starts at a bracket or a comma
         reader = reader if reader is not None else _KinetoEvents(path, {})
-        reader.spill = spill
         while (cut := _next_slice(window)) is not None:
             events, end = cut
             reader.place(events, memoryview(window.text)[: end + 1])
@@ -400,12 +398,15 @@ def _inflate(
             raise EOFError("compressed file ended before the end-of-stream marker")
 
 
-def _text_size_guess(raw: bytes, compressed: bool) -> int:
-    """How large a file's JSON text is: a gzip stream states it in its last four bytes (modulo
-    4 GiB, and for its last member only), so never less than a low ratio's guess."""
+def text_size_guess(size: int, last_four: bytes, compressed: bool) -> int:
+    """How large a file of `size` bytes is as JSON text: a gzip stream states it in its last
+    four bytes (`last_four`; modulo 4 GiB, and for its last member only), so the guess is the
+    least size of that remainder that is at least a low ratio's guess."""
     if not compressed:
-        return len(raw)
-    return max(int.from_bytes(raw[-4:], "little"), len(raw) * _GZIP_LEAST_RATIO)
+        return size
+    remainder = int.from_bytes(last_four, "little")
+    least = size * _GZIP_LEAST_RATIO
+    return remainder + max(0, -(-(least - remainder) // (1 << 32))) * (1 << 32)
 
 
 def _load_file(path: Path) -> bytes:

@@ -14,6 +14,7 @@ The analysis reads a run without raw arguments (`schema.without_args`), so the s
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ def spill_kineto(path: Path, folder: Path) -> SpilledTrace:
                 handle.seek(0)
                 pieces = _text_pieces(path, handle, head[:2] == b"\x1f\x8b", capped=False)
                 reader = _KinetoEvents(path, {})
-                whole = _read_in_slices(path, pieces, spill=write, reader=reader)
+                reader.spill = write
+                whole = _read_in_slices(path, pieces, reader)
         except OSError as error:
             raise TraceError(path, f"cannot read: {error.strerror or error}") from None
         except _NotSliceable:
@@ -171,8 +173,8 @@ def read_window(spilled: SpilledTrace, start_ns: int, end_ns: int) -> EventTable
     low, high = start_ns - spilled.base_ns, end_ns - spilled.base_ns
     reader = _KinetoEvents(spilled.path, spilled.top)
     for name, value in spilled.reader_state.items():
-        setattr(reader, name, _copied(value))
-    reader.source = SourceInfo(**_copied(spilled.source))
+        setattr(reader, name, copy.deepcopy(value))
+    reader.source = SourceInfo(**copy.deepcopy(spilled.source))
     for piece in spilled.slices:
         if piece.last_ns < low or piece.first_ns >= high:
             continue
@@ -188,12 +190,3 @@ def read_window(spilled: SpilledTrace, start_ns: int, end_ns: int) -> EventTable
     if not reader.sealed:
         return None
     return reader.finish()
-
-
-def _copied(value: Any) -> Any:
-    """A fresh copy of a pass's dict or list, so that no window changes what the next one reads."""
-    if isinstance(value, dict):
-        return {k: _copied(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copied(v) for v in value]
-    return value
